@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Set-up and entry points on a fresh Debian/Ubuntu machine with Rust.
+#   ./dev.sh topo [ARGS...]   install what numapin needs, build it, run `numapin topo`
+#   ./dev.sh test             install what the tests need, run every test
+#   ./dev.sh deps             only install the system packages
+set -euo pipefail
+cd "$(dirname "$0")"
+
+need_root() { if [ "$(id -u)" -ne 0 ]; then echo sudo; fi; }
+
+install_pkgs() {
+  local missing=()
+  for p in "$@"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+  if [ ${#missing[@]} -gt 0 ]; then
+    echo "dev.sh: installing ${missing[*]}" >&2
+    $(need_root) env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    $(need_root) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  fi
+}
+
+# hwloc >= 2.8 with its pkg-config file, and libudev that it links against.
+BUILD_PKGS=(libhwloc-dev libudev-dev pkg-config)
+# The emulated multi-node machine used by the VM tests (tests/vm).
+VM_PKGS=(qemu-system-x86 linux-image-amd64 busybox-static cpio)
+
+cmd=${1:-}
+shift || true
+case "$cmd" in
+  deps)
+    install_pkgs "${BUILD_PKGS[@]}"
+    ;;
+  topo)
+    install_pkgs "${BUILD_PKGS[@]}"
+    cargo build --release --quiet
+    exec ./target/release/numapin topo "$@"
+    ;;
+  test)
+    install_pkgs "${BUILD_PKGS[@]}"
+    if [ -f tests/vm/harness.sh ] && grep -qi debian /etc/os-release; then
+      install_pkgs "${VM_PKGS[@]}" || echo "dev.sh: VM packages unavailable; the VM tests will skip" >&2
+    fi
+    cargo build --release --quiet --bins
+    cargo test --release "$@"
+    ;;
+  *)
+    echo "usage: ./dev.sh topo [ARGS...] | ./dev.sh test [CARGO TEST ARGS...] | ./dev.sh deps" >&2
+    exit 2
+    ;;
+esac

@@ -1,0 +1,85 @@
+//! The `numapin` command line: `topo`, and the commands built on it.
+
+mod table;
+mod topo;
+
+use clap::{Parser, Subcommand};
+
+use crate::error::Error;
+use crate::topology::{CudaMode, PciId, ProbeOptions, Topology};
+
+/// numapin: keep GPU data movement on the right side of the socket.
+#[derive(Debug, Parser)]
+#[command(name = "numapin", version, about, long_about = None)]
+pub struct Cli {
+    /// The command to run.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Options shared by every command that reads a topology.
+#[derive(Debug, Clone, clap::Args)]
+pub struct TopoSource {
+    /// Describe a saved machine instead of this one: an hwloc XML export,
+    /// a `numapin topo --json` file, an NCCL topology XML, or a captured
+    /// filesystem root (folder, .tar.gz or .tar.bz2).
+    #[arg(long, value_name = "PATH")]
+    pub input: Option<std::path::PathBuf>,
+    /// Treat PCI devices with this id as accelerators too (VENDOR or
+    /// VENDOR:DEVICE in hex, as `lspci -n` prints; repeatable).
+    #[arg(long = "accelerator-pci-id", value_name = "VENDOR[:DEVICE]", value_parser = parse_pci_id)]
+    pub accelerator_pci_id: Vec<PciId>,
+    /// Do not load the CUDA driver (ordinals are then assumed from PCI order).
+    #[arg(long)]
+    pub no_cuda: bool,
+}
+
+fn parse_pci_id(s: &str) -> Result<PciId, String> {
+    PciId::parse(s)
+}
+
+impl TopoSource {
+    /// The probe options these flags ask for, with this process's environment.
+    pub fn options(&self) -> ProbeOptions {
+        let mut o = ProbeOptions::from_process();
+        o.accelerator_ids = self.accelerator_pci_id.clone();
+        if self.no_cuda {
+            o.cuda = CudaMode::Off;
+        }
+        o
+    }
+
+    /// Probes this machine or reads `--input`.
+    pub fn topology(&self) -> crate::Result<Topology> {
+        let o = self.options();
+        match &self.input {
+            Some(p) => Topology::load(p, &o),
+            None => Topology::probe(&o),
+        }
+    }
+}
+
+/// The commands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Show which GPU hangs off which socket, NUMA node and CPUs.
+    Topo(topo::TopoArgs),
+}
+
+/// Runs the command line; returns the process exit code.
+pub fn main() -> i32 {
+    let cli = Cli::parse();
+    let r = match cli.command {
+        Command::Topo(a) => topo::run(&a),
+    };
+    match r {
+        Ok(code) => code,
+        Err(e) => report(&e),
+    }
+}
+
+/// Prints an error the way every command does, returns its exit code.
+pub fn report(e: &Error) -> i32 {
+    eprintln!("numapin: error: {e}");
+    e.exit_code()
+}

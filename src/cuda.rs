@@ -1,0 +1,284 @@
+//! The CUDA driver API, loaded at run time.
+//!
+//! numapin builds and runs on machines without CUDA: the driver library
+//! (`libcuda.so`) is looked up the first time it is needed, and every entry
+//! point here returns [`CudaError::NoDriver`] when it is absent. Only the
+//! driver API is used (through `cudarc`'s raw bindings), never the runtime.
+//!
+//! This is one of numapin's small `unsafe` modules: every block says why it
+//! holds. Set `NUMAPIN_NO_CUDA=1` to make numapin behave as if no driver were
+//! installed (tests use it to exercise that path on GPU machines).
+
+use std::ffi::{c_void, CStr};
+use std::sync::OnceLock;
+
+use cudarc::driver::sys;
+
+pub use sys::{CUcontext, CUdevice, CUdeviceptr, CUevent, CUstream};
+
+/// A CUDA failure.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CudaError {
+    /// The driver library is not installed or could not be initialised.
+    #[error("no CUDA driver: {0}")]
+    NoDriver(String),
+    /// A driver call failed.
+    #[error("{call} failed: {name} ({description})")]
+    Call {
+        /// The driver function.
+        call: &'static str,
+        /// The error's name, e.g. `CUDA_ERROR_OUT_OF_MEMORY`.
+        name: String,
+        /// The driver's description of it.
+        description: String,
+        /// The raw code.
+        code: u32,
+    },
+}
+
+impl CudaError {
+    /// The CUDA error name (`CUDA_ERROR_...`), or `NO_DRIVER`.
+    pub fn name(&self) -> &str {
+        match self {
+            CudaError::NoDriver(_) => "NO_DRIVER",
+            CudaError::Call { name, .. } => name,
+        }
+    }
+}
+
+/// Result of a driver call.
+pub type CudaResult<T> = Result<T, CudaError>;
+
+fn check(call: &'static str, r: sys::CUresult) -> CudaResult<()> {
+    if r == sys::CUresult::CUDA_SUCCESS {
+        return Ok(());
+    }
+    let mut name_ptr: *const std::ffi::c_char = std::ptr::null();
+    let mut desc_ptr: *const std::ffi::c_char = std::ptr::null();
+    // SAFETY: the driver is loaded (we only get a CUresult from it); both
+    // functions write a pointer to a static string or leave ours null.
+    unsafe {
+        sys::cuGetErrorName(r, &mut name_ptr);
+        sys::cuGetErrorString(r, &mut desc_ptr);
+    }
+    let text = |p: *const std::ffi::c_char| {
+        if p.is_null() {
+            None
+        } else {
+            // SAFETY: non-null pointers from the driver point to static,
+            // NUL-terminated strings.
+            Some(unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
+        }
+    };
+    Err(CudaError::Call {
+        call,
+        name: text(name_ptr).unwrap_or_else(|| format!("CUDA error {}", r as u32)),
+        description: text(desc_ptr).unwrap_or_default(),
+        code: r as u32,
+    })
+}
+
+static DRIVER: OnceLock<Result<u32, String>> = OnceLock::new();
+
+/// Loads and initialises the driver once; returns its version (`12080` for
+/// 12.8) or why it is unavailable.
+pub fn driver_version() -> CudaResult<u32> {
+    DRIVER
+        .get_or_init(|| {
+            if std::env::var_os("NUMAPIN_NO_CUDA").is_some_and(|v| v != "0" && !v.is_empty()) {
+                return Err("disabled by NUMAPIN_NO_CUDA".into());
+            }
+            // SAFETY: is_culib_present only tries dlopen on candidate names.
+            if !unsafe { sys::is_culib_present() } {
+                return Err("libcuda.so was not found (install the NVIDIA driver, or add its folder to LD_LIBRARY_PATH)".into());
+            }
+            // cudarc panics when a symbol is missing from an old driver:
+            // turn that into an error instead.
+            let init = std::panic::catch_unwind(|| {
+                // SAFETY: cuInit takes flags 0 and has no other precondition.
+                let r = unsafe { sys::cuInit(0) };
+                check("cuInit", r)?;
+                let mut v = 0;
+                // SAFETY: v is a valid out-pointer.
+                check("cuDriverGetVersion", unsafe { sys::cuDriverGetVersion(&mut v) })?;
+                Ok::<u32, CudaError>(v as u32)
+            });
+            match init {
+                Ok(Ok(v)) => Ok(v),
+                Ok(Err(e)) => Err(e.to_string()),
+                Err(_) => Err("the CUDA driver library lacks a required entry point (driver too old)".into()),
+            }
+        })
+        .clone()
+        .map_err(CudaError::NoDriver)
+}
+
+/// Whether the driver is present and initialised.
+pub fn available() -> bool {
+    driver_version().is_ok()
+}
+
+/// One device as the driver enumerates it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CudaDevice {
+    /// The CUDA ordinal in this process.
+    pub ordinal: u32,
+    /// PCI bus id, normalised (`0000:07:00.0`).
+    pub pci_bus_id: String,
+    /// Product name.
+    pub name: String,
+    /// UUID, `GPU-...` (or `MIG-...` for a MIG instance).
+    pub uuid: String,
+}
+
+/// What the driver says about the devices.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Enumeration {
+    /// The driver answered.
+    Devices {
+        /// The driver version.
+        driver_version: u32,
+        /// The devices, by ordinal.
+        devices: Vec<CudaDevice>,
+    },
+    /// No driver, or it failed.
+    Unavailable(String),
+}
+
+/// Lists the devices this process sees (after `CUDA_VISIBLE_DEVICES`).
+pub fn enumerate() -> Enumeration {
+    let version = match driver_version() {
+        Ok(v) => v,
+        Err(e) => return Enumeration::Unavailable(e.to_string()),
+    };
+    match list_devices() {
+        Ok(devices) => Enumeration::Devices { driver_version: version, devices },
+        // With no visible device (CUDA_VISIBLE_DEVICES="" and the like)
+        // cuInit still succeeded; cuDeviceGetCount then says 0.
+        Err(e) => Enumeration::Unavailable(e.to_string()),
+    }
+}
+
+fn list_devices() -> CudaResult<Vec<CudaDevice>> {
+    let mut count = 0;
+    // SAFETY: count is a valid out-pointer; the driver is initialised.
+    check("cuDeviceGetCount", unsafe { sys::cuDeviceGetCount(&mut count) })?;
+    let mut out = Vec::new();
+    for ordinal in 0..count.max(0) {
+        let dev = device(ordinal as u32)?;
+        let mut bus = [0 as std::ffi::c_char; 64];
+        // SAFETY: the buffer is 64 bytes and we pass its length.
+        check("cuDeviceGetPCIBusId", unsafe { sys::cuDeviceGetPCIBusId(bus.as_mut_ptr(), bus.len() as i32, dev) })?;
+        // SAFETY: the driver NUL-terminates within the given length.
+        let bus = unsafe { CStr::from_ptr(bus.as_ptr()) }.to_string_lossy().into_owned();
+        let mut name = [0 as std::ffi::c_char; 256];
+        // SAFETY: as above.
+        check("cuDeviceGetName", unsafe { sys::cuDeviceGetName(name.as_mut_ptr(), name.len() as i32, dev) })?;
+        // SAFETY: as above.
+        let name = unsafe { CStr::from_ptr(name.as_ptr()) }.to_string_lossy().into_owned();
+        let mut uuid = sys::CUuuid { bytes: [0; 16] };
+        // SAFETY: uuid is a valid out-pointer.
+        check("cuDeviceGetUuid", unsafe { sys::cuDeviceGetUuid_v2(&mut uuid, dev) })?;
+        out.push(CudaDevice {
+            ordinal: ordinal as u32,
+            pci_bus_id: crate::topology::normalize_bus_id(&bus).unwrap_or(bus),
+            name,
+            uuid: format_uuid(&uuid.bytes),
+        });
+    }
+    Ok(out)
+}
+
+/// Formats a UUID as `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`.
+pub fn format_uuid(b: &[std::ffi::c_char; 16]) -> String {
+    let h: Vec<String> = b.iter().map(|x| format!("{:02x}", *x as u8)).collect();
+    format!(
+        "GPU-{}-{}-{}-{}-{}",
+        h[0..4].concat(),
+        h[4..6].concat(),
+        h[6..8].concat(),
+        h[8..10].concat(),
+        h[10..16].concat()
+    )
+}
+
+/// The driver handle of ordinal `ordinal`.
+pub fn device(ordinal: u32) -> CudaResult<CUdevice> {
+    driver_version()?;
+    let mut dev = 0;
+    // SAFETY: dev is a valid out-pointer; the driver is initialised.
+    check("cuDeviceGet", unsafe { sys::cuDeviceGet(&mut dev, ordinal as i32) })?;
+    Ok(dev)
+}
+
+/// Makes ordinal `ordinal`'s primary context current on this thread
+/// (retaining it once per process; primary contexts live until exit).
+pub fn set_device(ordinal: u32) -> CudaResult<CUcontext> {
+    static CTXS: OnceLock<std::sync::Mutex<Vec<(u32, usize)>>> = OnceLock::new();
+    let ctxs = CTXS.get_or_init(Default::default);
+    let mut g = ctxs.lock().unwrap_or_else(|p| p.into_inner());
+    let ctx = match g.iter().find(|(o, _)| *o == ordinal) {
+        Some((_, c)) => *c as CUcontext,
+        None => {
+            let dev = device(ordinal)?;
+            let mut ctx = std::ptr::null_mut();
+            // SAFETY: ctx is a valid out-pointer; dev is a valid device.
+            check("cuDevicePrimaryCtxRetain", unsafe { sys::cuDevicePrimaryCtxRetain(&mut ctx, dev) })?;
+            g.push((ordinal, ctx as usize));
+            ctx
+        }
+    };
+    drop(g);
+    // SAFETY: ctx is a retained primary context, valid for the process.
+    check("cuCtxSetCurrent", unsafe { sys::cuCtxSetCurrent(ctx) })?;
+    Ok(ctx)
+}
+
+/// Makes some context current (ordinal 0's primary context) when none is,
+/// for calls such as `cuMemHostRegister` that need one.
+pub fn ensure_context() -> CudaResult<()> {
+    let mut cur = std::ptr::null_mut();
+    // SAFETY: cur is a valid out-pointer.
+    check("cuCtxGetCurrent", unsafe { sys::cuCtxGetCurrent(&mut cur) })?;
+    if cur.is_null() {
+        set_device(0)?;
+    }
+    Ok(())
+}
+
+/// `CU_MEMHOSTREGISTER_PORTABLE`: pinned for every context.
+pub const HOST_REGISTER_PORTABLE: u32 = sys::CU_MEMHOSTREGISTER_PORTABLE;
+
+/// Registers (page-locks for DMA) host memory with `cuMemHostRegister`.
+///
+/// # Safety
+/// `ptr..ptr+len` must be a mapped host range that stays mapped until
+/// [`host_unregister`] is called on `ptr`.
+pub unsafe fn host_register(ptr: *mut c_void, len: usize, flags: u32) -> CudaResult<()> {
+    driver_version()?;
+    ensure_context()?;
+    // SAFETY: the caller guarantees the range is mapped.
+    check("cuMemHostRegister", unsafe { sys::cuMemHostRegister_v2(ptr, len, flags) })
+}
+
+/// Unregisters memory registered with [`host_register`].
+///
+/// # Safety
+/// `ptr` must be the start of a range registered with [`host_register`], and
+/// no copy may still be reading or writing it.
+pub unsafe fn host_unregister(ptr: *mut c_void) -> CudaResult<()> {
+    driver_version()?;
+    ensure_context()?;
+    // SAFETY: per the caller's guarantee.
+    check("cuMemHostUnregister", unsafe { sys::cuMemHostUnregister(ptr) })
+}
+
+/// The flags the driver holds for a pinned host pointer (`cuMemHostGetFlags`).
+pub fn host_get_flags(ptr: *const c_void) -> CudaResult<u32> {
+    driver_version()?;
+    ensure_context()?;
+    let mut flags = 0;
+    // SAFETY: the driver only looks the pointer up; flags is an out-pointer.
+    check("cuMemHostGetFlags", unsafe { sys::cuMemHostGetFlags(&mut flags, ptr as *mut c_void) })?;
+    Ok(flags)
+}

@@ -1,0 +1,5 @@
+//! The `numapin` command line.
+
+fn main() {
+    std::process::exit(numapin::cli::main());
+}

@@ -1,0 +1,618 @@
+//! The topology probe: which GPU hangs off which socket, NUMA node and CPUs,
+//! within what this process may use.
+//!
+//! A [`Topology`] is built live ([`Topology::probe`]) or from a saved file
+//! ([`Topology::load`]: hwloc XML, numapin JSON, NCCL topology XML, or a
+//! captured filesystem root). Discovery goes through hwloc (I/O objects
+//! enabled); GPUs come from the CUDA driver when it is present, matched to
+//! hwloc's PCI objects by bus id, and otherwise are the NVIDIA display and 3D
+//! controllers (vendor `0x10de`, class `0x0300`/`0x0302`) in PCI bus order.
+//!
+//! A GPU's locality is the CPU set and node set of its first non-I/O
+//! ancestor. When the firmware gives none (sysfs `numa_node` = -1, as on
+//! cloud VMs), that ancestor is the whole machine: on a multi-node machine the
+//! GPU's `numa_node` is then `None` and a [`WarningKind::GpuLocalityUnknown`]
+//! warning says so, never a silent node 0.
+//!
+//! The JSON form of a `Topology` (`numapin topo --json`) is documented in
+//! `docs/topology-json.md`; its field names are stable.
+
+mod finish;
+pub(crate) mod hwloc;
+mod nccl;
+pub mod visible;
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::cpulist::CpuList;
+use crate::error::{Error, Result};
+
+pub use visible::{DeviceOrder, VisibleDevices, VisibleEntry};
+
+/// The version of the JSON schema written by [`Topology::to_json`].
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// One machine's sockets, NUMA nodes, cores, caches and GPUs, and what this
+/// process may use of them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Topology {
+    /// Version of this JSON schema ([`SCHEMA_VERSION`]).
+    pub schema_version: u32,
+    /// `"live"` for this machine, otherwise the path of the file read.
+    pub source: String,
+    /// Processor packages (sockets), in logical order.
+    pub packages: Vec<Package>,
+    /// NUMA nodes, by ascending OS index.
+    pub numa_nodes: Vec<NumaNode>,
+    /// GPUs (and chosen accelerators), in PCI bus id order.
+    pub gpus: Vec<Gpu>,
+    /// The CPUs and nodes this process may use.
+    pub allowed: Allowed,
+    /// Things a person should read: unknown locality, restricted CPUs, ...
+    pub warnings: Vec<Warning>,
+    /// Physical cores with their hardware threads, when known (empty for
+    /// sources that carry no core information, such as NCCL XML).
+    #[serde(default)]
+    pub cores: Vec<Core>,
+    /// Last-level caches, when known.
+    #[serde(default)]
+    pub caches: Vec<Cache>,
+    /// How CUDA ordinals were worked out.
+    #[serde(default)]
+    pub cuda: CudaInfo,
+}
+
+/// A processor package (socket).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Package {
+    /// Logical index (0, 1, ...).
+    pub index: u32,
+    /// All CPUs of the package (including ones this process may not use).
+    pub cpus: CpuList,
+    /// OS indexes of the NUMA nodes in the package.
+    pub numa_nodes: Vec<u32>,
+}
+
+/// What a NUMA node holds, beyond ordinary CPUs-and-memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum NodeKind {
+    /// CPUs and ordinary memory.
+    #[default]
+    Normal,
+    /// Memory but no CPUs (CXL, HBM, persistent memory, ...).
+    Cpuless,
+    /// CPUs but no memory.
+    Memoryless,
+    /// Memory that belongs to a GPU (Grace Hopper / Grace Blackwell HBM).
+    GpuMemory,
+}
+
+/// A NUMA node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NumaNode {
+    /// The node number the kernel uses (`/sys/devices/system/node/nodeN`).
+    pub os_index: u32,
+    /// Logical index of the package holding the node, when known.
+    pub package: Option<u32>,
+    /// The node's own CPUs (empty for a node without CPUs).
+    pub cpus: CpuList,
+    /// Memory on the node, in bytes (0 when memoryless or unknown).
+    pub memory_bytes: u64,
+    /// Distances from this node to each node of [`Topology::numa_nodes`], in
+    /// the same order (empty when unknown).
+    pub distances: Vec<u32>,
+    /// What the node holds.
+    #[serde(default)]
+    pub kind: NodeKind,
+}
+
+/// A PCIe link's state.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+pub struct PcieLink {
+    /// Generation the link runs at now (1-6), when known.
+    pub current_gen: Option<u8>,
+    /// Lanes the link runs with now, when known.
+    pub current_width: Option<u8>,
+    /// Highest generation the device supports, when known.
+    pub max_gen: Option<u8>,
+    /// Most lanes the device supports, when known.
+    pub max_width: Option<u8>,
+    /// Link bandwidth in GB/s as hwloc reports it, when known.
+    pub speed_gbps: Option<f32>,
+}
+
+/// A GPU (or a PCI device chosen as an accelerator).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Gpu {
+    /// Position in [`Topology::gpus`] (PCI bus id order).
+    pub index: u32,
+    /// The CUDA ordinal this process sees the GPU as (first one, for MIG),
+    /// `None` when it is hidden by `CUDA_VISIBLE_DEVICES` or unknown.
+    pub cuda_ordinal: Option<u32>,
+    /// PCI bus id, `0000:07:00.0` form.
+    pub pci_bus_id: String,
+    /// Product name, when the driver (or the file) gives it.
+    pub name: Option<String>,
+    /// `GPU-...` UUID, when the driver (or the file) gives it.
+    pub uuid: Option<String>,
+    /// The NUMA node the GPU hangs off, `None` when unknown.
+    pub numa_node: Option<u32>,
+    /// Logical index of the package the GPU hangs off, `None` when unknown.
+    pub package: Option<u32>,
+    /// The CPUs near the GPU (the whole machine when locality is unknown).
+    pub local_cpus: CpuList,
+    /// PCIe link, when known.
+    pub pcie: Option<PcieLink>,
+    /// PCI vendor id (`0x10de` for NVIDIA).
+    #[serde(default)]
+    pub vendor_id: String,
+    /// PCI device id.
+    #[serde(default)]
+    pub device_id: String,
+    /// PCI class (`0x0302` 3D controller, `0x0300` VGA).
+    #[serde(default)]
+    pub class_id: String,
+}
+
+/// What this process may use.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct Allowed {
+    /// CPUs this process may run on (`sched_getaffinity`, which reflects
+    /// cgroups and taskset; for files, what the capture recorded).
+    pub cpus: CpuList,
+    /// NUMA nodes this process may allocate on.
+    pub numa_nodes: Vec<u32>,
+}
+
+/// A physical core and its hardware threads.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Core {
+    /// The core's hardware threads (PUs).
+    pub cpus: CpuList,
+    /// The NUMA node holding the core, when known.
+    pub numa_node: Option<u32>,
+}
+
+/// A last-level cache (an AMD core complex, an Intel L3 domain).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Cache {
+    /// Cache level (3 for an L3).
+    pub level: u8,
+    /// Size in bytes, when known.
+    pub size_bytes: Option<u64>,
+    /// CPUs sharing the cache.
+    pub cpus: CpuList,
+}
+
+/// How the CUDA ordinals in [`Gpu::cuda_ordinal`] were worked out.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct CudaInfo {
+    /// The CUDA driver's version (`12080` for 12.8), when it was loaded.
+    pub driver_version: Option<u32>,
+    /// `"driver"` when the CUDA driver enumerated the devices; `"pci_order"`
+    /// when numapin assumed CUDA's order from PCI bus order; `"none"` when
+    /// there are no GPUs.
+    pub ordinal_source: String,
+    /// The value of `CUDA_VISIBLE_DEVICES`, if set.
+    pub visible_devices: Option<String>,
+    /// `FASTEST_FIRST` (CUDA's default) or `PCI_BUS_ID`.
+    pub device_order: String,
+    /// Each ordinal the process sees and the GPU it maps to.
+    pub ordinals: Vec<VisibleEntry>,
+}
+
+/// What a warning is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WarningKind {
+    /// A GPU's NUMA node is unknown on a multi-node machine.
+    GpuLocalityUnknown,
+    /// The allowed CPU set excludes some of a GPU's local CPUs.
+    GpuCpusPartlyExcluded,
+    /// The allowed CPU set excludes all of a GPU's local CPUs.
+    GpuCpusExcluded,
+    /// The allowed node set excludes a GPU's node.
+    GpuNodeExcluded,
+    /// The CUDA driver was not found or failed: ordinals are assumed.
+    CudaUnavailable,
+    /// Something about `CUDA_VISIBLE_DEVICES` / `CUDA_DEVICE_ORDER`.
+    CudaVisibleDevices,
+    /// A CUDA device could not be matched to a PCI device.
+    UnmatchedCudaDevice,
+    /// The source lacks some information (cores, caches, packages, ...).
+    MissingInformation,
+}
+
+/// A warning a person should read.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Warning {
+    /// What it is about.
+    pub kind: WarningKind,
+    /// The GPU it concerns, if any ([`Gpu::index`]).
+    pub gpu: Option<u32>,
+    /// The sentence a person reads.
+    pub message: String,
+}
+
+/// Which CUDA driver use the live probe makes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CudaMode {
+    /// Use the driver when it can be loaded, otherwise fall back to PCI.
+    #[default]
+    Auto,
+    /// Never load the CUDA driver.
+    Off,
+}
+
+/// A PCI id (vendor, and optionally device) to treat as an accelerator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PciId {
+    /// PCI vendor id.
+    pub vendor: u16,
+    /// PCI device id; `None` matches every device of the vendor.
+    pub device: Option<u16>,
+}
+
+impl PciId {
+    /// Parses `VENDOR` or `VENDOR:DEVICE` (hexadecimal, `0x` optional), as
+    /// `lspci -n` prints them.
+    pub fn parse(text: &str) -> std::result::Result<Self, String> {
+        let hex = |s: &str| {
+            let s = s.trim();
+            let s = s.strip_prefix("0x").unwrap_or(s);
+            if s.is_empty() || s.len() > 4 {
+                return Err(format!("`{text}`: expected VENDOR[:DEVICE] in hexadecimal, like 10de or 1b36:0005"));
+            }
+            u16::from_str_radix(s, 16).map_err(|_| format!("`{text}`: expected VENDOR[:DEVICE] in hexadecimal, like 10de or 1b36:0005"))
+        };
+        match text.split_once(':') {
+            Some((v, d)) => Ok(Self { vendor: hex(v)?, device: Some(hex(d)?) }),
+            None => Ok(Self { vendor: hex(text)?, device: None }),
+        }
+    }
+
+    /// Whether a device matches.
+    pub fn matches(&self, vendor: u16, device: u16) -> bool {
+        self.vendor == vendor && self.device.is_none_or(|d| d == device)
+    }
+}
+
+/// The environment variables the probe reads, captured so tests can set them
+/// without touching the process environment.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ProbeEnv {
+    /// `CUDA_VISIBLE_DEVICES`.
+    pub cuda_visible_devices: Option<String>,
+    /// `CUDA_DEVICE_ORDER`.
+    pub cuda_device_order: Option<String>,
+}
+
+impl ProbeEnv {
+    /// Reads the variables from this process's environment. A value that is
+    /// not valid UTF-8 is kept lossily, so the parser can name it.
+    pub fn from_process() -> Self {
+        let get = |k: &str| std::env::var_os(k).map(|v| v.to_string_lossy().into_owned());
+        Self {
+            cuda_visible_devices: get("CUDA_VISIBLE_DEVICES"),
+            cuda_device_order: get("CUDA_DEVICE_ORDER"),
+        }
+    }
+}
+
+/// Options of the probe.
+#[derive(Debug, Clone, Default)]
+pub struct ProbeOptions {
+    /// Whether to load the CUDA driver (live probe only).
+    pub cuda: CudaMode,
+    /// PCI ids treated as accelerators in addition to NVIDIA GPUs.
+    pub accelerator_ids: Vec<PciId>,
+    /// The CUDA variables to honour.
+    pub env: ProbeEnv,
+}
+
+impl ProbeOptions {
+    /// Options for this process: CUDA auto, its own environment.
+    pub fn from_process() -> Self {
+        Self {
+            env: ProbeEnv::from_process(),
+            ..Self::default()
+        }
+    }
+}
+
+/// What a file given to [`Topology::load`] turned out to be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InputFormat {
+    /// An hwloc XML export (`lstopo --of xml`).
+    HwlocXml,
+    /// A numapin JSON file (`numapin topo --json`).
+    NumapinJson,
+    /// An NCCL topology XML (`NCCL_TOPO_FILE`).
+    NcclXml,
+    /// A captured filesystem root (folder or tarball holding `sys/` and `proc/`).
+    FsRoot,
+}
+
+impl Topology {
+    /// Probes this machine.
+    pub fn probe(opts: &ProbeOptions) -> Result<Self> {
+        let raw = hwloc::discover_live(opts)?;
+        let cuda = if opts.cuda == CudaMode::Auto {
+            Some(crate::cuda::enumerate())
+        } else {
+            None
+        };
+        finish::finish(raw, "live".into(), opts, cuda, true)
+    }
+
+    /// Describes a saved machine: the format is detected by content.
+    pub fn load(path: &Path, opts: &ProbeOptions) -> Result<Self> {
+        let source = path.display().to_string();
+        let fmt = detect_format(path)?;
+        match fmt {
+            InputFormat::NumapinJson => {
+                let text = read_text(path)?;
+                let mut t: Topology =
+                    serde_json::from_str(&text).map_err(|e| Error::Input {
+                        input: source.clone(),
+                        problem: format!("not a valid numapin topology JSON file: {e}"),
+                        fix: "give a file written by `numapin topo --json`".into(),
+                    })?;
+                if t.schema_version != SCHEMA_VERSION {
+                    return Err(Error::Input {
+                        input: source,
+                        problem: format!(
+                            "schema_version {} is not supported (this numapin reads {SCHEMA_VERSION})",
+                            t.schema_version
+                        ),
+                        fix: "write the file again with this version of `numapin topo --json`"
+                            .into(),
+                    });
+                }
+                t.validate(&source)?;
+                t.source = source;
+                Ok(t)
+            }
+            InputFormat::HwlocXml => {
+                let raw = hwloc::discover_xml(path, opts)?;
+                finish::finish(raw, source, opts, None, false)
+            }
+            InputFormat::FsRoot => {
+                let raw = hwloc::discover_fsroot(path, opts)?;
+                finish::finish(raw, source, opts, None, false)
+            }
+            InputFormat::NcclXml => {
+                let text = read_text(path)?;
+                let raw = nccl::parse(&text, &source, opts)?;
+                finish::finish(raw, source, opts, None, false)
+            }
+        }
+    }
+
+    /// The JSON text of `numapin topo --json`.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).expect("a Topology always serializes")
+    }
+
+    /// The node with this OS index.
+    pub fn node(&self, os_index: u32) -> Option<&NumaNode> {
+        self.numa_nodes.iter().find(|n| n.os_index == os_index)
+    }
+
+    /// The package with this logical index.
+    pub fn package(&self, index: u32) -> Option<&Package> {
+        self.packages.iter().find(|p| p.index == index)
+    }
+
+    /// The GPU with this index ([`Gpu::index`]).
+    pub fn gpu(&self, index: u32) -> Option<&Gpu> {
+        self.gpus.get(index as usize)
+    }
+
+    /// The GPU this process sees as CUDA ordinal `ordinal`.
+    pub fn gpu_by_cuda_ordinal(&self, ordinal: u32) -> Option<&Gpu> {
+        let entry = self.cuda.ordinals.iter().find(|e| e.ordinal == ordinal)?;
+        self.gpu(entry.gpu?)
+    }
+
+    /// All CPUs of the machine.
+    pub fn all_cpus(&self) -> CpuList {
+        let mut all = CpuList::new();
+        for n in &self.numa_nodes {
+            all = all.union(&n.cpus);
+        }
+        for p in &self.packages {
+            all = all.union(&p.cpus);
+        }
+        all
+    }
+
+    /// The NUMA node that holds `cpu`, if known.
+    pub fn node_of_cpu(&self, cpu: u32) -> Option<u32> {
+        self.numa_nodes
+            .iter()
+            .find(|n| n.cpus.contains(cpu))
+            .map(|n| n.os_index)
+    }
+
+    /// Checks the invariants that the rest of numapin relies on (used for
+    /// files a person may have edited).
+    fn validate(&self, source: &str) -> Result<()> {
+        let bad = |problem: String| Error::Input {
+            input: source.to_string(),
+            problem,
+            fix: "write the file again with `numapin topo --json`".into(),
+        };
+        for (i, g) in self.gpus.iter().enumerate() {
+            if g.index as usize != i {
+                return Err(bad(format!("gpus[{i}] has index {}", g.index)));
+            }
+            if let Some(n) = g.numa_node {
+                if self.node(n).is_none() {
+                    return Err(bad(format!("GPU {i} names NUMA node {n}, which is not listed")));
+                }
+            }
+        }
+        let n = self.numa_nodes.len();
+        for node in &self.numa_nodes {
+            if !node.distances.is_empty() && node.distances.len() != n {
+                return Err(bad(format!(
+                    "node {} has {} distances for {n} nodes",
+                    node.os_index,
+                    node.distances.len()
+                )));
+            }
+        }
+        for e in &self.cuda.ordinals {
+            if let Some(g) = e.gpu {
+                if g as usize >= self.gpus.len() {
+                    return Err(bad(format!("CUDA ordinal {} maps to missing GPU {g}", e.ordinal)));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The intermediate description produced by each reader, before ordinals and
+/// warnings are worked out.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct RawTopology {
+    pub packages: Vec<Package>,
+    pub numa_nodes: Vec<NumaNode>,
+    pub gpus: Vec<RawGpu>,
+    pub allowed: Allowed,
+    pub cores: Vec<Core>,
+    pub caches: Vec<Cache>,
+    pub warnings: Vec<Warning>,
+}
+
+/// A GPU as a reader found it.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct RawGpu {
+    pub pci_bus_id: String,
+    pub vendor: u16,
+    pub device: u16,
+    pub class: u16,
+    pub name: Option<String>,
+    pub uuid: Option<String>,
+    pub numa_node: Option<u32>,
+    pub package: Option<u32>,
+    pub local_cpus: CpuList,
+    pub pcie: Option<PcieLink>,
+}
+
+/// Whether a PCI device is a GPU or a chosen accelerator.
+pub(crate) fn is_accelerator(vendor: u16, device: u16, class: u16, extra: &[PciId]) -> bool {
+    (vendor == 0x10de && (class == 0x0300 || class == 0x0302))
+        || extra.iter().any(|id| id.matches(vendor, device))
+}
+
+/// Normalises a PCI bus id to `dddd:bb:dd.f`, lower case (CUDA and
+/// nvidia-smi print 8-digit domains and upper case).
+pub fn normalize_bus_id(id: &str) -> Option<String> {
+    let id = id.trim().to_ascii_lowercase();
+    let (domain, rest) = match id.rsplitn(3, ':').collect::<Vec<_>>().as_slice() {
+        [devfn, bus, domain] => (domain.to_string(), format!("{bus}:{devfn}")),
+        [devfn, bus] => ("0".to_string(), format!("{bus}:{devfn}")),
+        _ => return None,
+    };
+    let dom = u32::from_str_radix(&domain, 16).ok()?;
+    let (bus, devfn) = rest.split_once(':')?;
+    let (dev, func) = devfn.split_once('.')?;
+    let bus = u8::from_str_radix(bus, 16).ok()?;
+    let dev = u8::from_str_radix(dev, 16).ok()?;
+    let func = u8::from_str_radix(func, 16).ok()?;
+    if dom > 0xffff || dev > 0x1f || func > 7 {
+        return None;
+    }
+    Some(format!("{dom:04x}:{bus:02x}:{dev:02x}.{func:x}"))
+}
+
+fn read_text(path: &Path) -> Result<String> {
+    let bytes = std::fs::read(path).map_err(|e| Error::io_input(path, e))?;
+    String::from_utf8(bytes).map_err(|_| Error::Input {
+        input: path.display().to_string(),
+        problem: "the file is not UTF-8 text".into(),
+        fix: "give an hwloc XML export, a numapin JSON file, an NCCL topology XML or a captured sysfs root".into(),
+    })
+}
+
+/// Works out what kind of description a path holds.
+pub fn detect_format(path: &Path) -> Result<InputFormat> {
+    let meta = std::fs::metadata(path).map_err(|e| Error::io_input(path, e))?;
+    if meta.is_dir() {
+        return Ok(InputFormat::FsRoot);
+    }
+    let mut head = vec![0u8; 4096];
+    let n = {
+        use std::io::Read;
+        let mut f = std::fs::File::open(path).map_err(|e| Error::io_input(path, e))?;
+        f.read(&mut head).map_err(|e| Error::io_input(path, e))?
+    };
+    head.truncate(n);
+    if head.starts_with(b"BZh") || head.starts_with(&[0x1f, 0x8b]) || is_tar(&head) {
+        return Ok(InputFormat::FsRoot);
+    }
+    let text = String::from_utf8_lossy(&head);
+    let t = text.trim_start_matches('\u{feff}').trim_start();
+    if t.starts_with('{') {
+        return Ok(InputFormat::NumapinJson);
+    }
+    if t.contains("<topology") || t.contains("hwloc") && t.contains("<object") {
+        return Ok(InputFormat::HwlocXml);
+    }
+    if t.contains("<system") {
+        return Ok(InputFormat::NcclXml);
+    }
+    Err(Error::Input {
+        input: path.display().to_string(),
+        problem: "the file is not a topology description numapin knows".into(),
+        fix: "give an hwloc XML export (`lstopo --of xml`), a file from `numapin topo --json`, an NCCL topology XML (NCCL_TOPO_DUMP_FILE), or a filesystem root captured by hwloc-gather-topology (folder, .tar.gz or .tar.bz2)".into(),
+    })
+}
+
+fn is_tar(head: &[u8]) -> bool {
+    head.len() > 262 && &head[257..262] == b"ustar"
+}
+
+/// Where a file given with `--input` came from; kept so callers can print it.
+pub fn source_path(t: &Topology) -> Option<PathBuf> {
+    (t.source != "live").then(|| PathBuf::from(&t.source))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bus_ids_normalize() {
+        assert_eq!(normalize_bus_id("00000000:07:00.0").unwrap(), "0000:07:00.0");
+        assert_eq!(normalize_bus_id("0000:B1:00.0").unwrap(), "0000:b1:00.0");
+        assert_eq!(normalize_bus_id("07:00.0").unwrap(), "0000:07:00.0");
+        assert!(normalize_bus_id("zz").is_none());
+        assert!(normalize_bus_id("0000:07:20.0").is_none());
+        assert!(normalize_bus_id("0000:07:00.8").is_none());
+    }
+
+    #[test]
+    fn pci_ids_parse() {
+        assert_eq!(PciId::parse("1b36:0005").unwrap(), PciId { vendor: 0x1b36, device: Some(5) });
+        assert_eq!(PciId::parse("0x10de").unwrap(), PciId { vendor: 0x10de, device: None });
+        assert!(PciId::parse("nvidia").is_err());
+        assert!(PciId::parse("12345").is_err());
+        assert!(PciId { vendor: 0x10de, device: None }.matches(0x10de, 0x2330));
+    }
+
+    #[test]
+    fn nvidia_display_and_3d_count_as_gpus() {
+        assert!(is_accelerator(0x10de, 0x2330, 0x0302, &[]));
+        assert!(is_accelerator(0x10de, 0x1db4, 0x0300, &[]));
+        assert!(!is_accelerator(0x10de, 0x1ad8, 0x0604, &[]), "an NVIDIA bridge is not a GPU");
+        assert!(!is_accelerator(0x1002, 0x0001, 0x0300, &[]), "an AMD VGA is not reported by default");
+        assert!(is_accelerator(0x1b36, 0x0005, 0x00ff, &[PciId { vendor: 0x1b36, device: Some(5) }]));
+    }
+}

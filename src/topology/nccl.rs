@@ -1,0 +1,209 @@
+//! NCCL topology XML (`NCCL_TOPO_FILE`, `NCCL_TOPO_DUMP_FILE`).
+//!
+//! `<system><cpu numaid="N" affinity="MASK"> ... <pci busid class link_speed
+//! link_width/> ...</cpu></system>`: each `<cpu>` is a NUMA node with its CPU
+//! mask; GPUs are class `0x0302` PCI devices anywhere below it (behind
+//! switches too), and take the enclosing `<cpu>`'s locality. These files
+//! carry no packages, cores, caches or memory sizes.
+
+use quick_xml::events::Event;
+use quick_xml::Reader;
+
+use super::{is_accelerator, NodeKind, NumaNode, PcieLink, ProbeOptions, RawGpu, RawTopology, Warning, WarningKind};
+use crate::cpulist::CpuList;
+use crate::error::{Error, Result};
+
+/// Deepest element nesting accepted (real files nest a few switches deep).
+const MAX_DEPTH: usize = 64;
+/// Most elements accepted.
+const MAX_ELEMENTS: usize = 100_000;
+
+pub(crate) fn parse(text: &str, source: &str, opts: &ProbeOptions) -> Result<RawTopology> {
+    let bad = |problem: String| Error::Input {
+        input: source.to_string(),
+        problem,
+        fix: "give an NCCL topology file as NCCL_TOPO_DUMP_FILE writes it (<system><cpu numaid affinity><pci busid class .../></cpu></system>)".into(),
+    };
+    let mut reader = Reader::from_str(text);
+    reader.config_mut().trim_text(true);
+    let mut raw = RawTopology::default();
+    // Stack of open elements: for each, the node (numaid, cpus) it is in.
+    let mut stack: Vec<(Vec<u8>, Option<(u32, CpuList)>)> = Vec::new();
+    let mut seen_system = false;
+    let mut elements = 0usize;
+    loop {
+        let ev = reader
+            .read_event()
+            .map_err(|e| bad(format!("malformed XML at byte {}: {e}", reader.error_position())))?;
+        let (start, empty) = match &ev {
+            Event::Start(s) => (Some(s.clone()), false),
+            Event::Empty(s) => (Some(s.clone()), true),
+            Event::End(_) => {
+                stack.pop();
+                continue;
+            }
+            Event::Eof => break,
+            _ => continue,
+        };
+        let Some(el) = start else { continue };
+        elements += 1;
+        if elements > MAX_ELEMENTS || stack.len() > MAX_DEPTH {
+            return Err(bad("too many or too deeply nested elements".into()));
+        }
+        let name = el.name().as_ref().to_vec();
+        let mut attrs = std::collections::HashMap::new();
+        for a in el.attributes() {
+            let a = a.map_err(|e| bad(format!("malformed attribute: {e}")))?;
+            let v = a
+                .unescape_value()
+                .map_err(|e| bad(format!("malformed attribute value: {e}")))?
+                .into_owned();
+            attrs.insert(String::from_utf8_lossy(a.key.as_ref()).into_owned(), v);
+        }
+        let parent_node = stack.last().and_then(|(_, n)| n.clone());
+        let mut this_node = parent_node.clone();
+        match name.as_slice() {
+            b"system" => seen_system = true,
+            b"cpu" => {
+                let numaid = attrs.get("numaid").ok_or_else(|| bad("a <cpu> element has no numaid".into()))?;
+                let id: u32 = numaid
+                    .trim()
+                    .parse()
+                    .ok()
+                    .filter(|v| *v < 1 << 16)
+                    .ok_or_else(|| bad(format!("<cpu numaid=\"{numaid}\"> is not a node number")))?;
+                let cpus = match attrs.get("affinity") {
+                    Some(mask) => CpuList::parse_mask(mask).map_err(|e| bad(format!("<cpu numaid=\"{id}\"> affinity: {e}")))?,
+                    None => return Err(bad(format!("<cpu numaid=\"{id}\"> has no affinity mask"))),
+                };
+                if let Some(existing) = raw.numa_nodes.iter_mut().find(|n| n.os_index == id) {
+                    existing.cpus = existing.cpus.union(&cpus);
+                } else {
+                    raw.numa_nodes.push(NumaNode {
+                        os_index: id,
+                        package: None,
+                        cpus: cpus.clone(),
+                        memory_bytes: 0,
+                        distances: Vec::new(),
+                        kind: NodeKind::Normal,
+                    });
+                }
+                this_node = Some((id, cpus));
+            }
+            b"pci" => {
+                if let (Some(busid), Some(class)) = (attrs.get("busid"), attrs.get("class")) {
+                    let class_raw = u32::from_str_radix(class.trim().trim_start_matches("0x"), 16)
+                        .map_err(|_| bad(format!("<pci busid=\"{busid}\"> has class \"{class}\", not hexadecimal")))?;
+                    let class16 = if class_raw > 0xffff { (class_raw >> 8) as u16 } else { class_raw as u16 };
+                    let vendor = attrs
+                        .get("vendor")
+                        .and_then(|v| u16::from_str_radix(v.trim_start_matches("0x"), 16).ok())
+                        .unwrap_or(0x10de);
+                    let device = attrs
+                        .get("device")
+                        .and_then(|v| u16::from_str_radix(v.trim_start_matches("0x"), 16).ok())
+                        .unwrap_or(0);
+                    // NCCL files list NVIDIA GPUs only as class 0x0302.
+                    let is_gpu = class16 == 0x0302 || (is_accelerator(vendor, device, class16, &opts.accelerator_ids) && class16 != 0x0300);
+                    if is_gpu && !busid.starts_with("ffff") {
+                        let bus = super::normalize_bus_id(busid)
+                            .ok_or_else(|| bad(format!("<pci busid=\"{busid}\"> is not a PCI bus id")))?;
+                        let (node, cpus) = match &parent_node {
+                            Some((n, c)) => (Some(*n), c.clone()),
+                            None => (None, CpuList::new()),
+                        };
+                        let link = PcieLink {
+                            current_gen: attrs.get("link_speed").and_then(|s| super::hwloc::gen_of_speed(s)),
+                            current_width: attrs.get("link_width").and_then(|s| s.trim().parse().ok()),
+                            ..Default::default()
+                        };
+                        raw.gpus.push(RawGpu {
+                            pci_bus_id: bus,
+                            vendor,
+                            device,
+                            class: class16,
+                            name: None,
+                            uuid: None,
+                            numa_node: node,
+                            package: None,
+                            local_cpus: cpus,
+                            pcie: (link.current_gen.is_some() || link.current_width.is_some()).then_some(link),
+                        });
+                    }
+                }
+            }
+            _ => {}
+        }
+        if !empty {
+            stack.push((name, this_node));
+        }
+    }
+    if !seen_system {
+        return Err(bad("no <system> element".into()));
+    }
+    if raw.numa_nodes.is_empty() {
+        return Err(bad("no <cpu numaid affinity> element".into()));
+    }
+    raw.numa_nodes.sort_by_key(|n| n.os_index);
+    raw.gpus.sort_by(|a, b| a.pci_bus_id.cmp(&b.pci_bus_id));
+    raw.gpus.dedup_by(|a, b| a.pci_bus_id == b.pci_bus_id);
+    let mut all = CpuList::new();
+    for n in &raw.numa_nodes {
+        all = all.union(&n.cpus);
+    }
+    raw.allowed.cpus = all;
+    raw.allowed.numa_nodes = raw.numa_nodes.iter().map(|n| n.os_index).collect();
+    raw.warnings.push(Warning {
+        kind: WarningKind::MissingInformation,
+        gpu: None,
+        message: "NCCL topology files carry no sockets, cores, caches or memory sizes: each CPU counts as a core and each node as one cache".into(),
+    });
+    Ok(raw)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SMALL: &str = r#"<system version="1">
+  <cpu numaid="0" affinity="0000ffff" arch="x86_64">
+    <pci busid="ffff:ff:01.0" class="0x060400">
+      <pci busid="0000:07:00.0" class="0x030200" link_speed="16.0 GT/s PCIe" link_width="16"/>
+    </pci>
+  </cpu>
+  <cpu numaid="1" affinity="ffff0000">
+    <pci busid="0000:87:00.0" class="0x030200"><gpu dev="1" sm="80"/></pci>
+    <pci busid="0000:88:00.0" class="0x020700"/>
+  </cpu>
+</system>"#;
+
+    #[test]
+    fn reads_nodes_and_gpus() {
+        let raw = parse(SMALL, "t.xml", &ProbeOptions::default()).unwrap();
+        assert_eq!(raw.numa_nodes.len(), 2);
+        assert_eq!(raw.numa_nodes[1].cpus.to_cpulist(), "16-31");
+        assert_eq!(raw.gpus.len(), 2);
+        assert_eq!(raw.gpus[0].pci_bus_id, "0000:07:00.0");
+        assert_eq!(raw.gpus[0].numa_node, Some(0));
+        assert_eq!(raw.gpus[0].pcie.as_ref().unwrap().current_gen, Some(4));
+        assert_eq!(raw.gpus[1].numa_node, Some(1));
+        assert_eq!(raw.gpus[1].local_cpus.to_cpulist(), "16-31");
+    }
+
+    #[test]
+    fn rejects_bad_files() {
+        for bad in [
+            "<system>",
+            "<notsystem/>",
+            "<system><cpu affinity=\"ff\"/></system>",
+            "<system><cpu numaid=\"x\" affinity=\"ff\"/></system>",
+            "<system><cpu numaid=\"0\" affinity=\"zz\"/></system>",
+            "<system><cpu numaid=\"0\" affinity=\"ff\"><pci busid=\"nope\" class=\"0x030200\"/></cpu></system>",
+            "<system><cpu numaid=\"99999999999\" affinity=\"ff\"/></system>",
+        ] {
+            let e = parse(bad, "t.xml", &ProbeOptions::default());
+            assert!(e.is_err(), "{bad} should fail");
+            assert!(e.unwrap_err().to_string().contains("t.xml"));
+        }
+    }
+}
