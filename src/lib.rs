@@ -11,6 +11,7 @@ pub mod cli;
 pub mod cpulist;
 pub mod cuda;
 pub mod error;
+pub mod isolate;
 pub mod panic_guard;
 pub mod sys;
 pub mod topology;

@@ -83,18 +83,33 @@ pub(crate) fn discover_live(opts: &ProbeOptions) -> Result<RawTopology> {
     Ok(raw)
 }
 
-/// An hwloc XML export.
+/// An hwloc XML export. Read in a child process: hwloc aborts on some
+/// malformed files, and that must not take numapin down.
 pub(crate) fn discover_xml(path: &Path, opts: &ProbeOptions) -> Result<RawTopology> {
-    let topo = {
-        let _g = lock();
-        guarded(Some(path), || {
-            let b = builder(Some(path))?
-                .from_xml_file(path)
-                .map_err(|e| hw_err("XML", Some(path), e))?;
-            b.build().map_err(|e| hw_err("XML", Some(path), e))
-        })?
-    };
-    guarded(Some(path), || extract(&topo, opts, None))
+    let _g = lock();
+    isolated(path, || {
+        let b = builder(Some(path))?
+            .from_xml_file(path)
+            .map_err(|e| hw_err("XML", Some(path), e))?;
+        let topo = b.build().map_err(|e| hw_err("XML", Some(path), e))?;
+        extract(&topo, opts, None)
+    })
+}
+
+/// Runs a file reader in a child process (see [`crate::isolate`]).
+fn isolated(path: &Path, f: impl FnOnce() -> Result<RawTopology>) -> Result<RawTopology> {
+    use crate::isolate::{in_child, ChildError};
+    in_child(&path.display().to_string(), || {
+        guarded(Some(path), f).map_err(|e| match e {
+            Error::Input { input, problem, fix } => ChildError { input, problem, fix },
+            other => ChildError {
+                input: path.display().to_string(),
+                problem: other.to_string(),
+                fix: "check the file".into(),
+            },
+        })
+    })
+    .map_err(|c| Error::Input { input: c.input, problem: c.problem, fix: c.fix })
 }
 
 /// A captured filesystem root (folder or tarball holding `sys/` and `proc/`).
@@ -116,7 +131,7 @@ pub(crate) fn discover_fsroot(path: &Path, opts: &ProbeOptions) -> Result<RawTop
         problem: "no `sys/devices/system` folder found in it".into(),
         fix: "give a folder (or .tar.gz/.tar.bz2 of one) captured by hwloc-gather-topology, holding sys/ and proc/".into(),
     })?;
-    let topo = {
+    let raw = {
         let _g = lock();
         let saved: Vec<(&str, Option<std::ffi::OsString>)> = ["HWLOC_FSROOT", "HWLOC_THISSYSTEM", "HWLOC_COMPONENTS", "HWLOC_HIDE_ERRORS"]
             .iter()
@@ -133,7 +148,10 @@ pub(crate) fn discover_fsroot(path: &Path, opts: &ProbeOptions) -> Result<RawTop
         // Only the Linux reader: the x86 CPUID reader would describe the
         // machine running numapin, not the captured one.
         std::env::set_var("HWLOC_COMPONENTS", "-x86");
-        let r = guarded(Some(path), || builder(Some(path))?.build().map_err(|e| hw_err("filesystem root", Some(path), e)));
+        let r = isolated(path, || {
+            let topo = builder(Some(path))?.build().map_err(|e| hw_err("filesystem root", Some(path), e))?;
+            extract(&topo, opts, Some(&root))
+        });
         for (k, v) in saved {
             match v {
                 Some(v) => std::env::set_var(k, v),
@@ -142,7 +160,6 @@ pub(crate) fn discover_fsroot(path: &Path, opts: &ProbeOptions) -> Result<RawTop
         }
         r?
     };
-    let raw = guarded(Some(path), || extract(&topo, opts, Some(&root)))?;
     if raw.numa_nodes.is_empty() && raw.packages.is_empty() {
         return Err(Error::Input {
             input: path.display().to_string(),
@@ -303,7 +320,7 @@ fn extract(topo: &Hw, opts: &ProbeOptions, sysfs_root: Option<&Path>) -> Result<
         };
         let kind = if subtypes[i].as_deref() == Some("GPUMemory") {
             NodeKind::GpuMemory
-        } else if memory_bytes == 0 && !own[i].is_empty() {
+        } else if memory_bytes == 0 {
             NodeKind::Memoryless
         } else if own[i].is_empty() {
             NodeKind::Cpuless

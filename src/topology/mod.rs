@@ -84,7 +84,7 @@ pub enum NodeKind {
     Normal,
     /// Memory but no CPUs (CXL, HBM, persistent memory, ...).
     Cpuless,
-    /// CPUs but no memory.
+    /// No memory (with or without CPUs).
     Memoryless,
     /// Memory that belongs to a GPU (Grace Hopper / Grace Blackwell HBM).
     GpuMemory,
@@ -479,7 +479,7 @@ impl Topology {
 
 /// The intermediate description produced by each reader, before ordinals and
 /// warnings are worked out.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub(crate) struct RawTopology {
     pub packages: Vec<Package>,
     pub numa_nodes: Vec<NumaNode>,
@@ -491,7 +491,7 @@ pub(crate) struct RawTopology {
 }
 
 /// A GPU as a reader found it.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub(crate) struct RawGpu {
     pub pci_bus_id: String,
     pub vendor: u16,
