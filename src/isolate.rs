@@ -30,12 +30,17 @@ pub fn in_child<T: Serialize + DeserializeOwned>(
     input: &str,
     f: impl FnOnce() -> Result<T, ChildError>,
 ) -> Result<T, ChildError> {
-    let crashed = |problem: String| ChildError {
+    let crashed = |problem: String| {
+        ChildError {
         input: input.to_string(),
         problem,
         fix: "the file is malformed: give a complete hwloc XML export (`lstopo --of xml FILE`) or an unmodified hwloc-gather-topology capture".into(),
+    }
     };
     let sys = |what: &str, e: std::io::Error| crashed(format!("could not {what}: {e}"));
+    // Take every lock the child will need now, in the parent: a lock another
+    // thread holds at fork time stays locked forever in the child.
+    crate::panic_guard::install_hook();
     let (rd, wr) = nix::unistd::pipe().map_err(|e| sys("create a pipe", e.into()))?;
     let mut errlog = tempfile::tempfile().map_err(|e| sys("create a temporary file", e))?;
     // SAFETY: the child only runs `f` (which allocates; glibc keeps malloc
@@ -49,7 +54,8 @@ pub fn in_child<T: Serialize + DeserializeOwned>(
             // SAFETY: both descriptors are open; dup2 onto 2 redirects this
             // child's stderr (hwloc's messages) into the log file.
             unsafe { libc::dup2(errlog.as_raw_fd(), 2) };
-            let r = crate::panic_guard::catch(f).unwrap_or_else(|msg| Err(crashed(format!("internal error: {msg}"))));
+            let r = crate::panic_guard::catch(f)
+                .unwrap_or_else(|msg| Err(crashed(format!("internal error: {msg}"))));
             let text = serde_json::to_vec(&r).unwrap_or_default();
             let mut w = std::fs::File::from(wr);
             let ok = w.write_all(&text).is_ok();
@@ -58,22 +64,91 @@ pub fn in_child<T: Serialize + DeserializeOwned>(
         }
         Ok(nix::unistd::ForkResult::Parent { child }) => {
             drop(wr);
-            let mut buf = Vec::new();
-            let read = std::fs::File::from(OwnedFd::from(rd)).read_to_end(&mut buf);
+            let (buf, read) = read_with_deadline(rd, READ_DEADLINE);
+            if read.is_err() {
+                let _ = nix::sys::signal::kill(child, nix::sys::signal::Signal::SIGKILL);
+            }
             let status = nix::sys::wait::waitpid(child, None);
             let mut log = String::new();
             let _ = errlog.rewind();
             let _ = errlog.read_to_string(&mut log);
-            let last = log.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("").trim().to_string();
+            let last = log
+                .lines()
+                .rev()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or("")
+                .trim()
+                .to_string();
             match status {
-                Ok(nix::sys::wait::WaitStatus::Exited(_, 0)) if read.is_ok() => serde_json::from_slice(&buf)
-                    .unwrap_or_else(|e| Err(crashed(format!("internal error: bad reply from the reader ({e})")))),
+                Ok(nix::sys::wait::WaitStatus::Exited(_, 0)) if read.is_ok() => {
+                    serde_json::from_slice(&buf).unwrap_or_else(|e| {
+                        Err(crashed(format!(
+                            "internal error: bad reply from the reader ({e})"
+                        )))
+                    })
+                }
                 Ok(nix::sys::wait::WaitStatus::Signaled(_, sig, _)) => Err(crashed(format!(
                     "hwloc crashed reading it ({sig}){}",
-                    if last.is_empty() { String::new() } else { format!(": {last}") }
+                    if last.is_empty() {
+                        String::new()
+                    } else {
+                        format!(": {last}")
+                    }
                 ))),
-                other => Err(crashed(format!("the reader failed ({other:?}){}", if last.is_empty() { String::new() } else { format!(": {last}") }))),
+                _ if read.is_err() => Err(crashed(format!(
+                    "the reader did not finish in {} s and was stopped",
+                    READ_DEADLINE.as_secs()
+                ))),
+                other => Err(crashed(format!(
+                    "the reader failed ({other:?}){}",
+                    if last.is_empty() {
+                        String::new()
+                    } else {
+                        format!(": {last}")
+                    }
+                ))),
             }
+        }
+    }
+}
+
+/// How long a reader may take before it is killed (a sysfs capture of a
+/// large machine reads in well under a second).
+const READ_DEADLINE: std::time::Duration = std::time::Duration::from_secs(120);
+
+fn read_with_deadline(rd: OwnedFd, limit: std::time::Duration) -> (Vec<u8>, std::io::Result<()>) {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    let deadline = std::time::Instant::now() + limit;
+    let mut file = std::fs::File::from(rd);
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 65536];
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return (
+                buf,
+                Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "the reader took too long",
+                )),
+            );
+        }
+        let ms =
+            PollTimeout::try_from(left.as_millis().min(60_000) as i32).unwrap_or(PollTimeout::MAX);
+        let mut fds = [PollFd::new(
+            std::os::fd::AsFd::as_fd(&file),
+            PollFlags::POLLIN,
+        )];
+        match poll(&mut fds, ms) {
+            Ok(0) => continue,
+            Ok(_) => match file.read(&mut chunk) {
+                Ok(0) => return (buf, Ok(())),
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return (buf, Err(e)),
+            },
+            Err(nix::errno::Errno::EINTR) => {}
+            Err(e) => return (buf, Err(e.into())),
         }
     }
 }
@@ -90,7 +165,14 @@ mod tests {
 
     #[test]
     fn reports_the_childs_error() {
-        let e = in_child::<u32>("f.xml", || Err(ChildError { input: "f.xml".into(), problem: "bad".into(), fix: "fix".into() })).unwrap_err();
+        let e = in_child::<u32>("f.xml", || {
+            Err(ChildError {
+                input: "f.xml".into(),
+                problem: "bad".into(),
+                fix: "fix".into(),
+            })
+        })
+        .unwrap_err();
         assert_eq!(e.problem, "bad");
     }
 

@@ -15,7 +15,9 @@ thread_local! {
 
 static HOOK: Once = Once::new();
 
-fn install_hook() {
+/// Installs numapin's quiet-aware panic hook (once). [`crate::isolate`]
+/// calls it before forking, so the child never takes the hook lock.
+pub fn install_hook() {
     HOOK.call_once(|| {
         let previous = panic::take_hook();
         panic::set_hook(Box::new(move |info| {
