@@ -107,6 +107,10 @@ enum HomeKey {
     Local(CpuList),
     /// Everything this process may use.
     Allowed,
+    /// In the modes that give each rank CPUs of its own: what the fallback
+    /// homes hold beyond the nodes of the other ranks, shared by every rank
+    /// with a fallback home.
+    Leftover,
 }
 
 #[derive(Debug, Clone)]
@@ -125,6 +129,7 @@ impl Home {
             HomeKey::Package(p) => format!("package {p}"),
             HomeKey::Local(c) => format!("the GPU's local CPUs {c}"),
             HomeKey::Allowed => "the allowed CPUs".into(),
+            HomeKey::Leftover => format!("the CPUs shared by ranks without a usable NUMA node ({})", self.cpus),
         }
     }
 }
@@ -432,13 +437,16 @@ pub fn plan(topo: &Topology, gpus: &[u32], mode: Mode, opts: &PlanOptions) -> Re
             });
         }
     }
-    let homes: Vec<Home> = gpus
+    let mut homes: Vec<Home> = gpus
         .iter()
         .map(|&g| match mode {
             Mode::Socket => view.socket_home(g),
             _ => view.node_home(g),
         })
         .collect();
+    if matches!(mode, Mode::Exclusive | Mode::Core) {
+        share_fallbacks(&mut homes)?;
+    }
     let mut ranks = Vec::with_capacity(gpus.len());
     for (r, (&g, home)) in gpus.iter().zip(&homes).enumerate() {
         // The ranks sharing this home, in rank order, and this rank's place.
@@ -500,6 +508,43 @@ pub fn plan(topo: &Topology, gpus: &[u32], mode: Mode, opts: &PlanOptions) -> Re
         });
     }
     Ok(Plan { mode, ranks })
+}
+
+/// Makes the homes of a plan whose ranks get CPUs of their own disjoint:
+/// node homes never overlap each other, but a fallback home (the allowed
+/// CPUs, a GPU's local CPUs) overlaps them. The ranks with a fallback home
+/// share what those homes hold beyond the other ranks' nodes; when that is
+/// nothing, they share the overlapping nodes with those nodes' ranks.
+fn share_fallbacks(homes: &mut [Home]) -> Result<()> {
+    let is_fallback = |h: &Home| matches!(h.key, HomeKey::Local(_) | HomeKey::Allowed);
+    let fallback: Vec<usize> = (0..homes.len()).filter(|&i| is_fallback(&homes[i])).collect();
+    if fallback.is_empty() {
+        return Ok(());
+    }
+    let claimed = homes.iter().filter(|h| !is_fallback(h)).fold(CpuList::new(), |a, h| a.union(&h.cpus));
+    let wanted = fallback.iter().fold(CpuList::new(), |a, &i| a.union(&homes[i].cpus));
+    let leftover = wanted.difference(&claimed);
+    let (group, cpus, note) = if leftover.is_empty() {
+        let group: Vec<usize> = (0..homes.len()).filter(|&i| !homes[i].cpus.is_disjoint(&wanted)).collect();
+        let cpus = group.iter().fold(CpuList::new(), |a, &i| a.union(&homes[i].cpus));
+        let ranks = fallback.iter().map(|r| r.to_string()).collect::<Vec<_>>().join(",");
+        (group, cpus.clone(), format!("every CPU of the fallback is on another rank's NUMA node: ranks {ranks} (no usable node) share {cpus} with that node's ranks"))
+    } else {
+        (fallback, leftover.clone(), format!("the other ranks' NUMA nodes are left to them: this rank's share comes from {leftover}"))
+    };
+    let mut mems: Vec<u32> = group.iter().flat_map(|&i| homes[i].mems.clone()).collect();
+    mems.sort_unstable();
+    mems.dedup();
+    for &i in &group {
+        let h = &mut homes[i];
+        if h.cpus != cpus {
+            h.warnings.push(note.clone());
+        }
+        h.key = HomeKey::Leftover;
+        h.cpus = cpus.clone();
+        h.mems = mems.clone();
+    }
+    Ok(())
 }
 
 fn too_few_cores(home: &Home, cores: usize, ranks: usize, mode: Mode) -> Error {
