@@ -20,21 +20,40 @@ fn every_local_rank_binds_near_its_gpu() {
         return;
     }
     let gpus = launcher::rank_gpus(&t);
-    assert!(!gpus.is_empty(), "the driver is there but numapin sees no GPU");
+    assert!(
+        !gpus.is_empty(),
+        "the driver is there but numapin sees no GPU"
+    );
     let p = plan(&t, &gpus, Mode::Node, &PlanOptions::default()).unwrap();
     for (rank, r) in p.ranks.iter().enumerate() {
         let g = &t.gpus[r.gpu.unwrap() as usize];
         if let Some(n) = g.numa_node {
-            assert!(r.cpus.is_subset(&t.node(n).unwrap().cpus), "rank {rank}: {r:?}");
+            assert!(
+                r.cpus.is_subset(&t.node(n).unwrap().cpus),
+                "rank {rank}: {r:?}"
+            );
         }
         let o = Command::new(env!("CARGO_BIN_EXE_numapin"))
             .args(["exec", "--", "cat", "/proc/self/status"])
             .env("LOCAL_RANK", rank.to_string())
             .output()
             .unwrap();
-        assert!(o.status.success(), "rank {rank}: {}", String::from_utf8_lossy(&o.stderr));
+        assert!(
+            o.status.success(),
+            "rank {rank}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
         let text = String::from_utf8_lossy(&o.stdout);
-        let line = text.lines().find_map(|l| l.strip_prefix("Cpus_allowed_list:")).unwrap();
-        assert_eq!(CpuList::parse(line).unwrap(), r.cpus, "rank {rank} on GPU {} ({})", g.index, g.pci_bus_id);
+        let line = text
+            .lines()
+            .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+            .unwrap();
+        assert_eq!(
+            CpuList::parse(line).unwrap(),
+            r.cpus,
+            "rank {rank} on GPU {} ({})",
+            g.index,
+            g.pci_bus_id
+        );
     }
 }

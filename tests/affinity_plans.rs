@@ -13,7 +13,13 @@ use numapin::topology::{NodeKind, NumaNode, Package, ProbeOptions, Topology};
 use numapin::CpuList;
 use proptest::prelude::*;
 
-const MODES: [Mode; 5] = [Mode::Node, Mode::Socket, Mode::Exclusive, Mode::Cache, Mode::Core];
+const MODES: [Mode; 5] = [
+    Mode::Node,
+    Mode::Socket,
+    Mode::Exclusive,
+    Mode::Cache,
+    Mode::Core,
+];
 
 fn all_gpus(t: &Topology) -> Vec<u32> {
     (0..t.gpus.len() as u32).collect()
@@ -56,7 +62,11 @@ fn torch_socket_binding_with_one_node_per_socket() {
     let p = run(&t, Mode::Socket);
     assert_eq!(cpus_of(&p, 7), "48-63");
     assert_eq!(p.ranks[7].mems, [3]);
-    assert_eq!(p.ranks[7].cpus, run(&t, Mode::Node).ranks[7].cpus, "one node per socket: socket = node");
+    assert_eq!(
+        p.ranks[7].cpus,
+        run(&t, Mode::Node).ranks[7].cpus,
+        "one node per socket: socket = node"
+    );
 }
 
 #[test]
@@ -100,8 +110,15 @@ fn torch_core_complex_with_fewer_l3_than_gpus() {
     let p = run(&t, Mode::Cache);
     assert_eq!(cpus_of(&p, 3), "6-11");
     assert_eq!(cpus_of(&p, 2), "6-11");
-    assert!(p.ranks[3].warnings.iter().any(|w| w.contains("shares")), "{:?}", p.ranks[3].warnings);
-    assert!(p.ranks[2].warnings.is_empty(), "the first rank on the cache has it to itself");
+    assert!(
+        p.ranks[3].warnings.iter().any(|w| w.contains("shares")),
+        "{:?}",
+        p.ranks[3].warnings
+    );
+    assert!(
+        p.ranks[2].warnings.is_empty(),
+        "the first rank on the cache has it to itself"
+    );
 }
 
 #[test]
@@ -128,7 +145,11 @@ fn torch_node_minus_one_on_a_one_node_machine() {
     let p = run(&t, Mode::Node);
     assert_eq!(cpus_of(&p, 0), "0-1");
     assert_eq!(p.ranks[0].mems, [0]);
-    assert!(p.ranks[0].warnings.iter().any(|w| w.contains("unknown")), "{:?}", p.ranks[0].warnings);
+    assert!(
+        p.ranks[0].warnings.iter().any(|w| w.contains("unknown")),
+        "{:?}",
+        p.ranks[0].warnings
+    );
 }
 
 // ---- Where numapin answers differently from torchrun (docs/affinity.md).
@@ -143,7 +164,13 @@ fn unknown_locality_on_a_multi_node_machine_is_not_node_0() {
     for mode in MODES {
         let p = run(&t, mode);
         let r = &p.ranks[1];
-        assert!(r.warnings.iter().any(|w| w.contains("unknown") && w.contains("node 0")), "{mode}: {:?}", r.warnings);
+        assert!(
+            r.warnings
+                .iter()
+                .any(|w| w.contains("unknown") && w.contains("node 0")),
+            "{mode}: {:?}",
+            r.warnings
+        );
         assert_eq!(r.mems, [0, 1], "{mode}: memory from every allowed node");
         if matches!(mode, Mode::Node | Mode::Socket) {
             assert_eq!(r.cpus, all, "{mode}: every allowed CPU, not node 0's");
@@ -162,7 +189,14 @@ fn unknown_node_but_known_local_cpus_uses_them() {
     let p = run(&t, Mode::Node);
     assert_eq!(cpus_of(&p, 2), "8-15");
     assert_eq!(p.ranks[2].mems, [2, 3]);
-    assert!(p.ranks[2].warnings.iter().any(|w| w.contains("local CPUs 8-15")), "{:?}", p.ranks[2].warnings);
+    assert!(
+        p.ranks[2]
+            .warnings
+            .iter()
+            .any(|w| w.contains("local CPUs 8-15")),
+        "{:?}",
+        p.ranks[2].warnings
+    );
 }
 
 #[test]
@@ -172,10 +206,20 @@ fn exclusive_gives_ranks_without_a_node_what_the_others_leave() {
     t.gpus[1].numa_node = None;
     t.gpus[1].local_cpus = t.all_cpus();
     let p = run(&t, Mode::Exclusive);
-    assert_eq!([cpus_of(&p, 0), cpus_of(&p, 1), cpus_of(&p, 2)], ["0-3", "4-7", "8-11"]);
+    assert_eq!(
+        [cpus_of(&p, 0), cpus_of(&p, 1), cpus_of(&p, 2)],
+        ["0-3", "4-7", "8-11"]
+    );
     let q = plan(&t, &[0, 1], Mode::Exclusive, &PlanOptions::default()).unwrap();
     assert_eq!([cpus_of(&q, 0), cpus_of(&q, 1)], ["0-3", "4-11"]);
-    assert!(q.ranks[1].warnings.iter().any(|w| w.contains("left to them")), "{:?}", q.ranks[1].warnings);
+    assert!(
+        q.ranks[1]
+            .warnings
+            .iter()
+            .any(|w| w.contains("left to them")),
+        "{:?}",
+        q.ranks[1].warnings
+    );
 }
 
 #[test]
@@ -211,18 +255,34 @@ fn smt_off_machine_counts_each_cpu_as_a_core() {
     shape.smt = false;
     let t = shape.build();
     let ex = run(&t, Mode::Exclusive);
-    assert_eq!([cpus_of(&ex, 0), cpus_of(&ex, 1), cpus_of(&ex, 2)], ["0-1", "2", "3"]);
+    assert_eq!(
+        [cpus_of(&ex, 0), cpus_of(&ex, 1), cpus_of(&ex, 2)],
+        ["0-1", "2", "3"]
+    );
     let core = run(&t, Mode::Core);
-    assert_eq!([cpus_of(&core, 3), cpus_of(&core, 4), cpus_of(&core, 5)], ["4", "5", "6"]);
+    assert_eq!(
+        [cpus_of(&core, 3), cpus_of(&core, 4), cpus_of(&core, 5)],
+        ["4", "5", "6"]
+    );
 }
 
 #[test]
 fn core_mode_with_and_without_siblings() {
     let t = Shape::new(1, 1, 3, 1, 4).build();
     let with = run(&t, Mode::Core);
-    assert_eq!([cpus_of(&with, 0), cpus_of(&with, 1), cpus_of(&with, 2)], ["0-1", "2-3", "4-5"]);
+    assert_eq!(
+        [cpus_of(&with, 0), cpus_of(&with, 1), cpus_of(&with, 2)],
+        ["0-1", "2-3", "4-5"]
+    );
     let without = plan(&t, &all_gpus(&t), Mode::Core, &PlanOptions { smt: false }).unwrap();
-    assert_eq!([cpus_of(&without, 0), cpus_of(&without, 1), cpus_of(&without, 2)], ["0", "2", "4"]);
+    assert_eq!(
+        [
+            cpus_of(&without, 0),
+            cpus_of(&without, 1),
+            cpus_of(&without, 2)
+        ],
+        ["0", "2", "4"]
+    );
     let few = Shape::new(1, 1, 3, 1, 2).build();
     let e = plan(&few, &all_gpus(&few), Mode::Core, &PlanOptions::default()).unwrap_err();
     assert!(e.to_string().contains("2 physical core"), "{e}");
@@ -232,7 +292,12 @@ fn core_mode_with_and_without_siblings() {
 fn interleaved_siblings_are_kept_together() {
     // Linux numbers SMT siblings far apart on most x86 servers (0 and 8).
     let mut t = Shape::new(1, 1, 2, 1, 4).build();
-    t.cores = (0..4).map(|c| numapin::topology::Core { cpus: CpuList::from_iter_unsorted([c, c + 4]), numa_node: Some(0) }).collect();
+    t.cores = (0..4)
+        .map(|c| numapin::topology::Core {
+            cpus: CpuList::from_iter_unsorted([c, c + 4]),
+            numa_node: Some(0),
+        })
+        .collect();
     let ex = run(&t, Mode::Exclusive);
     assert_eq!(cpus_of(&ex, 0), "0-1,4-5");
     assert_eq!(cpus_of(&ex, 1), "2-3,6-7");
@@ -246,7 +311,14 @@ fn restricted_cpus_shrink_the_sets_and_say_so() {
     t.allowed.cpus = cpus("2-7,8-9");
     let node = run(&t, Mode::Node);
     assert_eq!(cpus_of(&node, 0), "2-7");
-    assert!(node.ranks[0].warnings.iter().any(|w| w.contains("0-1") && w.contains("outside")), "{:?}", node.ranks[0].warnings);
+    assert!(
+        node.ranks[0]
+            .warnings
+            .iter()
+            .any(|w| w.contains("0-1") && w.contains("outside")),
+        "{:?}",
+        node.ranks[0].warnings
+    );
     assert_eq!(cpus_of(&node, 2), "8-9");
     // Exclusive divides what is allowed: core 0-1 is gone, 2-3 and 4-5 and
     // 6-7 remain; the first rank takes two of them.
@@ -254,7 +326,10 @@ fn restricted_cpus_shrink_the_sets_and_say_so() {
     assert_eq!(cpus_of(&ex, 0), "2-5");
     assert_eq!(cpus_of(&ex, 1), "6-7");
     let e = plan(&t, &[2, 3], Mode::Exclusive, &PlanOptions::default()).unwrap_err();
-    assert!(e.to_string().contains("NUMA node 1 has 1 physical core"), "{e}");
+    assert!(
+        e.to_string().contains("NUMA node 1 has 1 physical core"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -270,7 +345,13 @@ fn a_node_wholly_outside_the_allowed_cpus_falls_back_with_a_warning() {
             // Both ranks can only use node 0: they divide it.
             assert_eq!([cpus_of(&p, 0), cpus_of(&p, 1)], ["0-3", "4-7"]);
         }
-        assert!(r.warnings.iter().any(|w| w.contains("8-15") && w.contains("outside")), "{mode}: {:?}", r.warnings);
+        assert!(
+            r.warnings
+                .iter()
+                .any(|w| w.contains("8-15") && w.contains("outside")),
+            "{mode}: {:?}",
+            r.warnings
+        );
         assert_eq!(r.mems, [0], "{mode}: only allowed memory");
     }
 }
@@ -282,14 +363,25 @@ fn a_node_whose_memory_is_not_allowed_keeps_its_cpus() {
     let p = run(&t, Mode::Node);
     assert_eq!(cpus_of(&p, 1), "4-7");
     assert_eq!(p.ranks[1].mems, [0]);
-    assert!(p.ranks[1].warnings.iter().any(|w| w.contains("memory")), "{:?}", p.ranks[1].warnings);
+    assert!(
+        p.ranks[1].warnings.iter().any(|w| w.contains("memory")),
+        "{:?}",
+        p.ranks[1].warnings
+    );
 }
 
 #[test]
 fn socket_memory_skips_gpu_memory_nodes() {
     // Grace Hopper style: the GPU's HBM is a CPU-less node in the package.
     let mut t = Shape::new(1, 1, 1, 1, 4).build();
-    t.numa_nodes.push(NumaNode { os_index: 1, package: Some(0), cpus: CpuList::new(), memory_bytes: 1 << 30, distances: vec![], kind: NodeKind::GpuMemory });
+    t.numa_nodes.push(NumaNode {
+        os_index: 1,
+        package: Some(0),
+        cpus: CpuList::new(),
+        memory_bytes: 1 << 30,
+        distances: vec![],
+        kind: NodeKind::GpuMemory,
+    });
     t.packages[0].numa_nodes.push(1);
     allow_everything(&mut t);
     assert_eq!(run(&t, Mode::Socket).ranks[0].mems, [0]);
@@ -300,7 +392,14 @@ fn no_core_or_cache_information_nccl_style() {
     // NCCL XML: nodes and GPUs only.
     let mut t = empty("nccl");
     for n in 0..2u32 {
-        t.numa_nodes.push(NumaNode { os_index: n, package: None, cpus: CpuList::range(n * 4, n * 4 + 3), memory_bytes: 0, distances: vec![], kind: NodeKind::Normal });
+        t.numa_nodes.push(NumaNode {
+            os_index: n,
+            package: None,
+            cpus: CpuList::range(n * 4, n * 4 + 3),
+            memory_bytes: 0,
+            distances: vec![],
+            kind: NodeKind::Normal,
+        });
         add_gpu(&mut t, Some(n), None, CpuList::range(n * 4, n * 4 + 3));
         add_gpu(&mut t, Some(n), None, CpuList::range(n * 4, n * 4 + 3));
     }
@@ -308,12 +407,23 @@ fn no_core_or_cache_information_nccl_style() {
     let ex = run(&t, Mode::Exclusive);
     assert_eq!([cpus_of(&ex, 2), cpus_of(&ex, 3)], ["4-5", "6-7"]);
     let cache = run(&t, Mode::Cache);
-    assert_eq!([cpus_of(&cache, 2), cpus_of(&cache, 3)], ["4-7", "4-7"], "the node is one cache");
+    assert_eq!(
+        [cpus_of(&cache, 2), cpus_of(&cache, 3)],
+        ["4-7", "4-7"],
+        "the node is one cache"
+    );
     let core = run(&t, Mode::Core);
     assert_eq!([cpus_of(&core, 2), cpus_of(&core, 3)], ["4", "5"]);
     let socket = run(&t, Mode::Socket);
     assert_eq!(cpus_of(&socket, 2), "4-7");
-    assert!(socket.ranks[2].warnings.iter().any(|w| w.contains("no package")), "{:?}", socket.ranks[2].warnings);
+    assert!(
+        socket.ranks[2]
+            .warnings
+            .iter()
+            .any(|w| w.contains("no package")),
+        "{:?}",
+        socket.ranks[2].warnings
+    );
 }
 
 #[test]
@@ -322,7 +432,10 @@ fn gpus_out_of_range_and_empty_lists() {
     let e = plan(&t, &[0, 2], Mode::Node, &PlanOptions::default()).unwrap_err();
     assert_eq!(e.exit_code(), 2);
     assert!(e.to_string().contains("GPU 2"), "{e}");
-    assert!(plan(&t, &[], Mode::Exclusive, &PlanOptions::default()).unwrap().ranks.is_empty());
+    assert!(plan(&t, &[], Mode::Exclusive, &PlanOptions::default())
+        .unwrap()
+        .ranks
+        .is_empty());
     // A GPU listed twice is two ranks: exclusive gives each its own share.
     let p = plan(&t, &[1, 1], Mode::Exclusive, &PlanOptions::default()).unwrap();
     assert!(p.ranks[0].cpus.is_disjoint(&p.ranks[1].cpus));
@@ -332,7 +445,10 @@ fn gpus_out_of_range_and_empty_lists() {
 fn node_plans() {
     let mut t = Shape::new(2, 1, 0, 1, 2).build();
     let r = plan_node(&t, 1).unwrap();
-    assert_eq!((r.cpus.to_string(), r.mems.clone(), r.gpu), ("4-7".to_string(), vec![1], None));
+    assert_eq!(
+        (r.cpus.to_string(), r.mems.clone(), r.gpu),
+        ("4-7".to_string(), vec![1], None)
+    );
     assert!(plan_node(&t, 2).unwrap_err().to_string().contains("node 2"));
     t.allowed.cpus = cpus("0-3");
     let e = plan_node(&t, 1).unwrap_err();
@@ -340,7 +456,10 @@ fn node_plans() {
     assert_eq!(e.exit_code(), 2);
     t.allowed.cpus = cpus("0-5");
     t.allowed.numa_nodes = vec![0];
-    assert!(plan_node(&t, 1).unwrap_err().to_string().contains("memory node"));
+    assert!(plan_node(&t, 1)
+        .unwrap_err()
+        .to_string()
+        .contains("memory node"));
 }
 
 #[test]
@@ -359,19 +478,48 @@ fn plans_serialize_as_documented() {
 /// nodes, exclusive and core shares disjoint, exclusive shares of a node
 /// covering all of its allowed CPUs.
 fn check(t: &Topology, p: &Plan, what: &str) {
-    let allowed = if t.allowed.cpus.is_empty() { t.all_cpus() } else { t.allowed.cpus.clone() };
+    let allowed = if t.allowed.cpus.is_empty() {
+        t.all_cpus()
+    } else {
+        t.allowed.cpus.clone()
+    };
     for r in &p.ranks {
-        assert!(!r.cpus.is_empty(), "{what}: rank {} has no CPUs", r.local_rank);
-        assert!(r.cpus.is_subset(&allowed), "{what}: rank {} CPUs {} outside allowed {allowed}", r.local_rank, r.cpus);
-        assert!(!r.mems.is_empty(), "{what}: rank {} has no memory node", r.local_rank);
+        assert!(
+            !r.cpus.is_empty(),
+            "{what}: rank {} has no CPUs",
+            r.local_rank
+        );
+        assert!(
+            r.cpus.is_subset(&allowed),
+            "{what}: rank {} CPUs {} outside allowed {allowed}",
+            r.local_rank,
+            r.cpus
+        );
+        assert!(
+            !r.mems.is_empty(),
+            "{what}: rank {} has no memory node",
+            r.local_rank
+        );
         if !t.allowed.numa_nodes.is_empty() {
-            assert!(r.mems.iter().all(|m| t.allowed.numa_nodes.contains(m)), "{what}: rank {} mems {:?}", r.local_rank, r.mems);
+            assert!(
+                r.mems.iter().all(|m| t.allowed.numa_nodes.contains(m)),
+                "{what}: rank {} mems {:?}",
+                r.local_rank,
+                r.mems
+            );
         }
     }
     if matches!(p.mode, Mode::Exclusive | Mode::Core) {
         for (i, a) in p.ranks.iter().enumerate() {
             for b in &p.ranks[i + 1..] {
-                assert!(a.cpus.is_disjoint(&b.cpus), "{what}: ranks {} and {} overlap ({} / {})", a.local_rank, b.local_rank, a.cpus, b.cpus);
+                assert!(
+                    a.cpus.is_disjoint(&b.cpus),
+                    "{what}: ranks {} and {} overlap ({} / {})",
+                    a.local_rank,
+                    b.local_rank,
+                    a.cpus,
+                    b.cpus
+                );
             }
         }
     }
@@ -379,7 +527,10 @@ fn check(t: &Topology, p: &Plan, what: &str) {
         // The shares leave nothing of the ranks' nodes unused.
         let gpus: Vec<u32> = p.ranks.iter().map(|r| r.gpu.unwrap()).collect();
         let node = plan(t, &gpus, Mode::Node, &PlanOptions::default()).unwrap();
-        let homes = node.ranks.iter().fold(CpuList::new(), |a, r| a.union(&r.cpus));
+        let homes = node
+            .ranks
+            .iter()
+            .fold(CpuList::new(), |a, r| a.union(&r.cpus));
         let shares = p.ranks.iter().fold(CpuList::new(), |a, r| a.union(&r.cpus));
         assert_eq!(shares, homes, "{what}: exclusive shares leave CPUs unused");
     }
@@ -393,7 +544,11 @@ fn shared_files() -> Option<Vec<PathBuf>> {
     }
     let mut files = Vec::new();
     for sub in ["hwloc-xml", "nccl", "sysfs"] {
-        for e in std::fs::read_dir(dir.join(sub)).into_iter().flatten().flatten() {
+        for e in std::fs::read_dir(dir.join(sub))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
             let p = e.path();
             let name = p.to_string_lossy();
             if name.ends_with(".xml") || name.ends_with(".tar.bz2") || name.ends_with(".tar.gz") {
@@ -412,7 +567,8 @@ fn every_shared_topology_gives_sound_plans() {
     let mut planned = 0;
     for f in &files {
         let name = f.file_name().unwrap().to_string_lossy().into_owned();
-        let t = Topology::load(f, &ProbeOptions::default()).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let t =
+            Topology::load(f, &ProbeOptions::default()).unwrap_or_else(|e| panic!("{name}: {e}"));
         // Every GPU, then every node bound directly.
         for mode in MODES {
             match plan(&t, &all_gpus(&t), mode, &PlanOptions::default()) {
@@ -422,24 +578,42 @@ fn every_shared_topology_gives_sound_plans() {
                 }
                 Err(e) => {
                     // Only a node with fewer cores than GPUs may refuse.
-                    assert!(matches!(mode, Mode::Exclusive | Mode::Core), "{name} {mode}: {e}");
-                    assert!(e.to_string().contains("physical core"), "{name} {mode}: {e}");
+                    assert!(
+                        matches!(mode, Mode::Exclusive | Mode::Core),
+                        "{name} {mode}: {e}"
+                    );
+                    assert!(
+                        e.to_string().contains("physical core"),
+                        "{name} {mode}: {e}"
+                    );
                 }
             }
         }
         for n in &t.numa_nodes {
             if let Ok(r) = plan_node(&t, n.os_index) {
-                assert!(!r.cpus.is_empty() && r.cpus.is_subset(&n.cpus), "{name}: node {}", n.os_index);
+                assert!(
+                    !r.cpus.is_empty() && r.cpus.is_subset(&n.cpus),
+                    "{name}: node {}",
+                    n.os_index
+                );
             }
         }
     }
-    eprintln!("planned {planned} mode/machine pairs from {} files", files.len());
+    eprintln!(
+        "planned {planned} mode/machine pairs from {} files",
+        files.len()
+    );
 }
 
 #[test]
 fn shared_topology_expectations() {
     let Some(files) = shared_files() else { return };
-    let find = |part: &str| files.iter().find(|f| f.to_string_lossy().contains(part)).cloned();
+    let find = |part: &str| {
+        files
+            .iter()
+            .find(|f| f.to_string_lossy().contains(part))
+            .cloned()
+    };
     // Azure ND96asr v4: 4 nodes x 24 CPUs, 2 A100 per node.
     if let Some(f) = find("azure-ndv4") {
         let t = Topology::load(&f, &ProbeOptions::default()).unwrap();
@@ -454,7 +628,11 @@ fn shared_topology_expectations() {
         let p = run(&t, Mode::Node);
         for r in &p.ranks {
             assert!(r.cpus.is_subset(&cpus("0-15")), "{:?}", r);
-            assert!(r.warnings.iter().any(|w| w.contains("outside")), "{:?}", r.warnings);
+            assert!(
+                r.warnings.iter().any(|w| w.contains("outside")),
+                "{:?}",
+                r.warnings
+            );
         }
     }
     // Interleaved CPUs between two nodes, SMT siblings 12 apart.
@@ -506,6 +684,17 @@ proptest! {
 #[test]
 fn package_without_nodes_listed_uses_its_cpus_nodes() {
     let mut t = Shape::new(2, 1, 1, 1, 2).build();
-    t.packages = vec![Package { index: 0, cpus: cpus("0-3"), numa_nodes: vec![] }, Package { index: 1, cpus: cpus("4-7"), numa_nodes: vec![] }];
+    t.packages = vec![
+        Package {
+            index: 0,
+            cpus: cpus("0-3"),
+            numa_nodes: vec![],
+        },
+        Package {
+            index: 1,
+            cpus: cpus("4-7"),
+            numa_nodes: vec![],
+        },
+    ];
     assert_eq!(run(&t, Mode::Socket).ranks[1].mems, [1]);
 }

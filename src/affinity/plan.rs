@@ -129,7 +129,10 @@ impl Home {
             HomeKey::Package(p) => format!("package {p}"),
             HomeKey::Local(c) => format!("the GPU's local CPUs {c}"),
             HomeKey::Allowed => "the allowed CPUs".into(),
-            HomeKey::Leftover => format!("the CPUs shared by ranks without a usable NUMA node ({})", self.cpus),
+            HomeKey::Leftover => format!(
+                "the CPUs shared by ranks without a usable NUMA node ({})",
+                self.cpus
+            ),
         }
     }
 }
@@ -517,17 +520,32 @@ pub fn plan(topo: &Topology, gpus: &[u32], mode: Mode, opts: &PlanOptions) -> Re
 /// nothing, they share the overlapping nodes with those nodes' ranks.
 fn share_fallbacks(homes: &mut [Home]) -> Result<()> {
     let is_fallback = |h: &Home| matches!(h.key, HomeKey::Local(_) | HomeKey::Allowed);
-    let fallback: Vec<usize> = (0..homes.len()).filter(|&i| is_fallback(&homes[i])).collect();
+    let fallback: Vec<usize> = (0..homes.len())
+        .filter(|&i| is_fallback(&homes[i]))
+        .collect();
     if fallback.is_empty() {
         return Ok(());
     }
-    let claimed = homes.iter().filter(|h| !is_fallback(h)).fold(CpuList::new(), |a, h| a.union(&h.cpus));
-    let wanted = fallback.iter().fold(CpuList::new(), |a, &i| a.union(&homes[i].cpus));
+    let claimed = homes
+        .iter()
+        .filter(|h| !is_fallback(h))
+        .fold(CpuList::new(), |a, h| a.union(&h.cpus));
+    let wanted = fallback
+        .iter()
+        .fold(CpuList::new(), |a, &i| a.union(&homes[i].cpus));
     let leftover = wanted.difference(&claimed);
     let (group, cpus, note) = if leftover.is_empty() {
-        let group: Vec<usize> = (0..homes.len()).filter(|&i| !homes[i].cpus.is_disjoint(&wanted)).collect();
-        let cpus = group.iter().fold(CpuList::new(), |a, &i| a.union(&homes[i].cpus));
-        let ranks = fallback.iter().map(|r| r.to_string()).collect::<Vec<_>>().join(",");
+        let group: Vec<usize> = (0..homes.len())
+            .filter(|&i| !homes[i].cpus.is_disjoint(&wanted))
+            .collect();
+        let cpus = group
+            .iter()
+            .fold(CpuList::new(), |a, &i| a.union(&homes[i].cpus));
+        let ranks = fallback
+            .iter()
+            .map(|r| r.to_string())
+            .collect::<Vec<_>>()
+            .join(",");
         (group, cpus.clone(), format!("every CPU of the fallback is on another rank's NUMA node: ranks {ranks} (no usable node) share {cpus} with that node's ranks"))
     } else {
         (fallback, leftover.clone(), format!("the other ranks' NUMA nodes are left to them: this rank's share comes from {leftover}"))

@@ -2,7 +2,9 @@
 //! plan tests need no files.
 #![allow(dead_code)]
 
-use numapin::topology::{Allowed, Cache, Core, CudaInfo, Gpu, NodeKind, NumaNode, Package, Topology, VisibleEntry};
+use numapin::topology::{
+    Allowed, Cache, Core, CudaInfo, Gpu, NodeKind, NumaNode, Package, Topology, VisibleEntry,
+};
 use numapin::CpuList;
 
 /// The shape of a mocked machine, as in PyTorch's NUMA binding tests: CPUs
@@ -20,8 +22,21 @@ pub struct Shape {
 }
 
 impl Shape {
-    pub fn new(sockets: u32, nodes_per_socket: u32, gpus_per_node: u32, l3_per_node: u32, cores_per_l3: u32) -> Self {
-        Self { sockets, nodes_per_socket, gpus_per_node, l3_per_node, cores_per_l3, smt: true }
+    pub fn new(
+        sockets: u32,
+        nodes_per_socket: u32,
+        gpus_per_node: u32,
+        l3_per_node: u32,
+        cores_per_l3: u32,
+    ) -> Self {
+        Self {
+            sockets,
+            nodes_per_socket,
+            gpus_per_node,
+            l3_per_node,
+            cores_per_l3,
+            smt: true,
+        }
     }
 
     pub fn threads(&self) -> u32 {
@@ -37,17 +52,28 @@ impl Shape {
         let mut cpu = 0u32;
         let mut node = 0u32;
         for s in 0..self.sockets {
-            let mut pkg = Package { index: s, cpus: CpuList::new(), numa_nodes: vec![] };
+            let mut pkg = Package {
+                index: s,
+                cpus: CpuList::new(),
+                numa_nodes: vec![],
+            };
             for _ in 0..self.nodes_per_socket {
                 let first = cpu;
                 for _ in 0..self.l3_per_node {
                     let l3_first = cpu;
                     for _ in 0..self.cores_per_l3 {
                         let core = CpuList::range(cpu, cpu + self.threads() - 1);
-                        t.cores.push(Core { cpus: core, numa_node: Some(node) });
+                        t.cores.push(Core {
+                            cpus: core,
+                            numa_node: Some(node),
+                        });
                         cpu += self.threads();
                     }
-                    t.caches.push(Cache { level: 3, size_bytes: None, cpus: CpuList::range(l3_first, cpu - 1) });
+                    t.caches.push(Cache {
+                        level: 3,
+                        size_bytes: None,
+                        cpus: CpuList::range(l3_first, cpu - 1),
+                    });
                 }
                 let cpus = CpuList::range(first, cpu - 1);
                 t.numa_nodes.push(NumaNode {
@@ -84,7 +110,11 @@ pub fn empty(source: &str) -> Topology {
         warnings: vec![],
         cores: vec![],
         caches: vec![],
-        cuda: CudaInfo { ordinal_source: "pci_order".into(), device_order: "FASTEST_FIRST".into(), ..Default::default() },
+        cuda: CudaInfo {
+            ordinal_source: "pci_order".into(),
+            device_order: "FASTEST_FIRST".into(),
+            ..Default::default()
+        },
     }
 }
 
@@ -105,7 +135,12 @@ pub fn add_gpu(t: &mut Topology, node: Option<u32>, package: Option<u32>, local_
         device_id: "0x2330".into(),
         class_id: "0x0302".into(),
     });
-    t.cuda.ordinals.push(VisibleEntry { ordinal: i, entry: "*".into(), gpu: Some(i), mig: false });
+    t.cuda.ordinals.push(VisibleEntry {
+        ordinal: i,
+        entry: "*".into(),
+        gpu: Some(i),
+        mig: false,
+    });
 }
 
 /// Lets the process use every CPU and node.
