@@ -52,6 +52,16 @@ fn status_field(text: &str, name: &str) -> String {
         .unwrap_or_else(|| panic!("no {name} in {text}"))
 }
 
+/// `numapin exec --no-cuda --node NODE [EXTRA...] -- CMD...`.
+fn exec_node(node: u32, extra: &[&str], cmd: &[&str]) -> Command {
+    let node = node.to_string();
+    let mut args = vec!["exec", "--no-cuda", "--node", &node];
+    args.extend_from_slice(extra);
+    args.push("--");
+    args.extend_from_slice(cmd);
+    numapin(&args)
+}
+
 fn live() -> Topology {
     Topology::probe(&ProbeOptions {
         cuda: CudaMode::Off,
@@ -77,15 +87,7 @@ fn exec_node_binds_cpus_as_planned() {
     let node = first_node(&t);
     let expected = plan_node(&t, node).unwrap().cpus;
     let o = out({
-        let mut c = numapin(&[
-            "exec",
-            "--no-cuda",
-            "--node",
-            &node.to_string(),
-            "--",
-            "cat",
-            "/proc/self/status",
-        ]);
+        let mut c = exec_node(node, &[], &["cat", "/proc/self/status"]);
         c.env("LOCAL_RANK", "0");
         c
     });
@@ -110,15 +112,7 @@ fn exec_node_respects_a_narrower_starting_set() {
         .iter()
         .last()
         .unwrap();
-    let mut c = numapin(&[
-        "exec",
-        "--no-cuda",
-        "--node",
-        &node.to_string(),
-        "--",
-        "cat",
-        "/proc/self/status",
-    ]);
+    let mut c = exec_node(node, &[], &["cat", "/proc/self/status"]);
     let one = CpuList::from_iter_unsorted([last]);
     // SAFETY: between fork and exec the child only calls sched_setaffinity,
     // which is async-signal-safe, on its own pid.
@@ -136,17 +130,9 @@ fn exec_node_respects_a_narrower_starting_set() {
 #[test]
 fn exec_sets_the_memory_policy() {
     let t = live();
-    let node = first_node(&t).to_string();
+    let node = first_node(&t);
     // numa_maps lists each mapping with the policy it was made under.
-    let o = out(numapin(&[
-        "exec",
-        "--no-cuda",
-        "--node",
-        &node,
-        "--",
-        "cat",
-        "/proc/self/numa_maps",
-    ]));
+    let o = out(exec_node(node, &[], &["cat", "/proc/self/numa_maps"]));
     assert!(o.status.success(), "{}", stderr(&o));
     let maps = stdout(&o);
     assert!(
@@ -154,16 +140,11 @@ fn exec_sets_the_memory_policy() {
             .all(|l| l.split_whitespace().nth(1) == Some(&format!("bind:{node}"))),
         "{maps}"
     );
-    let o = out(numapin(&[
-        "exec",
-        "--no-cuda",
-        "--preferred",
-        "--node",
-        &node,
-        "--",
-        "cat",
-        "/proc/self/numa_maps",
-    ]));
+    let o = out(exec_node(
+        node,
+        &["--preferred"],
+        &["cat", "/proc/self/numa_maps"],
+    ));
     assert!(
         stdout(&o)
             .lines()
@@ -188,47 +169,20 @@ fn exec_sets_the_memory_policy() {
 
 #[test]
 fn exec_passes_exit_codes_and_signals_through() {
-    let node = first_node(&live()).to_string();
-    let o = out(numapin(&[
-        "exec",
-        "--no-cuda",
-        "--node",
-        &node,
-        "--",
-        "sh",
-        "-c",
-        "exit 7",
-    ]));
+    let node = first_node(&live());
+    let o = out(exec_node(node, &[], &["sh", "-c", "exit 7"]));
     assert_eq!(o.status.code(), Some(7), "{}", stderr(&o));
-    let o = out(numapin(&[
-        "exec",
-        "--no-cuda",
-        "--node",
-        &node,
-        "--",
-        "sh",
-        "-c",
-        "kill -TERM $$",
-    ]));
+    let o = out(exec_node(node, &[], &["sh", "-c", "kill -TERM $$"]));
     assert_eq!(
         o.status.signal(),
         Some(libc::SIGTERM),
         "the command's own death, not a wrapper's exit code"
     );
     // The command is numapin's process itself: same pid as the child we made.
-    let child = numapin(&[
-        "exec",
-        "--no-cuda",
-        "--node",
-        &node,
-        "--",
-        "sh",
-        "-c",
-        "echo $$",
-    ])
-    .stdout(std::process::Stdio::piped())
-    .spawn()
-    .unwrap();
+    let child = exec_node(node, &[], &["sh", "-c", "echo $$"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
     let pid = child.id();
     let o = child.wait_with_output().unwrap();
     assert_eq!(stdout(&o).trim(), pid.to_string());
@@ -239,28 +193,17 @@ fn exec_threads_env_sets_omp_num_threads() {
     let t = live();
     let node = first_node(&t);
     let n = plan_node(&t, node).unwrap().cpus.len();
-    let o = out(numapin(&[
-        "exec",
-        "--no-cuda",
-        "--threads-env",
-        "--node",
-        &node.to_string(),
-        "--",
-        "sh",
-        "-c",
-        "echo $OMP_NUM_THREADS",
-    ]));
+    let o = out(exec_node(
+        node,
+        &["--threads-env"],
+        &["sh", "-c", "echo $OMP_NUM_THREADS"],
+    ));
     assert_eq!(stdout(&o).trim(), n.to_string(), "{}", stderr(&o));
-    let o = out(numapin(&[
-        "exec",
-        "--no-cuda",
-        "--node",
-        &node.to_string(),
-        "--",
-        "sh",
-        "-c",
-        "echo x$OMP_NUM_THREADS",
-    ]));
+    let o = out(exec_node(
+        node,
+        &[],
+        &["sh", "-c", "echo x$OMP_NUM_THREADS"],
+    ));
     assert_eq!(stdout(&o).trim(), "x", "not set without --threads-env");
 }
 

@@ -29,6 +29,15 @@ fn run(t: &Topology, mode: Mode) -> Plan {
     plan(t, &all_gpus(t), mode, &PlanOptions::default()).unwrap()
 }
 
+/// Asserts that rank `rank` carries a warning containing `needle`.
+fn assert_warned(p: &Plan, rank: usize, needle: &str) {
+    let w = &p.ranks[rank].warnings;
+    assert!(
+        w.iter().any(|w| w.contains(needle)),
+        "rank {rank}: no warning with {needle:?} in {w:?}"
+    );
+}
+
 fn cpus_of(p: &Plan, rank: usize) -> String {
     p.ranks[rank].cpus.to_string()
 }
@@ -110,11 +119,7 @@ fn torch_core_complex_with_fewer_l3_than_gpus() {
     let p = run(&t, Mode::Cache);
     assert_eq!(cpus_of(&p, 3), "6-11");
     assert_eq!(cpus_of(&p, 2), "6-11");
-    assert!(
-        p.ranks[3].warnings.iter().any(|w| w.contains("shares")),
-        "{:?}",
-        p.ranks[3].warnings
-    );
+    assert_warned(&p, 3, "shares");
     assert!(
         p.ranks[2].warnings.is_empty(),
         "the first rank on the cache has it to itself"
@@ -145,11 +150,7 @@ fn torch_node_minus_one_on_a_one_node_machine() {
     let p = run(&t, Mode::Node);
     assert_eq!(cpus_of(&p, 0), "0-1");
     assert_eq!(p.ranks[0].mems, [0]);
-    assert!(
-        p.ranks[0].warnings.iter().any(|w| w.contains("unknown")),
-        "{:?}",
-        p.ranks[0].warnings
-    );
+    assert_warned(&p, 0, "unknown");
 }
 
 // ---- Where numapin answers differently from torchrun (docs/affinity.md).
@@ -189,14 +190,7 @@ fn unknown_node_but_known_local_cpus_uses_them() {
     let p = run(&t, Mode::Node);
     assert_eq!(cpus_of(&p, 2), "8-15");
     assert_eq!(p.ranks[2].mems, [2, 3]);
-    assert!(
-        p.ranks[2]
-            .warnings
-            .iter()
-            .any(|w| w.contains("local CPUs 8-15")),
-        "{:?}",
-        p.ranks[2].warnings
-    );
+    assert_warned(&p, 2, "local CPUs 8-15");
 }
 
 #[test]
@@ -212,14 +206,7 @@ fn exclusive_gives_ranks_without_a_node_what_the_others_leave() {
     );
     let q = plan(&t, &[0, 1], Mode::Exclusive, &PlanOptions::default()).unwrap();
     assert_eq!([cpus_of(&q, 0), cpus_of(&q, 1)], ["0-3", "4-11"]);
-    assert!(
-        q.ranks[1]
-            .warnings
-            .iter()
-            .any(|w| w.contains("left to them")),
-        "{:?}",
-        q.ranks[1].warnings
-    );
+    assert_warned(&q, 1, "left to them");
 }
 
 #[test]
@@ -363,11 +350,7 @@ fn a_node_whose_memory_is_not_allowed_keeps_its_cpus() {
     let p = run(&t, Mode::Node);
     assert_eq!(cpus_of(&p, 1), "4-7");
     assert_eq!(p.ranks[1].mems, [0]);
-    assert!(
-        p.ranks[1].warnings.iter().any(|w| w.contains("memory")),
-        "{:?}",
-        p.ranks[1].warnings
-    );
+    assert_warned(&p, 1, "memory");
 }
 
 #[test]
@@ -416,14 +399,7 @@ fn no_core_or_cache_information_nccl_style() {
     assert_eq!([cpus_of(&core, 2), cpus_of(&core, 3)], ["4", "5"]);
     let socket = run(&t, Mode::Socket);
     assert_eq!(cpus_of(&socket, 2), "4-7");
-    assert!(
-        socket.ranks[2]
-            .warnings
-            .iter()
-            .any(|w| w.contains("no package")),
-        "{:?}",
-        socket.ranks[2].warnings
-    );
+    assert_warned(&socket, 2, "no package");
 }
 
 #[test]

@@ -246,6 +246,37 @@ impl<'a> View<'a> {
         self.allowed_home(warnings)
     }
 
+    /// The allowed part of `what` (a GPU's node or package, CPUs `set`),
+    /// with a warning when some of it is excluded; the fallback home, with
+    /// a warning naming the cause, when all of it is.
+    fn restrict(
+        &self,
+        gpu: u32,
+        what: &str,
+        set: &CpuList,
+    ) -> std::result::Result<(CpuList, Vec<String>), Home> {
+        let cpus = set.intersection(&self.allowed_cpus);
+        if cpus.is_empty() {
+            let g = &self.topo.gpus[gpu as usize];
+            return Err(self.allowed_home(vec![
+                format!(
+                    "GPU {gpu} ({}): every CPU of its {what} ({set}) is outside the CPUs this process may use ({}); widen the cpuset or taskset to bind near the GPU",
+                    g.pci_bus_id, self.allowed_cpus
+                ),
+                format!("GPU {gpu}: falling back to every CPU this process may use ({})", self.allowed_cpus),
+            ]));
+        }
+        let mut warnings = Vec::new();
+        if cpus.len() < set.len() {
+            warnings.push(format!(
+                "GPU {gpu}: {} of {what}'s CPUs ({}) are outside the CPUs this process may use; using {cpus}",
+                set.len() - cpus.len(),
+                set.difference(&cpus)
+            ));
+        }
+        Ok((cpus, warnings))
+    }
+
     fn node_home(&self, gpu: u32) -> Home {
         let g = &self.topo.gpus[gpu as usize];
         let Some(n) = g.numa_node else {
@@ -269,28 +300,10 @@ impl<'a> View<'a> {
             );
             return self.fallback_home(gpu, vec![w]);
         }
-        let cpus = node.cpus.intersection(&self.allowed_cpus);
-        if cpus.is_empty() {
-            let w = format!(
-                "GPU {gpu} ({}): every CPU of its NUMA node {n} ({}) is outside the CPUs this process may use ({}); widen the cpuset or taskset to bind near the GPU",
-                g.pci_bus_id, node.cpus, self.allowed_cpus
-            );
-            return self.allowed_home(vec![
-                w,
-                format!(
-                    "GPU {gpu}: falling back to every CPU this process may use ({})",
-                    self.allowed_cpus
-                ),
-            ]);
-        }
-        let mut warnings = Vec::new();
-        if cpus.len() < node.cpus.len() {
-            warnings.push(format!(
-                "GPU {gpu}: {} of NUMA node {n}'s CPUs ({}) are outside the CPUs this process may use; using {cpus}",
-                node.cpus.len() - cpus.len(),
-                node.cpus.difference(&cpus)
-            ));
-        }
+        let (cpus, mut warnings) = match self.restrict(gpu, &format!("NUMA node {n}"), &node.cpus) {
+            Ok(r) => r,
+            Err(home) => return home,
+        };
         let mems = self.mems_of([n], &format!("NUMA node {n}"), &mut warnings);
         Home {
             key: HomeKey::Node(n),
@@ -314,29 +327,11 @@ impl<'a> View<'a> {
             }
             return h;
         };
-        let cpus = p.cpus.intersection(&self.allowed_cpus);
-        if cpus.is_empty() {
-            let w = format!(
-                "GPU {gpu} ({}): every CPU of its package {} ({}) is outside the CPUs this process may use ({}); widen the cpuset or taskset to bind near the GPU",
-                g.pci_bus_id, p.index, p.cpus, self.allowed_cpus
-            );
-            return self.allowed_home(vec![
-                w,
-                format!(
-                    "GPU {gpu}: falling back to every CPU this process may use ({})",
-                    self.allowed_cpus
-                ),
-            ]);
-        }
-        let mut warnings = Vec::new();
-        if cpus.len() < p.cpus.len() {
-            warnings.push(format!(
-                "GPU {gpu}: {} of package {}'s CPUs ({}) are outside the CPUs this process may use; using {cpus}",
-                p.cpus.len() - cpus.len(),
-                p.index,
-                p.cpus.difference(&cpus)
-            ));
-        }
+        let (cpus, mut warnings) =
+            match self.restrict(gpu, &format!("package {}", p.index), &p.cpus) {
+                Ok(r) => r,
+                Err(home) => return home,
+            };
         let mut nodes = p.numa_nodes.clone();
         if nodes.is_empty() {
             nodes = self
