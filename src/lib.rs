@@ -6,6 +6,7 @@
 //! that feed each GPU to that node's CPUs.
 #![warn(missing_docs)]
 
+pub mod affinity;
 pub mod arena;
 pub mod cli;
 pub mod cpulist;

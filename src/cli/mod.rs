@@ -1,5 +1,8 @@
-//! The `numapin` command line: `topo`, and the commands built on it.
+//! The `numapin` command line: `topo`, `affinity`, `exec`, and the commands
+//! built on them.
 
+mod affinity;
+mod exec;
 mod table;
 mod topo;
 
@@ -64,6 +67,11 @@ impl TopoSource {
 pub enum Command {
     /// Show which GPU hangs off which socket, NUMA node and CPUs.
     Topo(topo::TopoArgs),
+    /// Print each local rank's CPUs and memory nodes near its GPU.
+    Affinity(affinity::AffinityArgs),
+    /// Bind this rank near its GPU, then run the command in its place
+    /// (`torchrun --no-python ... numapin exec -- python train.py`).
+    Exec(exec::ExecArgs),
 }
 
 /// Runs the command line; returns the process exit code.
@@ -71,6 +79,8 @@ pub fn main() -> i32 {
     let cli = Cli::parse();
     let r = match cli.command {
         Command::Topo(a) => topo::run(&a),
+        Command::Affinity(a) => affinity::run(&a),
+        Command::Exec(a) => exec::run(&a),
     };
     match r {
         Ok(code) => code,

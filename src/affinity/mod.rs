@@ -1,0 +1,20 @@
+//! Launch-time affinity: each rank on its GPU's CPUs, its memory on its
+//! GPU's node.
+//!
+//! * [`plan()`] computes, from a [`crate::Topology`] alone, the CPU set and
+//!   memory nodes of each local rank by [`Mode`] (`node`, `socket`,
+//!   `exclusive`, `cache`, `core`); [`plan_node`] binds to a node directly.
+//! * [`launcher`] reads the local rank that torchrun, srun, mpirun and
+//!   friends set, and maps it to a GPU (respecting `CUDA_VISIBLE_DEVICES`).
+//! * [`bind_current_thread`] and [`bind_current_process`] apply a binding;
+//!   `numapin exec` applies one and then `execvp`s the command.
+//!
+//! See `docs/affinity.md` for the rules and how they differ from torchrun's.
+
+pub mod apply;
+pub mod launcher;
+pub mod plan;
+
+pub use apply::{bind_current_process, bind_current_thread, set_mempolicy, MemPolicy};
+pub use launcher::{local_rank, LocalRank};
+pub use plan::{plan, plan_node, Mode, Plan, PlanOptions, RankPlan};

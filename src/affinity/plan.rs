@@ -1,0 +1,632 @@
+//! Affinity plans: which CPUs and memory nodes each local rank should use.
+//!
+//! [`plan`] is a pure function of a [`Topology`]: it reads nothing from the
+//! running system, so the same code answers for this machine and for any
+//! saved description.
+//!
+//! Every rank first gets a *home*: the allowed CPUs (and memory nodes) of its
+//! GPU's NUMA node, or of its GPU's package in [`Mode::Socket`]. Ranks whose
+//! GPUs share a home then divide it according to the mode. When the home is
+//! unknown (no NUMA node for the GPU, as on many VMs) or holds no CPU this
+//! process may use, the home falls back to the GPU's local CPUs or to the
+//! allowed CPUs, and the rank carries a warning naming the cause; numapin
+//! never guesses node 0.
+
+use serde::{Deserialize, Serialize};
+
+use crate::cpulist::CpuList;
+use crate::error::{Error, Result};
+use crate::topology::{NodeKind, Topology};
+
+/// How a rank's CPUs are chosen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    /// Every allowed CPU of the GPU's NUMA node; memory on that node.
+    Node,
+    /// Every allowed CPU of the GPU's package (all of its nodes under
+    /// SNC/NPS); memory on the package's nodes.
+    Socket,
+    /// The node's allowed physical cores divided into disjoint, contiguous
+    /// shares among the ranks whose GPUs share the node.
+    Exclusive,
+    /// One last-level cache (core complex, L3 domain) of the node per rank.
+    #[value(alias = "core-complex")]
+    Cache,
+    /// One physical core of the node per rank.
+    Core,
+}
+
+impl Mode {
+    /// The name used on the command line and in JSON.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Mode::Node => "node",
+            Mode::Socket => "socket",
+            Mode::Exclusive => "exclusive",
+            Mode::Cache => "cache",
+            Mode::Core => "core",
+        }
+    }
+}
+
+impl std::fmt::Display for Mode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Options of [`plan`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlanOptions {
+    /// In [`Mode::Core`], give each rank its core's SMT siblings too (on by
+    /// default); off gives one hardware thread per rank.
+    pub smt: bool,
+}
+
+impl Default for PlanOptions {
+    fn default() -> Self {
+        Self { smt: true }
+    }
+}
+
+/// One rank's binding.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RankPlan {
+    /// The local rank (position in the GPU list given to [`plan`]).
+    pub local_rank: u32,
+    /// The GPU ([`crate::topology::Gpu::index`], PCI bus order); `None` for a
+    /// binding to a node chosen directly ([`plan_node`]).
+    pub gpu: Option<u32>,
+    /// The GPU's PCI bus id.
+    pub pci_bus_id: Option<String>,
+    /// The CPUs the rank may run on (never empty).
+    pub cpus: CpuList,
+    /// The NUMA nodes its memory should come from (OS indexes, ascending).
+    pub mems: Vec<u32>,
+    /// What a person should know about this binding (fallbacks, exclusions).
+    pub warnings: Vec<String>,
+}
+
+/// A plan: one binding per local rank.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Plan {
+    /// The mode it was made with.
+    pub mode: Mode,
+    /// One entry per rank, in rank order.
+    pub ranks: Vec<RankPlan>,
+}
+
+/// What a rank's CPUs are drawn from, before the mode divides it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum HomeKey {
+    Node(u32),
+    Package(u32),
+    /// The GPU's local CPUs (its NUMA node is unknown but hwloc places it
+    /// under a smaller object than the machine).
+    Local(CpuList),
+    /// Everything this process may use.
+    Allowed,
+    /// In the modes that give each rank CPUs of its own: what the fallback
+    /// homes hold beyond the nodes of the other ranks, shared by every rank
+    /// with a fallback home.
+    Leftover,
+}
+
+#[derive(Debug, Clone)]
+struct Home {
+    key: HomeKey,
+    /// Allowed CPUs of the home, never empty.
+    cpus: CpuList,
+    mems: Vec<u32>,
+    warnings: Vec<String>,
+}
+
+impl Home {
+    fn describe(&self) -> String {
+        match &self.key {
+            HomeKey::Node(n) => format!("NUMA node {n}"),
+            HomeKey::Package(p) => format!("package {p}"),
+            HomeKey::Local(c) => format!("the GPU's local CPUs {c}"),
+            HomeKey::Allowed => "the allowed CPUs".into(),
+            HomeKey::Leftover => format!(
+                "the CPUs shared by ranks without a usable NUMA node ({})",
+                self.cpus
+            ),
+        }
+    }
+}
+
+/// The view of the topology every plan uses: allowed CPUs and nodes, with
+/// the "unknown" cases filled in.
+struct View<'a> {
+    topo: &'a Topology,
+    allowed_cpus: CpuList,
+    /// Allowed nodes that can hold ordinary memory.
+    allowed_mem_nodes: Vec<u32>,
+}
+
+impl<'a> View<'a> {
+    fn new(topo: &'a Topology) -> Result<Self> {
+        let all = topo.all_cpus();
+        let allowed_cpus = if topo.allowed.cpus.is_empty() {
+            all
+        } else {
+            topo.allowed.cpus.clone()
+        };
+        if allowed_cpus.is_empty() {
+            return Err(Error::Input {
+                input: topo.source.clone(),
+                problem: "the description lists no CPUs this process may use".into(),
+                fix: "check the file (its NUMA nodes and allowed CPUs), or probe this machine instead".into(),
+            });
+        }
+        let allowed_nodes: Vec<u32> = if topo.allowed.numa_nodes.is_empty() {
+            topo.numa_nodes.iter().map(|n| n.os_index).collect()
+        } else {
+            topo.allowed.numa_nodes.clone()
+        };
+        let allowed_mem_nodes = allowed_nodes
+            .into_iter()
+            .filter(|&n| topo.node(n).is_none_or(|n| holds_memory(n.kind)))
+            .collect();
+        Ok(Self {
+            topo,
+            allowed_cpus,
+            allowed_mem_nodes,
+        })
+    }
+
+    fn allowed_home(&self, warnings: Vec<String>) -> Home {
+        Home {
+            key: HomeKey::Allowed,
+            cpus: self.allowed_cpus.clone(),
+            mems: self.allowed_mem_nodes.clone(),
+            warnings,
+        }
+    }
+
+    /// Allowed memory nodes among `nodes`; the allowed ones when none is.
+    fn mems_of(
+        &self,
+        nodes: impl IntoIterator<Item = u32>,
+        what: &str,
+        warnings: &mut Vec<String>,
+    ) -> Vec<u32> {
+        let mut m: Vec<u32> = nodes
+            .into_iter()
+            .filter(|n| self.allowed_mem_nodes.contains(n))
+            .collect();
+        m.sort_unstable();
+        m.dedup();
+        if m.is_empty() {
+            warnings.push(format!(
+                "{what} has no memory node this process may allocate on: memory comes from the allowed nodes {}",
+                join(&self.allowed_mem_nodes)
+            ));
+            return self.allowed_mem_nodes.clone();
+        }
+        m
+    }
+
+    /// The home of a GPU whose NUMA node is unknown or unusable.
+    fn fallback_home(&self, gpu: u32, mut warnings: Vec<String>) -> Home {
+        let g = &self.topo.gpus[gpu as usize];
+        let all = self.topo.all_cpus();
+        let local = g.local_cpus.intersection(&self.allowed_cpus);
+        if !g.local_cpus.is_empty()
+            && g.local_cpus != all
+            && !local.is_empty()
+            && !self.allowed_cpus.is_subset(&g.local_cpus)
+        {
+            let nodes: Vec<u32> = self
+                .topo
+                .numa_nodes
+                .iter()
+                .filter(|n| !n.cpus.is_disjoint(&local))
+                .map(|n| n.os_index)
+                .collect();
+            warnings.push(format!(
+                "GPU {gpu} ({}): using its local CPUs {local}, which span NUMA nodes {}",
+                g.pci_bus_id,
+                join(&nodes)
+            ));
+            let mems = self.mems_of(nodes, &format!("GPU {gpu}'s local CPUs"), &mut warnings);
+            return Home {
+                key: HomeKey::Local(local),
+                cpus: self.allowed_cpus.intersection(&g.local_cpus),
+                mems,
+                warnings,
+            };
+        }
+        warnings.push(format!(
+            "GPU {gpu} ({}): falling back to every CPU this process may use ({})",
+            g.pci_bus_id, self.allowed_cpus
+        ));
+        self.allowed_home(warnings)
+    }
+
+    /// The allowed part of `what` (a GPU's node or package, CPUs `set`),
+    /// with a warning when some of it is excluded; the fallback home, with
+    /// a warning naming the cause, when all of it is.
+    fn restrict(
+        &self,
+        gpu: u32,
+        what: &str,
+        set: &CpuList,
+    ) -> std::result::Result<(CpuList, Vec<String>), Home> {
+        let cpus = set.intersection(&self.allowed_cpus);
+        if cpus.is_empty() {
+            let g = &self.topo.gpus[gpu as usize];
+            return Err(self.allowed_home(vec![
+                format!(
+                    "GPU {gpu} ({}): every CPU of its {what} ({set}) is outside the CPUs this process may use ({}); widen the cpuset or taskset to bind near the GPU",
+                    g.pci_bus_id, self.allowed_cpus
+                ),
+                format!("GPU {gpu}: falling back to every CPU this process may use ({})", self.allowed_cpus),
+            ]));
+        }
+        let mut warnings = Vec::new();
+        if cpus.len() < set.len() {
+            warnings.push(format!(
+                "GPU {gpu}: {} of {what}'s CPUs ({}) are outside the CPUs this process may use; using {cpus}",
+                set.len() - cpus.len(),
+                set.difference(&cpus)
+            ));
+        }
+        Ok((cpus, warnings))
+    }
+
+    fn node_home(&self, gpu: u32) -> Home {
+        let g = &self.topo.gpus[gpu as usize];
+        let Some(n) = g.numa_node else {
+            let w = format!(
+                "GPU {gpu} ({}): its NUMA node is unknown (the firmware reports none, as on many VMs); numapin does not guess node 0",
+                g.pci_bus_id
+            );
+            return self.fallback_home(gpu, vec![w]);
+        };
+        let Some(node) = self.topo.node(n) else {
+            let w = format!(
+                "GPU {gpu} ({}): names NUMA node {n}, which the description does not list",
+                g.pci_bus_id
+            );
+            return self.fallback_home(gpu, vec![w]);
+        };
+        if node.cpus.is_empty() {
+            let w = format!(
+                "GPU {gpu} ({}): its NUMA node {n} has no CPUs",
+                g.pci_bus_id
+            );
+            return self.fallback_home(gpu, vec![w]);
+        }
+        let (cpus, mut warnings) = match self.restrict(gpu, &format!("NUMA node {n}"), &node.cpus) {
+            Ok(r) => r,
+            Err(home) => return home,
+        };
+        let mems = self.mems_of([n], &format!("NUMA node {n}"), &mut warnings);
+        Home {
+            key: HomeKey::Node(n),
+            cpus,
+            mems,
+            warnings,
+        }
+    }
+
+    fn socket_home(&self, gpu: u32) -> Home {
+        let g = &self.topo.gpus[gpu as usize];
+        let pkg = g.package.or_else(|| {
+            g.numa_node
+                .and_then(|n| self.topo.node(n))
+                .and_then(|n| n.package)
+        });
+        let Some(p) = pkg.and_then(|p| self.topo.package(p)) else {
+            let mut h = self.node_home(gpu);
+            if g.numa_node.is_some() {
+                h.warnings.insert(0, format!("GPU {gpu}: the description has no package (socket) information; binding to its NUMA node instead"));
+            }
+            return h;
+        };
+        let (cpus, mut warnings) =
+            match self.restrict(gpu, &format!("package {}", p.index), &p.cpus) {
+                Ok(r) => r,
+                Err(home) => return home,
+            };
+        let mut nodes = p.numa_nodes.clone();
+        if nodes.is_empty() {
+            nodes = self
+                .topo
+                .numa_nodes
+                .iter()
+                .filter(|n| !n.cpus.is_disjoint(&p.cpus))
+                .map(|n| n.os_index)
+                .collect();
+        }
+        let mems = self.mems_of(nodes, &format!("package {}", p.index), &mut warnings);
+        Home {
+            key: HomeKey::Package(p.index),
+            cpus,
+            mems,
+            warnings,
+        }
+    }
+
+    /// The physical cores within `cpus`, each reduced to its CPUs in `cpus`,
+    /// ordered by their lowest CPU. Without core information each CPU is a
+    /// core; CPUs no listed core holds count as cores of their own.
+    fn cores_in(&self, cpus: &CpuList) -> Vec<CpuList> {
+        let mut out: Vec<CpuList> = Vec::new();
+        let mut covered = CpuList::new();
+        for c in &self.topo.cores {
+            let part = c.cpus.intersection(cpus);
+            if !part.is_empty() {
+                covered = covered.union(&part);
+                out.push(part);
+            }
+        }
+        out.extend(
+            cpus.difference(&covered)
+                .iter()
+                .map(|c| CpuList::from_iter_unsorted([c])),
+        );
+        out.sort_by_key(|c| c.first());
+        out
+    }
+
+    /// The last-level caches within `cpus`, most CPUs first, ties to the
+    /// lower CPU numbers. Without cache information the set is one cache.
+    fn caches_in(&self, cpus: &CpuList) -> Vec<CpuList> {
+        let mut out: Vec<CpuList> = Vec::new();
+        let mut covered = CpuList::new();
+        for c in &self.topo.caches {
+            let part = c.cpus.intersection(cpus).difference(&covered);
+            if !part.is_empty() {
+                covered = covered.union(&part);
+                out.push(part);
+            }
+        }
+        let rest = cpus.difference(&covered);
+        if !rest.is_empty() {
+            out.push(rest);
+        }
+        out.sort_by(|a, b| b.len().cmp(&a.len()).then(a.first().cmp(&b.first())));
+        out
+    }
+}
+
+fn holds_memory(kind: NodeKind) -> bool {
+    matches!(kind, NodeKind::Normal | NodeKind::Cpuless)
+}
+
+/// How errors name the machine: "this machine", or the file read.
+fn machine(topo: &Topology) -> String {
+    if topo.source == "live" {
+        "this machine".into()
+    } else {
+        topo.source.clone()
+    }
+}
+
+fn join(v: &[u32]) -> String {
+    if v.is_empty() {
+        return "(none)".into();
+    }
+    v.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
+}
+
+/// Computes the binding of each local rank: rank `i` drives GPU `gpus[i]`
+/// (an index into [`Topology::gpus`]; a GPU may appear more than once).
+///
+/// Errors: a GPU index that is not in the topology, no allowed CPUs at all,
+/// and in [`Mode::Exclusive`] and [`Mode::Core`] fewer physical cores in a
+/// home than ranks sharing it (the error names the node and the counts).
+pub fn plan(topo: &Topology, gpus: &[u32], mode: Mode, opts: &PlanOptions) -> Result<Plan> {
+    let view = View::new(topo)?;
+    for &g in gpus {
+        if g as usize >= topo.gpus.len() {
+            return Err(Error::Usage {
+                problem: format!(
+                    "GPU {g} is not in {} (it has {} GPU{})",
+                    machine(topo),
+                    topo.gpus.len(),
+                    if topo.gpus.len() == 1 { "" } else { "s" }
+                ),
+                fix: "pick GPUs from `numapin topo`".into(),
+            });
+        }
+    }
+    let mut homes: Vec<Home> = gpus
+        .iter()
+        .map(|&g| match mode {
+            Mode::Socket => view.socket_home(g),
+            _ => view.node_home(g),
+        })
+        .collect();
+    if matches!(mode, Mode::Exclusive | Mode::Core) {
+        share_fallbacks(&mut homes)?;
+    }
+    let mut ranks = Vec::with_capacity(gpus.len());
+    for (r, (&g, home)) in gpus.iter().zip(&homes).enumerate() {
+        // The ranks sharing this home, in rank order, and this rank's place.
+        let sharing: Vec<usize> = homes
+            .iter()
+            .enumerate()
+            .filter(|(_, h)| h.key == home.key)
+            .map(|(i, _)| i)
+            .collect();
+        let pos = sharing.iter().position(|&i| i == r).unwrap_or(0);
+        let n = sharing.len();
+        let mut warnings = home.warnings.clone();
+        let cpus = match mode {
+            Mode::Node | Mode::Socket => home.cpus.clone(),
+            Mode::Exclusive => {
+                let cores = view.cores_in(&home.cpus);
+                if cores.len() < n {
+                    return Err(too_few_cores(home, cores.len(), n, mode));
+                }
+                let (per, extra) = (cores.len() / n, cores.len() % n);
+                let start = pos * per + pos.min(extra);
+                let end = start + per + usize::from(pos < extra);
+                cores[start..end]
+                    .iter()
+                    .fold(CpuList::new(), |a, c| a.union(c))
+            }
+            Mode::Cache => {
+                let caches = view.caches_in(&home.cpus);
+                if caches.len() < n && pos >= caches.len() {
+                    warnings.push(format!(
+                        "{} has {} last-level cache(s) for {n} ranks: this rank shares one",
+                        home.describe(),
+                        caches.len()
+                    ));
+                }
+                caches[pos % caches.len()].clone()
+            }
+            Mode::Core => {
+                let cores = view.cores_in(&home.cpus);
+                if cores.len() < n {
+                    return Err(too_few_cores(home, cores.len(), n, mode));
+                }
+                let core = &cores[pos];
+                if opts.smt {
+                    core.clone()
+                } else {
+                    CpuList::from_iter_unsorted(core.first())
+                }
+            }
+        };
+        debug_assert!(!cpus.is_empty());
+        ranks.push(RankPlan {
+            local_rank: r as u32,
+            gpu: Some(g),
+            pci_bus_id: Some(topo.gpus[g as usize].pci_bus_id.clone()),
+            cpus,
+            mems: home.mems.clone(),
+            warnings,
+        });
+    }
+    Ok(Plan { mode, ranks })
+}
+
+/// Makes the homes of a plan whose ranks get CPUs of their own disjoint:
+/// node homes never overlap each other, but a fallback home (the allowed
+/// CPUs, a GPU's local CPUs) overlaps them. The ranks with a fallback home
+/// share what those homes hold beyond the other ranks' nodes; when that is
+/// nothing, they share the overlapping nodes with those nodes' ranks.
+fn share_fallbacks(homes: &mut [Home]) -> Result<()> {
+    let is_fallback = |h: &Home| matches!(h.key, HomeKey::Local(_) | HomeKey::Allowed);
+    let fallback: Vec<usize> = (0..homes.len())
+        .filter(|&i| is_fallback(&homes[i]))
+        .collect();
+    if fallback.is_empty() {
+        return Ok(());
+    }
+    let claimed = homes
+        .iter()
+        .filter(|h| !is_fallback(h))
+        .fold(CpuList::new(), |a, h| a.union(&h.cpus));
+    let wanted = fallback
+        .iter()
+        .fold(CpuList::new(), |a, &i| a.union(&homes[i].cpus));
+    let leftover = wanted.difference(&claimed);
+    let (group, cpus, note) = if leftover.is_empty() {
+        let group: Vec<usize> = (0..homes.len())
+            .filter(|&i| !homes[i].cpus.is_disjoint(&wanted))
+            .collect();
+        let cpus = group
+            .iter()
+            .fold(CpuList::new(), |a, &i| a.union(&homes[i].cpus));
+        let ranks = fallback
+            .iter()
+            .map(|r| r.to_string())
+            .collect::<Vec<_>>()
+            .join(",");
+        (group, cpus.clone(), format!("every CPU of the fallback is on another rank's NUMA node: ranks {ranks} (no usable node) share {cpus} with that node's ranks"))
+    } else {
+        (fallback, leftover.clone(), format!("the other ranks' NUMA nodes are left to them: this rank's share comes from {leftover}"))
+    };
+    let mut mems: Vec<u32> = group.iter().flat_map(|&i| homes[i].mems.clone()).collect();
+    mems.sort_unstable();
+    mems.dedup();
+    for &i in &group {
+        let h = &mut homes[i];
+        if h.cpus != cpus {
+            h.warnings.push(note.clone());
+        }
+        h.key = HomeKey::Leftover;
+        h.cpus = cpus.clone();
+        h.mems = mems.clone();
+    }
+    Ok(())
+}
+
+fn too_few_cores(home: &Home, cores: usize, ranks: usize, mode: Mode) -> Error {
+    Error::Usage {
+        problem: format!(
+            "{} has {cores} physical core(s) this process may use ({}), but {ranks} ranks' GPUs sit on it: mode {mode} needs a core per rank",
+            home.describe(),
+            home.cpus
+        ),
+        fix: "use --mode node or --mode cache (ranks then share CPUs), run fewer ranks per node, or widen the allowed CPUs".into(),
+    }
+}
+
+/// The binding to NUMA node `node` itself, for machines without GPUs: every
+/// allowed CPU of the node, memory on the node.
+///
+/// Errors (usage, exit code 2): the node is not in the topology, holds no
+/// CPU this process may use, or may not be allocated on.
+pub fn plan_node(topo: &Topology, node: u32) -> Result<RankPlan> {
+    let view = View::new(topo)?;
+    let nodes: Vec<u32> = topo.numa_nodes.iter().map(|n| n.os_index).collect();
+    let Some(n) = topo.node(node) else {
+        return Err(Error::Usage {
+            problem: format!(
+                "NUMA node {node} is not in {} (its nodes: {})",
+                machine(topo),
+                join(&nodes)
+            ),
+            fix: "pick a node from `numapin topo`".into(),
+        });
+    };
+    let cpus = n.cpus.intersection(&view.allowed_cpus);
+    if cpus.is_empty() {
+        return Err(Error::Usage {
+            problem: format!(
+                "NUMA node {node} has no CPU this process may use (node CPUs: {}; allowed: {})",
+                if n.cpus.is_empty() {
+                    "none".to_string()
+                } else {
+                    n.cpus.to_string()
+                },
+                view.allowed_cpus
+            ),
+            fix: "pick a node with CPUs from `numapin topo`, or widen the cpuset or taskset".into(),
+        });
+    }
+    if !view.allowed_mem_nodes.contains(&node) {
+        return Err(Error::Usage {
+            problem: format!(
+                "NUMA node {node} is not a memory node this process may allocate on (allowed: {})",
+                join(&view.allowed_mem_nodes)
+            ),
+            fix: "pick an allowed node, or widen the cpuset's mems".into(),
+        });
+    }
+    let mut warnings = Vec::new();
+    if cpus.len() < n.cpus.len() {
+        warnings.push(format!(
+            "{} of NUMA node {node}'s CPUs ({}) are outside the CPUs this process may use; using {cpus}",
+            n.cpus.len() - cpus.len(),
+            n.cpus.difference(&cpus)
+        ));
+    }
+    Ok(RankPlan {
+        local_rank: 0,
+        gpu: None,
+        pci_bus_id: None,
+        cpus,
+        mems: vec![node],
+        warnings,
+    })
+}
