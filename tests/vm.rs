@@ -30,12 +30,17 @@ fn four_node_script() -> String {
         format!("step topo-restricted taskset -c 0,1 numapin topo --json --no-cuda --accelerator-pci-id {acc}"),
         format!("step topo-text numapin topo --accelerator-pci-id {acc}"),
         // the kernel itself: memory policy and thread placement (Rust checks inside)
-        "step guest-mbind vm-tests --ignored --exact guest::mbind_puts_every_page_on_the_chosen_node".into(),
-        "step guest-first-touch vm-tests --ignored --exact guest::first_touch_follows_the_thread".into(),
-        "step guest-affinity vm-tests --ignored --exact guest::setaffinity_moves_the_thread_to_node_2".into(),
+        guest_step("guest-mbind", "guest::mbind_puts_every_page_on_the_chosen_node"),
+        guest_step("guest-first-touch", "guest::first_touch_follows_the_thread"),
+        guest_step("guest-affinity", "guest::setaffinity_moves_the_thread_to_node_2"),
     ]
     .join("\n")
         + "\n"
+}
+
+/// A step that runs one in-guest check of this binary (see [`Boot::guest_test_passed`]).
+fn guest_step(step: &str, test: &str) -> String {
+    format!("step {step} vm-tests --ignored --exact --nocapture {test}")
 }
 
 /// The 4-node machine (one CPU per node: node N has CPU N), stand-in

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# shellcheck disable=SC2015  # "A && B || die" here means: die unless both hold.
 # Boots an emulated multi-NUMA-node x86-64 machine (QEMU, software emulation),
 # runs a shell script inside it, prints what the script printed and exits with
 # its exit code. See docs/vm-tests.md.
@@ -59,7 +60,7 @@ while [ $# -gt 0 ]; do
     --timeout) timeout_s=$2; shift 2 ;;
     --workdir) workdir=$2; shift 2 ;;
     --check) check=1; shift ;;
-    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '3,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     -*) die "unknown option $1 (see --help)" ;;
     *) [ -z "$script" ] || die "one SCRIPT only (got '$script' and '$1')"; script=$1; shift ;;
   esac
@@ -80,7 +81,7 @@ qemu=${NUMAPIN_VM_QEMU:-qemu-system-x86_64}
 command -v "$qemu" >/dev/null || skip "$qemu not found (Debian: apt-get install qemu-system-x86)"
 kernel=${NUMAPIN_VM_KERNEL:-}
 if [ -z "$kernel" ]; then
-  for k in $(ls -1 /boot/vmlinuz-* 2>/dev/null | sort -V -r); do
+  for k in $(printf '%s\n' /boot/vmlinuz-* | sort -V -r); do
     if [ -r "$k" ]; then kernel=$k; break; fi
   done
   [ -n "$kernel" ] || skip "no readable kernel /boot/vmlinuz-* (Debian: apt-get install linux-image-amd64; or set NUMAPIN_VM_KERNEL)"
@@ -224,7 +225,7 @@ timeout --kill-after=10 "$timeout_s" "$qemu" "${accel_args[@]}" "${machine[@]}" 
   -nodefaults -display none -no-reboot -monitor none \
   -serial "file:$work/console.log" -serial "file:$work/output.log" \
   -kernel "$kernel" -initrd "$work/initramfs.cpio" \
-  -append "console=ttyS0 rdinit=/init panic=-1 quiet loglevel=3" \
+  -append "console=ttyS0 rdinit=/init panic=-1" \
   </dev/null >"$work/qemu.log" 2>&1 || qemu_rc=$?
 t_end=$(now)
 

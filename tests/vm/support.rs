@@ -270,13 +270,16 @@ impl Boot {
         s
     }
 
-    /// Asserts that step `name`, which ran `vm-tests --ignored --exact TEST`,
-    /// ran that one in-guest test and that it passed.
+    /// Asserts that step `name`, which ran `vm-tests --ignored --exact
+    /// --nocapture TEST`, ran that one in-guest test, that it did not skip
+    /// (it would if the guest environment were missing) and that it passed.
     pub fn guest_test_passed(&self, name: &str, test: &str) {
         let s = self.ok(name);
+        let all = format!("{}\n{}", s.stdout, s.stderr);
         assert!(
-            s.stdout.contains(&format!("test {test} ... ok"))
-                && s.stdout.contains("test result: ok. 1 passed"),
+            all.contains(&format!("test {test} ..."))
+                && all.contains("test result: ok. 1 passed")
+                && !all.contains("skipped:"),
             "machine '{}': step '{name}' did not run and pass {test}:\n{}\n{}",
             self.machine,
             s.stdout,
