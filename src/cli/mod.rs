@@ -29,7 +29,8 @@ pub struct TopoSource {
     #[arg(long, value_name = "PATH")]
     pub input: Option<std::path::PathBuf>,
     /// Treat PCI devices with this id as accelerators too (VENDOR or
-    /// VENDOR:DEVICE in hex, as `lspci -n` prints; repeatable).
+    /// VENDOR:DEVICE in hex, as `lspci -n` prints; repeatable). A VENDOR
+    /// alone matches all its devices but bridges.
     #[arg(long = "accelerator-pci-id", value_name = "VENDOR[:DEVICE]", value_parser = parse_pci_id)]
     pub accelerator_pci_id: Vec<PciId>,
     /// Do not load the CUDA driver (ordinals are then assumed from PCI order).

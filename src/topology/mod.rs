@@ -252,7 +252,8 @@ pub enum CudaMode {
 pub struct PciId {
     /// PCI vendor id.
     pub vendor: u16,
-    /// PCI device id; `None` matches every device of the vendor.
+    /// PCI device id; `None` matches every device of the vendor but its
+    /// bridges.
     pub device: Option<u16>,
 }
 
@@ -519,10 +520,13 @@ pub(crate) struct RawGpu {
     pub pcie: Option<PcieLink>,
 }
 
-/// Whether a PCI device is a GPU or a chosen accelerator.
+/// Whether a PCI device is a GPU or a chosen accelerator. A vendor-only id
+/// never matches the vendor's bridges (base class 0x06: host bridges, PCIe
+/// switch and root ports), which carry accelerators rather than being ones.
 pub(crate) fn is_accelerator(vendor: u16, device: u16, class: u16, extra: &[PciId]) -> bool {
+    let bridge = class >> 8 == 0x06;
     (vendor == 0x10de && (class == 0x0300 || class == 0x0302))
-        || extra.iter().any(|id| id.matches(vendor, device))
+        || extra.iter().any(|id| id.matches(vendor, device) && (id.device.is_some() || !bridge))
 }
 
 /// Normalises a PCI bus id to `dddd:bb:dd.f`, lower case (CUDA and
@@ -661,5 +665,15 @@ mod tests {
                 device: Some(5)
             }]
         ));
+    }
+
+    #[test]
+    fn a_vendor_only_id_skips_the_vendors_bridges() {
+        let vendor = [PciId { vendor: 0x1b36, device: None }];
+        assert!(is_accelerator(0x1b36, 0x0005, 0x00ff, &vendor));
+        assert!(!is_accelerator(0x1b36, 0x000b, 0x0600, &vendor), "a PCIe expander host bridge");
+        assert!(!is_accelerator(0x1b36, 0x000c, 0x0604, &vendor), "a PCIe root port");
+        let exact = [PciId { vendor: 0x1b36, device: Some(0x000c) }];
+        assert!(is_accelerator(0x1b36, 0x000c, 0x0604, &exact), "an exact id is taken at its word");
     }
 }
