@@ -12,9 +12,11 @@ pub mod cpulist;
 pub mod cuda;
 pub mod error;
 pub mod panic_guard;
+pub mod runtime;
 pub mod sys;
 pub mod topology;
 
 pub use cpulist::CpuList;
 pub use error::{Error, Result};
+pub use runtime::{PinnedBuf, Runtime};
 pub use topology::Topology;
