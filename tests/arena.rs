@@ -385,7 +385,7 @@ fn concurrent_stress_keeps_buffers_apart() {
         .map(|t| {
             let rt = rt.clone();
             std::thread::spawn(move || {
-                let mut rng = numapin::arena::measure::Rng::new(t as u64 + 100);
+                let mut rng = numapin::arena::measure::Rng::new(t + 100);
                 let mut live: Vec<(numapin::PinnedBuf, u8)> = Vec::new();
                 for i in 0..3000u32 {
                     if live.len() > 12 || (!live.is_empty() && rng.next_u64() % 3 == 0) {

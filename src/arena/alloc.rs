@@ -201,6 +201,7 @@ impl Tlsf {
     /// Hands out a block of at least `bytes` (rounded up to the granule),
     /// or `None` when no region has a free block that large. `bytes` 0 is
     /// served as one granule.
+    #[inline]
     pub fn alloc(&mut self, bytes: u64) -> Option<Block> {
         let size = round_up(bytes.max(1), self.granule());
         let units = size >> self.granule_log2;
@@ -263,6 +264,7 @@ impl Tlsf {
     /// # Panics
     /// When `id` is not a block in use (a double free): the bookkeeping
     /// would otherwise be corrupted.
+    #[inline]
     pub fn free(&mut self, id: u32) {
         let node = *self
             .nodes
@@ -294,6 +296,7 @@ impl Tlsf {
     }
 
     /// The region of block `id` (handed out by [`Tlsf::alloc`]).
+    #[inline]
     pub fn block_region(&self, id: u32) -> u32 {
         self.nodes[id as usize].region
     }
@@ -390,6 +393,7 @@ impl Tlsf {
         Ok(())
     }
 
+    #[inline]
     fn new_node(&mut self, node: Node) -> u32 {
         match self.spare_nodes.pop() {
             Some(i) => {
@@ -405,6 +409,7 @@ impl Tlsf {
     }
 
     /// Merges `n`'s physical successor (free, off its list) into `n`.
+    #[inline]
     fn absorb_next(&mut self, n: u32) {
         let next = self.nodes[n as usize].next_phys;
         let nb = self.nodes[next as usize];
@@ -417,6 +422,7 @@ impl Tlsf {
         self.spare_nodes.push(next);
     }
 
+    #[inline]
     fn find_free(&self, fl: &mut usize, sl: &mut usize) -> Option<u32> {
         if *fl >= FL_COUNT {
             return None;
@@ -438,6 +444,7 @@ impl Tlsf {
 
     /// The first free block of at least `size` bytes in the list of
     /// blocks of `units` granules' class.
+    #[inline]
     fn first_fit_in_class(&self, units: u64, size: u64) -> Option<u32> {
         let (fl, sl) = mapping(units);
         let mut n = self.heads[fl * SL_COUNT + sl];
@@ -450,6 +457,7 @@ impl Tlsf {
         None
     }
 
+    #[inline]
     fn insert_free(&mut self, n: u32) {
         let (fl, sl) = mapping(self.nodes[n as usize].size >> self.granule_log2);
         let slot = fl * SL_COUNT + sl;
@@ -468,6 +476,7 @@ impl Tlsf {
         self.sl_bitmap[fl] |= 1 << sl;
     }
 
+    #[inline]
     fn remove_free(&mut self, n: u32) {
         let b = self.nodes[n as usize];
         let (fl, sl) = mapping(b.size >> self.granule_log2);
@@ -490,6 +499,7 @@ impl Tlsf {
 
 /// The (first, second) level list of a block of `units` granules. Sizes
 /// under [`SL_COUNT`] granules get one list each in class 0.
+#[inline]
 fn mapping(units: u64) -> (usize, usize) {
     debug_assert!(units > 0);
     if units < SL_COUNT as u64 {

@@ -444,6 +444,7 @@ impl NodeArena {
         }
     }
 
+    #[inline]
     fn alloc_inner(self: &Arc<Self>, bytes: usize) -> Result<PinnedBuf, ArenaError> {
         let bad = |problem: &str| ArenaError::BadRequest {
             node: self.node,
@@ -521,6 +522,7 @@ impl NodeArena {
             .expect("a region made for this request has room for it"))
     }
 
+    #[inline]
     fn try_alloc(self: &Arc<Self>, st: &mut State, bytes: usize) -> Option<PinnedBuf> {
         if !st.deferred.is_empty() {
             Self::reclaim_locked(st);
@@ -547,6 +549,7 @@ impl NodeArena {
     }
 
     /// Takes back a block; with copies in flight, defers it.
+    #[inline]
     fn give_back(&self, lease: Lease, events: Vec<Event>) {
         let mut released = None;
         {
@@ -571,6 +574,7 @@ impl NodeArena {
 
     /// Frees a block; returns its region when it was dedicated and is now
     /// empty (to be dropped by the caller, outside the lock).
+    #[inline]
     fn free_locked(st: &mut State, lease: Lease) -> Option<Region> {
         let region = st.tlsf.block_region(lease.id);
         st.tlsf.free(lease.id);
