@@ -154,11 +154,15 @@ impl PinnedBuf {
         Ok(())
     }
 
-    fn record(&self, what: &'static str, stream: CUstream) -> Result<(), ArenaError> {
+    fn copy_error(&self, what: &'static str) -> impl Fn(cuda::CudaError) -> ArenaError {
         let node = self.node();
-        let event = Event::new(false).map_err(|error| ArenaError::Copy { node, what, error })?;
+        move |error| ArenaError::Copy { node, what, error }
+    }
+
+    fn record(&self, what: &'static str, stream: CUstream) -> Result<(), ArenaError> {
+        let event = Event::new(false).map_err(self.copy_error(what))?;
         // SAFETY: the caller of the copy vouched for the stream.
-        unsafe { event.record(stream) }.map_err(|error| ArenaError::Copy { node, what, error })?;
+        unsafe { event.record(stream) }.map_err(self.copy_error(what))?;
         let mut events = lock(&self.events);
         // Completed events need not be kept.
         events.retain(|e| !e.is_complete().unwrap_or(true));
@@ -199,13 +203,8 @@ impl PinnedBuf {
         // SAFETY: the source is our block of at least len bytes, kept
         // alive past the copy by the event recorded below; the caller
         // vouches for dst and the stream.
-        unsafe { cuda::memcpy_htod_async(dst, self.ptr as *const _, len, stream) }.map_err(
-            |error| ArenaError::Copy {
-                node: self.node(),
-                what: WHAT,
-                error,
-            },
-        )?;
+        unsafe { cuda::memcpy_htod_async(dst, self.ptr as *const _, len, stream) }
+            .map_err(self.copy_error(WHAT))?;
         Ok(self.record(WHAT, stream)?)
     }
 
@@ -227,13 +226,8 @@ impl PinnedBuf {
         // SAFETY: the destination is our block of len bytes, exclusively
         // borrowed and kept alive past the copy by the event; the caller
         // vouches for src and the stream.
-        unsafe { cuda::memcpy_dtoh_async(self.ptr as *mut _, src, self.len, stream) }.map_err(
-            |error| ArenaError::Copy {
-                node: self.node(),
-                what: WHAT,
-                error,
-            },
-        )?;
+        unsafe { cuda::memcpy_dtoh_async(self.ptr as *mut _, src, self.len, stream) }
+            .map_err(self.copy_error(WHAT))?;
         Ok(self.record(WHAT, stream)?)
     }
 
@@ -249,11 +243,8 @@ impl PinnedBuf {
     pub fn wait_copies(&self) -> crate::Result<()> {
         let mut events = lock(&self.events);
         for e in events.iter() {
-            e.synchronize().map_err(|error| ArenaError::Copy {
-                node: self.node(),
-                what: "cuEventSynchronize",
-                error,
-            })?;
+            e.synchronize()
+                .map_err(self.copy_error("cuEventSynchronize"))?;
         }
         events.clear();
         Ok(())

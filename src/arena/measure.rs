@@ -62,6 +62,16 @@ fn per_op_ns(d: Duration) -> f64 {
 /// a region: `reps` samples of [`BATCH`] pairs each.
 pub fn alloc_free_ns(rt: &Runtime, node: u32, bytes: usize, reps: usize) -> crate::Result<Stats> {
     drop(rt.alloc_on_node(node, bytes)?);
+    Ok(Stats::of(alloc_free_samples(rt, node, bytes, reps)?))
+}
+
+/// `reps` samples of [`BATCH`] alloc+free pairs, in ns per pair.
+fn alloc_free_samples(
+    rt: &Runtime,
+    node: u32,
+    bytes: usize,
+    reps: usize,
+) -> crate::Result<Vec<f64>> {
     let mut samples = Vec::with_capacity(reps);
     for _ in 0..reps {
         let t = Instant::now();
@@ -70,7 +80,7 @@ pub fn alloc_free_ns(rt: &Runtime, node: u32, bytes: usize, reps: usize) -> crat
         }
         samples.push(per_op_ns(t.elapsed()));
     }
-    Ok(Stats::of(samples))
+    Ok(samples)
 }
 
 /// As [`alloc_free_ns`] with `threads` threads doing it at once on the same
@@ -89,15 +99,7 @@ pub fn alloc_free_ns_threads(
             .map(|_| {
                 s.spawn(|| {
                     barrier.wait();
-                    let mut v = Vec::with_capacity(reps);
-                    for _ in 0..reps {
-                        let t = Instant::now();
-                        for _ in 0..BATCH {
-                            black_box(rt.alloc_on_node(node, bytes)?);
-                        }
-                        v.push(per_op_ns(t.elapsed()));
-                    }
-                    Ok(v)
+                    alloc_free_samples(rt, node, bytes, reps)
                 })
             })
             .collect();

@@ -129,6 +129,27 @@ fn os_err() -> std::io::Error {
     std::io::Error::last_os_error()
 }
 
+/// A fresh anonymous private read-write mapping of `len` bytes.
+fn map_anonymous(len: usize) -> std::io::Result<*mut libc::c_void> {
+    // SAFETY: an anonymous private mapping at an address of the kernel's
+    // choosing touches no existing memory.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        Err(os_err())
+    } else {
+        Ok(p)
+    }
+}
+
 impl Region {
     /// Builds a region (see the module docs for the steps).
     pub fn create(o: &RegionOptions) -> Result<Region, ArenaError> {
@@ -145,21 +166,7 @@ impl Region {
 
         // 1. Map, over-asking by one huge page to align the start.
         let map_len = len + HUGE_PAGE;
-        // SAFETY: an anonymous private mapping at an address of the
-        // kernel's choosing touches no existing memory.
-        let raw = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                map_len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if raw == libc::MAP_FAILED {
-            return Err(system(Step::Map, os_err()));
-        }
+        let raw = map_anonymous(map_len).map_err(|e| system(Step::Map, e))?;
         let start = raw as usize;
         let aligned = start.next_multiple_of(HUGE_PAGE);
         // Give back the unaligned head and the tail beyond `len`.
@@ -437,20 +444,7 @@ impl Drop for Region {
 /// picks), timed, then unlocked and unmapped outside the timing.
 pub fn mmap_mlock_baseline(len: usize) -> std::io::Result<std::time::Duration> {
     let t = std::time::Instant::now();
-    // SAFETY: a fresh anonymous mapping touches no existing memory.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        )
-    };
-    if p == libc::MAP_FAILED {
-        return Err(os_err());
-    }
+    let p = map_anonymous(len)?;
     // SAFETY: p..p+len is the mapping just made.
     let locked = unsafe { libc::mlock(p, len) };
     let d = t.elapsed();
