@@ -329,18 +329,7 @@ mod tests {
 
     #[test]
     fn rejects_bad_text() {
-        for bad in [
-            "a",
-            "1-",
-            "-1",
-            "3-1",
-            "1,,2",
-            "0-4000000000",
-            "1:2/4",
-            "0-7:0/4",
-            "0-7:5/4",
-            "99999999999999999999",
-        ] {
+        for bad in ["a", "1-", "-1", "3-1", "1,,2", "0-4000000000", "1:2/4", "0-7:0/4", "0-7:5/4", "99999999999999999999"] {
             assert!(CpuList::parse(bad).is_err(), "{bad:?} should fail");
         }
     }
@@ -348,9 +337,7 @@ mod tests {
     #[test]
     fn parses_masks() {
         assert_eq!(
-            CpuList::parse_mask("00000000,00ffffff")
-                .unwrap()
-                .to_cpulist(),
+            CpuList::parse_mask("00000000,00ffffff").unwrap().to_cpulist(),
             "0-23"
         );
         assert_eq!(

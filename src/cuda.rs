@@ -152,10 +152,7 @@ pub fn enumerate() -> Enumeration {
         Err(e) => return Enumeration::Unavailable(e.to_string()),
     };
     match list_devices() {
-        Ok(devices) => Enumeration::Devices {
-            driver_version: version,
-            devices,
-        },
+        Ok(devices) => Enumeration::Devices { driver_version: version, devices },
         // With no visible device (CUDA_VISIBLE_DEVICES="" and the like)
         // cuInit still succeeded; cuDeviceGetCount then says 0.
         Err(e) => Enumeration::Unavailable(e.to_string()),
@@ -165,35 +162,23 @@ pub fn enumerate() -> Enumeration {
 fn list_devices() -> CudaResult<Vec<CudaDevice>> {
     let mut count = 0;
     // SAFETY: count is a valid out-pointer; the driver is initialised.
-    check("cuDeviceGetCount", unsafe {
-        sys::cuDeviceGetCount(&mut count)
-    })?;
+    check("cuDeviceGetCount", unsafe { sys::cuDeviceGetCount(&mut count) })?;
     let mut out = Vec::new();
     for ordinal in 0..count.max(0) {
         let dev = device(ordinal as u32)?;
         let mut bus = [0 as std::ffi::c_char; 64];
         // SAFETY: the buffer is 64 bytes and we pass its length.
-        check("cuDeviceGetPCIBusId", unsafe {
-            sys::cuDeviceGetPCIBusId(bus.as_mut_ptr(), bus.len() as i32, dev)
-        })?;
+        check("cuDeviceGetPCIBusId", unsafe { sys::cuDeviceGetPCIBusId(bus.as_mut_ptr(), bus.len() as i32, dev) })?;
         // SAFETY: the driver NUL-terminates within the given length.
-        let bus = unsafe { CStr::from_ptr(bus.as_ptr()) }
-            .to_string_lossy()
-            .into_owned();
+        let bus = unsafe { CStr::from_ptr(bus.as_ptr()) }.to_string_lossy().into_owned();
         let mut name = [0 as std::ffi::c_char; 256];
         // SAFETY: as above.
-        check("cuDeviceGetName", unsafe {
-            sys::cuDeviceGetName(name.as_mut_ptr(), name.len() as i32, dev)
-        })?;
+        check("cuDeviceGetName", unsafe { sys::cuDeviceGetName(name.as_mut_ptr(), name.len() as i32, dev) })?;
         // SAFETY: as above.
-        let name = unsafe { CStr::from_ptr(name.as_ptr()) }
-            .to_string_lossy()
-            .into_owned();
+        let name = unsafe { CStr::from_ptr(name.as_ptr()) }.to_string_lossy().into_owned();
         let mut uuid = sys::CUuuid { bytes: [0; 16] };
         // SAFETY: uuid is a valid out-pointer.
-        check("cuDeviceGetUuid", unsafe {
-            sys::cuDeviceGetUuid_v2(&mut uuid, dev)
-        })?;
+        check("cuDeviceGetUuid", unsafe { sys::cuDeviceGetUuid_v2(&mut uuid, dev) })?;
         out.push(CudaDevice {
             ordinal: ordinal as u32,
             pci_bus_id: crate::topology::normalize_bus_id(&bus).unwrap_or(bus),
@@ -222,9 +207,7 @@ pub fn device(ordinal: u32) -> CudaResult<CUdevice> {
     driver_version()?;
     let mut dev = 0;
     // SAFETY: dev is a valid out-pointer; the driver is initialised.
-    check("cuDeviceGet", unsafe {
-        sys::cuDeviceGet(&mut dev, ordinal as i32)
-    })?;
+    check("cuDeviceGet", unsafe { sys::cuDeviceGet(&mut dev, ordinal as i32) })?;
     Ok(dev)
 }
 
@@ -240,9 +223,7 @@ pub fn set_device(ordinal: u32) -> CudaResult<CUcontext> {
             let dev = device(ordinal)?;
             let mut ctx = std::ptr::null_mut();
             // SAFETY: ctx is a valid out-pointer; dev is a valid device.
-            check("cuDevicePrimaryCtxRetain", unsafe {
-                sys::cuDevicePrimaryCtxRetain(&mut ctx, dev)
-            })?;
+            check("cuDevicePrimaryCtxRetain", unsafe { sys::cuDevicePrimaryCtxRetain(&mut ctx, dev) })?;
             g.push((ordinal, ctx as usize));
             ctx
         }
@@ -277,9 +258,7 @@ pub unsafe fn host_register(ptr: *mut c_void, len: usize, flags: u32) -> CudaRes
     driver_version()?;
     ensure_context()?;
     // SAFETY: the caller guarantees the range is mapped.
-    check("cuMemHostRegister", unsafe {
-        sys::cuMemHostRegister_v2(ptr, len, flags)
-    })
+    check("cuMemHostRegister", unsafe { sys::cuMemHostRegister_v2(ptr, len, flags) })
 }
 
 /// Unregisters memory registered with [`host_register`].
@@ -291,9 +270,7 @@ pub unsafe fn host_unregister(ptr: *mut c_void) -> CudaResult<()> {
     driver_version()?;
     ensure_context()?;
     // SAFETY: per the caller's guarantee.
-    check("cuMemHostUnregister", unsafe {
-        sys::cuMemHostUnregister(ptr)
-    })
+    check("cuMemHostUnregister", unsafe { sys::cuMemHostUnregister(ptr) })
 }
 
 /// The flags the driver holds for a pinned host pointer (`cuMemHostGetFlags`).
@@ -302,9 +279,7 @@ pub fn host_get_flags(ptr: *const c_void) -> CudaResult<u32> {
     ensure_context()?;
     let mut flags = 0;
     // SAFETY: the driver only looks the pointer up; flags is an out-pointer.
-    check("cuMemHostGetFlags", unsafe {
-        sys::cuMemHostGetFlags(&mut flags, ptr as *mut c_void)
-    })?;
+    check("cuMemHostGetFlags", unsafe { sys::cuMemHostGetFlags(&mut flags, ptr as *mut c_void) })?;
     Ok(flags)
 }
 

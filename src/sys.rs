@@ -10,13 +10,9 @@ use crate::cpulist::CpuList;
 
 /// The CPUs the calling thread may run on (`sched_getaffinity(0)`).
 pub fn sched_getaffinity_self() -> io::Result<CpuList> {
-    let set =
-        nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0)).map_err(io::Error::from)?;
+    let set = nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0)).map_err(io::Error::from)?;
     let max = nix::sched::CpuSet::count();
-    Ok((0..max)
-        .filter(|&c| set.is_set(c).unwrap_or(false))
-        .map(|c| c as u32)
-        .collect())
+    Ok((0..max).filter(|&c| set.is_set(c).unwrap_or(false)).map(|c| c as u32).collect())
 }
 
 /// Restricts the calling thread (`pid` 0) or process to `cpus`.
@@ -27,10 +23,7 @@ pub fn sched_setaffinity(pid: i32, cpus: &CpuList) -> io::Result<()> {
     let mut set = nix::sched::CpuSet::new();
     for c in cpus.iter() {
         set.set(c as usize).map_err(|_| {
-            io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("CPU {c} is beyond the supported CPU count"),
-            )
+            io::Error::new(io::ErrorKind::InvalidInput, format!("CPU {c} is beyond the supported CPU count"))
         })?;
     }
     nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(pid), &set).map_err(io::Error::from)
@@ -38,17 +31,14 @@ pub fn sched_setaffinity(pid: i32, cpus: &CpuList) -> io::Result<()> {
 
 /// The `(soft, hard)` RLIMIT_MEMLOCK in bytes (`u64::MAX` = unlimited).
 pub fn memlock_limit() -> io::Result<(u64, u64)> {
-    nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_MEMLOCK)
-        .map_err(io::Error::from)
+    nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_MEMLOCK).map_err(io::Error::from)
 }
 
 /// Whether this process has CAP_IPC_LOCK in its effective set (which lets it
 /// lock memory beyond RLIMIT_MEMLOCK).
 pub fn has_cap_ipc_lock() -> bool {
     const CAP_IPC_LOCK: u32 = 14;
-    let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
-        return false;
-    };
+    let Ok(status) = std::fs::read_to_string("/proc/self/status") else { return false };
     status
         .lines()
         .find_map(|l| l.strip_prefix("CapEff:"))

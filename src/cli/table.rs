@@ -9,9 +9,7 @@ pub struct Table {
 impl Table {
     /// A table with these column titles.
     pub fn new<S: Into<String>>(header: impl IntoIterator<Item = S>) -> Self {
-        Self {
-            rows: vec![header.into_iter().map(Into::into).collect()],
-        }
+        Self { rows: vec![header.into_iter().map(Into::into).collect()] }
     }
 
     /// Adds a row.

@@ -24,17 +24,12 @@ pub(crate) fn run(a: &TopoArgs) -> crate::Result<i32> {
     if let Some(path) = &a.export {
         if a.source.input.is_some() {
             return Err(crate::Error::Usage {
-                problem:
-                    "--export writes this machine's topology and cannot be combined with --input"
-                        .into(),
+                problem: "--export writes this machine's topology and cannot be combined with --input".into(),
                 fix: "drop one of the two options".into(),
             });
         }
         crate::topology::hwloc::export_live_xml(path)?;
-        eprintln!(
-            "numapin: wrote this machine's hwloc XML to {}",
-            path.display()
-        );
+        eprintln!("numapin: wrote this machine's hwloc XML to {}", path.display());
     }
     let t = a.source.topology()?;
     if a.json {
@@ -84,16 +79,7 @@ pub fn render(t: &Topology) -> String {
     if t.gpus.is_empty() {
         out.push_str("GPUs: none found\n\n");
     } else {
-        let mut g = Table::new([
-            "GPU",
-            "CUDA",
-            "BUS ID",
-            "NAME",
-            "NODE",
-            "PKG",
-            "LOCAL CPUS",
-            "PCIE",
-        ]);
+        let mut g = Table::new(["GPU", "CUDA", "BUS ID", "NAME", "NODE", "PKG", "LOCAL CPUS", "PCIE"]);
         for gpu in &t.gpus {
             g.row([
                 gpu.index.to_string(),
@@ -114,16 +100,8 @@ pub fn render(t: &Topology) -> String {
         n.row([
             node.os_index.to_string(),
             opt(node.package, "?"),
-            if node.cpus.is_empty() {
-                "-".into()
-            } else {
-                node.cpus.to_string()
-            },
-            if node.memory_bytes == 0 {
-                "-".into()
-            } else {
-                bytes(node.memory_bytes)
-            },
+            if node.cpus.is_empty() { "-".into() } else { node.cpus.to_string() },
+            if node.memory_bytes == 0 { "-".into() } else { bytes(node.memory_bytes) },
             match node.kind {
                 NodeKind::Normal => "",
                 NodeKind::Cpuless => "no CPUs",
@@ -131,11 +109,7 @@ pub fn render(t: &Topology) -> String {
                 NodeKind::GpuMemory => "GPU memory",
             }
             .to_string(),
-            node.distances
-                .iter()
-                .map(u32::to_string)
-                .collect::<Vec<_>>()
-                .join(" "),
+            node.distances.iter().map(u32::to_string).collect::<Vec<_>>().join(" "),
         ]);
     }
     out.push_str(&n.render());
@@ -143,24 +117,12 @@ pub fn render(t: &Topology) -> String {
         out.push('\n');
         let mut p = Table::new(["PKG", "CPUS", "NODES", "CORES"]);
         for pkg in &t.packages {
-            let cores = t
-                .cores
-                .iter()
-                .filter(|c| c.cpus.is_subset(&pkg.cpus))
-                .count();
+            let cores = t.cores.iter().filter(|c| c.cpus.is_subset(&pkg.cpus)).count();
             p.row([
                 pkg.index.to_string(),
                 pkg.cpus.to_string(),
-                pkg.numa_nodes
-                    .iter()
-                    .map(u32::to_string)
-                    .collect::<Vec<_>>()
-                    .join(","),
-                if t.cores.is_empty() {
-                    "?".into()
-                } else {
-                    cores.to_string()
-                },
+                pkg.numa_nodes.iter().map(u32::to_string).collect::<Vec<_>>().join(","),
+                if t.cores.is_empty() { "?".into() } else { cores.to_string() },
             ]);
         }
         out.push_str(&p.render());
@@ -169,36 +131,19 @@ pub fn render(t: &Topology) -> String {
     let driver = t
         .cuda
         .driver_version
-        .map_or("no CUDA driver".to_string(), |v| {
-            format!("CUDA driver {}.{}", v / 1000, (v % 1000) / 10)
-        });
-    let cvd = t
-        .cuda
-        .visible_devices
-        .as_deref()
-        .map_or("unset".to_string(), |v| format!("{v:?}"));
+        .map_or("no CUDA driver".to_string(), |v| format!("CUDA driver {}.{}", v / 1000, (v % 1000) / 10));
+    let cvd = t.cuda.visible_devices.as_deref().map_or("unset".to_string(), |v| format!("{v:?}"));
     let map: Vec<String> = t
         .cuda
         .ordinals
         .iter()
-        .map(|e| {
-            format!(
-                "{}->{}{}",
-                e.ordinal,
-                opt(e.gpu, "?"),
-                if e.mig { " (MIG)" } else { "" }
-            )
-        })
+        .map(|e| format!("{}->{}{}", e.ordinal, opt(e.gpu, "?"), if e.mig { " (MIG)" } else { "" }))
         .collect();
     out.push_str(&format!(
         "{driver}; CUDA_VISIBLE_DEVICES {cvd}; order {}; ordinals (CUDA->GPU, {}): {}\n",
         t.cuda.device_order,
         t.cuda.ordinal_source,
-        if map.is_empty() {
-            "none".into()
-        } else {
-            map.join(" ")
-        }
+        if map.is_empty() { "none".into() } else { map.join(" ") }
     ));
     if !t.warnings.is_empty() {
         out.push_str("\nWarnings:\n");

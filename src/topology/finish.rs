@@ -2,10 +2,7 @@
 //! warnings a person should read.
 
 use super::visible::{DeviceOrder, VisibleDevices, VisibleEntry};
-use super::{
-    CudaInfo, Gpu, ProbeOptions, RawGpu, RawTopology, Topology, Warning, WarningKind,
-    SCHEMA_VERSION,
-};
+use super::{CudaInfo, Gpu, ProbeOptions, RawGpu, RawTopology, Topology, Warning, WarningKind, SCHEMA_VERSION};
 use crate::cpulist::CpuList;
 use crate::cuda::Enumeration;
 use crate::error::Result;
@@ -44,10 +41,7 @@ pub(crate) fn finish(
     };
 
     match cuda {
-        Some(Enumeration::Devices {
-            driver_version,
-            devices,
-        }) => {
+        Some(Enumeration::Devices { driver_version, devices }) => {
             cuda_info.driver_version = Some(driver_version);
             cuda_info.ordinal_source = "driver".into();
             for d in &devices {
@@ -65,14 +59,7 @@ pub(crate) fn finish(
                                 d.ordinal, d.pci_bus_id
                             ),
                         });
-                        let single = (cpu_nodes == 1)
-                            .then(|| {
-                                raw.numa_nodes
-                                    .iter()
-                                    .find(|n| !n.cpus.is_empty())
-                                    .map(|n| n.os_index)
-                            })
-                            .flatten();
+                        let single = (cpu_nodes == 1).then(|| raw.numa_nodes.iter().find(|n| !n.cpus.is_empty()).map(|n| n.os_index)).flatten();
                         raw.gpus.push(RawGpu {
                             pci_bus_id: d.pci_bus_id.clone(),
                             vendor: 0x10de,
@@ -83,10 +70,7 @@ pub(crate) fn finish(
                             ..Default::default()
                         });
                         raw.gpus.sort_by(|a, b| a.pci_bus_id.cmp(&b.pci_bus_id));
-                        raw.gpus
-                            .iter()
-                            .position(|g| g.pci_bus_id == d.pci_bus_id)
-                            .unwrap_or(0)
+                        raw.gpus.iter().position(|g| g.pci_bus_id == d.pci_bus_id).unwrap_or(0)
                     }
                 };
                 let g = &mut raw.gpus[pos];
@@ -96,47 +80,23 @@ pub(crate) fn finish(
                 }
             }
             // Positions may have moved while inserting: map by bus id now.
-            let tokens = visible
-                .as_ref()
-                .map(|v| v.tokens.clone())
-                .unwrap_or_default();
+            let tokens = visible.as_ref().map(|v| v.tokens.clone()).unwrap_or_default();
             for d in &devices {
-                let gpu = raw
-                    .gpus
-                    .iter()
-                    .position(|g| g.pci_bus_id == d.pci_bus_id)
-                    .map(|p| p as u32);
-                let mig = devices
-                    .iter()
-                    .filter(|o| o.pci_bus_id == d.pci_bus_id)
-                    .count()
-                    > 1
-                    || tokens
-                        .get(d.ordinal as usize)
-                        .is_some_and(|(t, _)| t.to_ascii_uppercase().starts_with("MIG-"));
+                let gpu = raw.gpus.iter().position(|g| g.pci_bus_id == d.pci_bus_id).map(|p| p as u32);
+                let mig = devices.iter().filter(|o| o.pci_bus_id == d.pci_bus_id).count() > 1
+                    || tokens.get(d.ordinal as usize).is_some_and(|(t, _)| t.to_ascii_uppercase().starts_with("MIG-"));
                 let entry = match &visible {
-                    Some(_) => tokens
-                        .get(d.ordinal as usize)
-                        .map(|(t, _)| t.clone())
-                        .unwrap_or_else(|| "?".into()),
+                    Some(_) => tokens.get(d.ordinal as usize).map(|(t, _)| t.clone()).unwrap_or_else(|| "?".into()),
                     None => "*".into(),
                 };
-                cuda_info.ordinals.push(VisibleEntry {
-                    ordinal: d.ordinal,
-                    entry,
-                    gpu,
-                    mig,
-                });
+                cuda_info.ordinals.push(VisibleEntry { ordinal: d.ordinal, entry, gpu, mig });
             }
             if let Some(v) = &visible {
                 if v.tokens.is_empty() {
                     warnings.push(Warning {
                         kind: WarningKind::CudaVisibleDevices,
                         gpu: None,
-                        message: format!(
-                            "CUDA_VISIBLE_DEVICES={:?} hides every GPU from CUDA",
-                            v.raw
-                        ),
+                        message: format!("CUDA_VISIBLE_DEVICES={:?} hides every GPU from CUDA", v.raw),
                     });
                 }
             }
@@ -156,11 +116,7 @@ pub(crate) fn finish(
                     ),
                 });
             }
-            cuda_info.ordinal_source = if raw.gpus.is_empty() {
-                "none".into()
-            } else {
-                "pci_order".into()
-            };
+            cuda_info.ordinal_source = if raw.gpus.is_empty() { "none".into() } else { "pci_order".into() };
             // CUDA's order without the driver: PCI order for PCI_BUS_ID; for
             // FASTEST_FIRST, identical GPUs also enumerate in PCI order.
             let pci_order: Vec<u32> = (0..raw.gpus.len() as u32).collect();
@@ -181,20 +137,13 @@ pub(crate) fn finish(
                 Some(v) => {
                     let (entries, notes) = v.resolve(&pci_order, &uuids)?;
                     for n in notes {
-                        warnings.push(Warning {
-                            kind: WarningKind::CudaVisibleDevices,
-                            gpu: None,
-                            message: n,
-                        });
+                        warnings.push(Warning { kind: WarningKind::CudaVisibleDevices, gpu: None, message: n });
                     }
                     if v.tokens.is_empty() {
                         warnings.push(Warning {
                             kind: WarningKind::CudaVisibleDevices,
                             gpu: None,
-                            message: format!(
-                                "CUDA_VISIBLE_DEVICES={:?} hides every GPU from CUDA",
-                                v.raw
-                            ),
+                            message: format!("CUDA_VISIBLE_DEVICES={:?} hides every GPU from CUDA", v.raw),
                         });
                     }
                     cuda_info.ordinals = entries;
@@ -202,12 +151,7 @@ pub(crate) fn finish(
                 None => {
                     cuda_info.ordinals = pci_order
                         .iter()
-                        .map(|&g| VisibleEntry {
-                            ordinal: g,
-                            entry: "*".into(),
-                            gpu: Some(g),
-                            mig: false,
-                        })
+                        .map(|&g| VisibleEntry { ordinal: g, entry: "*".into(), gpu: Some(g), mig: false })
                         .collect();
                 }
             }
@@ -220,11 +164,7 @@ pub(crate) fn finish(
         .enumerate()
         .map(|(i, g)| Gpu {
             index: i as u32,
-            cuda_ordinal: cuda_info
-                .ordinals
-                .iter()
-                .find(|e| e.gpu == Some(i as u32))
-                .map(|e| e.ordinal),
+            cuda_ordinal: cuda_info.ordinals.iter().find(|e| e.gpu == Some(i as u32)).map(|e| e.ordinal),
             pci_bus_id: g.pci_bus_id,
             name: g.name,
             uuid: g.uuid,
@@ -244,10 +184,7 @@ pub(crate) fn finish(
             let spans = if g.local_cpus.is_empty() || g.local_cpus == all_cpus {
                 "hangs off the whole machine".to_string()
             } else {
-                format!(
-                    "is near CPUs {} which span several NUMA nodes",
-                    g.local_cpus
-                )
+                format!("is near CPUs {} which span several NUMA nodes", g.local_cpus)
             };
             warnings.push(Warning {
                 kind: WarningKind::GpuLocalityUnknown,

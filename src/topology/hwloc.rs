@@ -10,10 +10,7 @@ use hwlocality::object::TopologyObject;
 use hwlocality::topology::builder::{BuildFlags, TypeFilter};
 use hwlocality::Topology as Hw;
 
-use super::{
-    is_accelerator, Cache, Core, NodeKind, NumaNode, Package, PcieLink, ProbeOptions, RawGpu,
-    RawTopology,
-};
+use super::{is_accelerator, Cache, Core, NodeKind, NumaNode, Package, PcieLink, ProbeOptions, RawGpu, RawTopology};
 use crate::cpulist::CpuList;
 use crate::error::{Error, Result};
 
@@ -71,9 +68,7 @@ fn guarded<T>(input: Option<&Path>, f: impl FnOnce() -> Result<T>) -> Result<T> 
 pub(crate) fn discover_live(opts: &ProbeOptions) -> Result<RawTopology> {
     let topo = {
         let _g = lock();
-        guarded(None, || {
-            builder(None)?.build().map_err(|e| hw_err("build", None, e))
-        })?
+        guarded(None, || builder(None)?.build().map_err(|e| hw_err("build", None, e)))?
     };
     let mut raw = guarded(None, || extract(&topo, opts, Some(Path::new("/"))))?;
     let affinity = crate::sys::sched_getaffinity_self().map_err(|e| Error::System {
@@ -123,15 +118,10 @@ pub(crate) fn discover_fsroot(path: &Path, opts: &ProbeOptions) -> Result<RawTop
     })?;
     let topo = {
         let _g = lock();
-        let saved: Vec<(&str, Option<std::ffi::OsString>)> = [
-            "HWLOC_FSROOT",
-            "HWLOC_THISSYSTEM",
-            "HWLOC_COMPONENTS",
-            "HWLOC_HIDE_ERRORS",
-        ]
-        .iter()
-        .map(|k| (*k, std::env::var_os(k)))
-        .collect();
+        let saved: Vec<(&str, Option<std::ffi::OsString>)> = ["HWLOC_FSROOT", "HWLOC_THISSYSTEM", "HWLOC_COMPONENTS", "HWLOC_HIDE_ERRORS"]
+            .iter()
+            .map(|k| (*k, std::env::var_os(k)))
+            .collect();
         // hwloc reads these while it builds; HWLOC_LOCK keeps other builds
         // out until they are restored, and numapin sets no other variable
         // from other threads.
@@ -143,11 +133,7 @@ pub(crate) fn discover_fsroot(path: &Path, opts: &ProbeOptions) -> Result<RawTop
         // Only the Linux reader: the x86 CPUID reader would describe the
         // machine running numapin, not the captured one.
         std::env::set_var("HWLOC_COMPONENTS", "-x86");
-        let r = guarded(Some(path), || {
-            builder(Some(path))?
-                .build()
-                .map_err(|e| hw_err("filesystem root", Some(path), e))
-        });
+        let r = guarded(Some(path), || builder(Some(path))?.build().map_err(|e| hw_err("filesystem root", Some(path), e)));
         for (k, v) in saved {
             match v {
                 Some(v) => std::env::set_var(k, v),
@@ -174,8 +160,7 @@ fn unpack(archive: &Path, dest: &Path) -> Result<()> {
     let bad = |problem: String| Error::Input {
         input: archive.display().to_string(),
         problem,
-        fix: "give a .tar.gz or .tar.bz2 made by hwloc-gather-topology, or the unpacked folder"
-            .into(),
+        fix: "give a .tar.gz or .tar.bz2 made by hwloc-gather-topology, or the unpacked folder".into(),
     };
     let f = std::fs::File::open(archive).map_err(|e| Error::io_input(archive, e))?;
     let mut head = [0u8; 3];
@@ -194,17 +179,12 @@ fn unpack(archive: &Path, dest: &Path) -> Result<()> {
     let mut ar = tar::Archive::new(reader);
     ar.set_preserve_permissions(false);
     let mut total = 0u64;
-    let entries = ar
-        .entries()
-        .map_err(|e| bad(format!("not a readable tar archive: {e}")))?;
+    let entries = ar.entries().map_err(|e| bad(format!("not a readable tar archive: {e}")))?;
     for entry in entries {
         let mut entry = entry.map_err(|e| bad(format!("corrupt archive: {e}")))?;
         total = total.saturating_add(entry.header().size().unwrap_or(0));
         if total > MAX_UNPACKED {
-            return Err(bad(format!(
-                "unpacks to more than {} MiB",
-                MAX_UNPACKED >> 20
-            )));
+            return Err(bad(format!("unpacks to more than {} MiB", MAX_UNPACKED >> 20)));
         }
         // unpack_in refuses paths that would land outside `dest`.
         entry
@@ -240,9 +220,7 @@ fn cpus_of(set: Option<impl std::ops::Deref<Target = hwlocality::cpu::cpuset::Cp
     }
 }
 
-fn nodes_of(
-    set: Option<impl std::ops::Deref<Target = hwlocality::memory::nodeset::NodeSet>>,
-) -> Vec<u32> {
+fn nodes_of(set: Option<impl std::ops::Deref<Target = hwlocality::memory::nodeset::NodeSet>>) -> Vec<u32> {
     match set {
         Some(s) => s.iter_set().map(|i| usize::from(i) as u32).collect(),
         None => Vec::new(),
@@ -269,8 +247,7 @@ fn extract(topo: &Hw, opts: &ProbeOptions, sysfs_root: Option<&Path>) -> Result<
     // NUMA nodes: a node's own CPUs are its cpuset less the CPUs of nodes
     // attached deeper (hwloc gives a CPU-less node its parent's cpuset); among
     // nodes left with the same CPUs, ordinary memory keeps them.
-    let mut node_objs: Vec<&TopologyObject> =
-        topo.objects_with_type(ObjectType::NUMANode).collect();
+    let mut node_objs: Vec<&TopologyObject> = topo.objects_with_type(ObjectType::NUMANode).collect();
     node_objs.sort_by_key(|n| n.os_index().unwrap_or(usize::MAX));
     let full: Vec<CpuList> = node_objs.iter().map(|n| cpus_of(n.cpuset())).collect();
     let subtypes: Vec<Option<String>> = node_objs.iter().map(|n| special_subtype(n)).collect();
@@ -308,12 +285,7 @@ fn extract(topo: &Hw, opts: &ProbeOptions, sysfs_root: Option<&Path>) -> Result<
         // The package holding all of the node's CPUs; for a node without
         // CPUs, the package it is attached under.
         let package = if !own[i].is_empty() {
-            let hits: Vec<u32> = raw
-                .packages
-                .iter()
-                .filter(|p| own[i].is_subset(&p.cpus))
-                .map(|p| p.index)
-                .collect();
+            let hits: Vec<u32> = raw.packages.iter().filter(|p| own[i].is_subset(&p.cpus)).map(|p| p.index).collect();
             (hits.len() == 1).then(|| hits[0])
         } else {
             n.first_ancestor_with_type(ObjectType::Package)
@@ -360,11 +332,7 @@ fn extract(topo: &Hw, opts: &ProbeOptions, sysfs_root: Option<&Path>) -> Result<
         let n = raw.numa_nodes.len();
         for d in all {
             let objs: Vec<Option<&TopologyObject>> = d.objects().collect();
-            if objs.len() != n
-                || objs
-                    .iter()
-                    .any(|o| o.is_none_or(|o| o.object_type() != ObjectType::NUMANode))
-            {
+            if objs.len() != n || objs.iter().any(|o| o.is_none_or(|o| o.object_type() != ObjectType::NUMANode)) {
                 continue;
             }
             let idx: Vec<usize> = objs
@@ -381,11 +349,7 @@ fn extract(topo: &Hw, opts: &ProbeOptions, sysfs_root: Option<&Path>) -> Result<
             for (a, &ia) in idx.iter().enumerate() {
                 let mut row = vec![0u32; n];
                 for (b, &ib) in idx.iter().enumerate() {
-                    row[ib] = values
-                        .get(a * n + b)
-                        .copied()
-                        .unwrap_or(0)
-                        .min(u64::from(u32::MAX)) as u32;
+                    row[ib] = values.get(a * n + b).copied().unwrap_or(0).min(u64::from(u32::MAX)) as u32;
                 }
                 raw.numa_nodes[ia].distances = row;
             }
@@ -399,11 +363,7 @@ fn extract(topo: &Hw, opts: &ProbeOptions, sysfs_root: Option<&Path>) -> Result<
         if cpus.is_empty() {
             continue;
         }
-        let numa_node = raw
-            .numa_nodes
-            .iter()
-            .find(|n| n.cpus.contains(cpus.as_slice()[0]))
-            .map(|n| n.os_index);
+        let numa_node = raw.numa_nodes.iter().find(|n| n.cpus.contains(cpus.as_slice()[0])).map(|n| n.os_index);
         raw.cores.push(Core { cpus, numa_node });
     }
     for (ty, level) in [
@@ -423,11 +383,7 @@ fn extract(topo: &Hw, opts: &ProbeOptions, sysfs_root: Option<&Path>) -> Result<
                 Some(ObjectAttributes::Cache(a)) => a.size().map(|s| s.get()),
                 _ => None,
             };
-            raw.caches.push(Cache {
-                level,
-                size_bytes,
-                cpus: cpus_of(c.cpuset()),
-            });
+            raw.caches.push(Cache { level, size_bytes, cpus: cpus_of(c.cpuset()) });
         }
         break;
     }
@@ -435,41 +391,22 @@ fn extract(topo: &Hw, opts: &ProbeOptions, sysfs_root: Option<&Path>) -> Result<
     // GPUs and chosen accelerators.
     let mut pcis: Vec<&TopologyObject> = topo.objects_with_type(ObjectType::PCIDevice).collect();
     pcis.sort_by_key(|o| match o.attributes() {
-        Some(ObjectAttributes::PCIDevice(a)) => {
-            (a.domain(), a.bus_id(), a.bus_device(), a.function())
-        }
+        Some(ObjectAttributes::PCIDevice(a)) => (a.domain(), a.bus_id(), a.bus_device(), a.function()),
         _ => (u16::MAX.into(), 0, 0, 0),
     });
     for obj in pcis {
-        let Some(ObjectAttributes::PCIDevice(a)) = obj.attributes() else {
-            continue;
-        };
-        if !is_accelerator(
-            a.vendor_id(),
-            a.device_id(),
-            a.class_id(),
-            &opts.accelerator_ids,
-        ) {
+        let Some(ObjectAttributes::PCIDevice(a)) = obj.attributes() else { continue };
+        if !is_accelerator(a.vendor_id(), a.device_id(), a.class_id(), &opts.accelerator_ids) {
             continue;
         }
-        let bus_id = format!(
-            "{:04x}:{:02x}:{:02x}.{:x}",
-            a.domain(),
-            a.bus_id(),
-            a.bus_device(),
-            a.function()
-        );
+        let bus_id = format!("{:04x}:{:02x}:{:02x}.{:x}", a.domain(), a.bus_id(), a.bus_device(), a.function());
         let anc = obj.first_non_io_ancestor();
         let local_cpus = cpus_of(anc.and_then(|o| o.cpuset()));
         let anc_nodes = nodes_of(anc.and_then(|o| o.nodeset()));
         let with_cpus: Vec<u32> = anc_nodes
             .iter()
             .copied()
-            .filter(|n| {
-                raw.numa_nodes.iter().any(|x| {
-                    x.os_index == *n && !x.cpus.is_empty() && !x.cpus.is_disjoint(&local_cpus)
-                })
-            })
+            .filter(|n| raw.numa_nodes.iter().any(|x| x.os_index == *n && !x.cpus.is_empty() && !x.cpus.is_disjoint(&local_cpus)))
             .collect();
         let numa_node = match (with_cpus.as_slice(), anc_nodes.as_slice()) {
             ([one], _) => Some(*one),
@@ -480,8 +417,7 @@ fn extract(topo: &Hw, opts: &ProbeOptions, sysfs_root: Option<&Path>) -> Result<
             if o.object_type() == ObjectType::Package {
                 Some(o.logical_index() as u32)
             } else {
-                o.first_ancestor_with_type(ObjectType::Package)
-                    .map(|p| p.logical_index() as u32)
+                o.first_ancestor_with_type(ObjectType::Package).map(|p| p.logical_index() as u32)
             }
         });
         let package = package.or_else(|| {
@@ -498,20 +434,14 @@ fn extract(topo: &Hw, opts: &ProbeOptions, sysfs_root: Option<&Path>) -> Result<
         let mut uuid = None;
         for od in obj.io_children() {
             if name.is_none() {
-                name = od
-                    .info("GPUModel")
-                    .map(|s| s.to_string_lossy().into_owned());
+                name = od.info("GPUModel").map(|s| s.to_string_lossy().into_owned());
             }
             if uuid.is_none() {
-                uuid = od
-                    .info("NVIDIAUUID")
-                    .map(|s| s.to_string_lossy().into_owned());
+                uuid = od.info("NVIDIAUUID").map(|s| s.to_string_lossy().into_owned());
             }
         }
         if name.is_none() {
-            name = obj
-                .info("PCIDevice")
-                .map(|s| s.to_string_lossy().into_owned());
+            name = obj.info("PCIDevice").map(|s| s.to_string_lossy().into_owned());
         }
         let speed = a.link_speed();
         let mut pcie = sysfs_root.and_then(|r| read_pcie(r, &bus_id));
@@ -524,13 +454,7 @@ fn extract(topo: &Hw, opts: &ProbeOptions, sysfs_root: Option<&Path>) -> Result<
             device: a.device_id(),
             class: a.class_id(),
             name,
-            uuid: uuid.map(|u| {
-                if u.starts_with("GPU-") {
-                    u
-                } else {
-                    format!("GPU-{u}")
-                }
-            }),
+            uuid: uuid.map(|u| if u.starts_with("GPU-") { u } else { format!("GPU-{u}") }),
             numa_node,
             package,
             local_cpus,
@@ -555,8 +479,7 @@ pub(crate) fn read_pcie(root: &Path, bus_id: &str) -> Option<PcieLink> {
         max_width: read("max_link_width").and_then(|s| s.trim().parse().ok()),
         speed_gbps: None,
     };
-    (link.current_gen.is_some() || link.current_width.is_some() || link.max_gen.is_some())
-        .then_some(link)
+    (link.current_gen.is_some() || link.current_width.is_some() || link.max_gen.is_some()).then_some(link)
 }
 
 /// PCIe generation from a sysfs or NCCL link speed (`16.0 GT/s PCIe`).
@@ -577,19 +500,14 @@ pub(crate) fn gen_of_speed(s: &str) -> Option<u8> {
 pub fn export_live_xml(path: &Path) -> Result<()> {
     let topo = {
         let _g = lock();
-        guarded(None, || {
-            builder(None)?.build().map_err(|e| hw_err("build", None, e))
-        })?
+        guarded(None, || builder(None)?.build().map_err(|e| hw_err("build", None, e)))?
     };
-    topo.export_xml_file(
-        Some(path),
-        hwlocality::topology::export::xml::XMLExportFlags::empty(),
-    )
-    .map_err(|e| Error::Input {
-        input: path.display().to_string(),
-        problem: format!("cannot write the XML: {e}"),
-        fix: "give a path in a writable folder".into(),
-    })
+    topo.export_xml_file(Some(path), hwlocality::topology::export::xml::XMLExportFlags::empty())
+        .map_err(|e| Error::Input {
+            input: path.display().to_string(),
+            problem: format!("cannot write the XML: {e}"),
+            fix: "give a path in a writable folder".into(),
+        })
 }
 
 #[cfg(test)]

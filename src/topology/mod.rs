@@ -264,23 +264,13 @@ impl PciId {
             let s = s.trim();
             let s = s.strip_prefix("0x").unwrap_or(s);
             if s.is_empty() || s.len() > 4 {
-                return Err(format!(
-                    "`{text}`: expected VENDOR[:DEVICE] in hexadecimal, like 10de or 1b36:0005"
-                ));
+                return Err(format!("`{text}`: expected VENDOR[:DEVICE] in hexadecimal, like 10de or 1b36:0005"));
             }
-            u16::from_str_radix(s, 16).map_err(|_| {
-                format!("`{text}`: expected VENDOR[:DEVICE] in hexadecimal, like 10de or 1b36:0005")
-            })
+            u16::from_str_radix(s, 16).map_err(|_| format!("`{text}`: expected VENDOR[:DEVICE] in hexadecimal, like 10de or 1b36:0005"))
         };
         match text.split_once(':') {
-            Some((v, d)) => Ok(Self {
-                vendor: hex(v)?,
-                device: Some(hex(d)?),
-            }),
-            None => Ok(Self {
-                vendor: hex(text)?,
-                device: None,
-            }),
+            Some((v, d)) => Ok(Self { vendor: hex(v)?, device: Some(hex(d)?) }),
+            None => Ok(Self { vendor: hex(text)?, device: None }),
         }
     }
 
@@ -365,11 +355,12 @@ impl Topology {
         match fmt {
             InputFormat::NumapinJson => {
                 let text = read_text(path)?;
-                let mut t: Topology = serde_json::from_str(&text).map_err(|e| Error::Input {
-                    input: source.clone(),
-                    problem: format!("not a valid numapin topology JSON file: {e}"),
-                    fix: "give a file written by `numapin topo --json`".into(),
-                })?;
+                let mut t: Topology =
+                    serde_json::from_str(&text).map_err(|e| Error::Input {
+                        input: source.clone(),
+                        problem: format!("not a valid numapin topology JSON file: {e}"),
+                        fix: "give a file written by `numapin topo --json`".into(),
+                    })?;
                 if t.schema_version != SCHEMA_VERSION {
                     return Err(Error::Input {
                         input: source,
@@ -461,9 +452,7 @@ impl Topology {
             }
             if let Some(n) = g.numa_node {
                 if self.node(n).is_none() {
-                    return Err(bad(format!(
-                        "GPU {i} names NUMA node {n}, which is not listed"
-                    )));
+                    return Err(bad(format!("GPU {i} names NUMA node {n}, which is not listed")));
                 }
             }
         }
@@ -480,10 +469,7 @@ impl Topology {
         for e in &self.cuda.ordinals {
             if let Some(g) = e.gpu {
                 if g as usize >= self.gpus.len() {
-                    return Err(bad(format!(
-                        "CUDA ordinal {} maps to missing GPU {g}",
-                        e.ordinal
-                    )));
+                    return Err(bad(format!("CUDA ordinal {} maps to missing GPU {g}", e.ordinal)));
                 }
             }
         }
@@ -604,10 +590,7 @@ mod tests {
 
     #[test]
     fn bus_ids_normalize() {
-        assert_eq!(
-            normalize_bus_id("00000000:07:00.0").unwrap(),
-            "0000:07:00.0"
-        );
+        assert_eq!(normalize_bus_id("00000000:07:00.0").unwrap(), "0000:07:00.0");
         assert_eq!(normalize_bus_id("0000:B1:00.0").unwrap(), "0000:b1:00.0");
         assert_eq!(normalize_bus_id("07:00.0").unwrap(), "0000:07:00.0");
         assert!(normalize_bus_id("zz").is_none());
@@ -617,49 +600,19 @@ mod tests {
 
     #[test]
     fn pci_ids_parse() {
-        assert_eq!(
-            PciId::parse("1b36:0005").unwrap(),
-            PciId {
-                vendor: 0x1b36,
-                device: Some(5)
-            }
-        );
-        assert_eq!(
-            PciId::parse("0x10de").unwrap(),
-            PciId {
-                vendor: 0x10de,
-                device: None
-            }
-        );
+        assert_eq!(PciId::parse("1b36:0005").unwrap(), PciId { vendor: 0x1b36, device: Some(5) });
+        assert_eq!(PciId::parse("0x10de").unwrap(), PciId { vendor: 0x10de, device: None });
         assert!(PciId::parse("nvidia").is_err());
         assert!(PciId::parse("12345").is_err());
-        assert!(PciId {
-            vendor: 0x10de,
-            device: None
-        }
-        .matches(0x10de, 0x2330));
+        assert!(PciId { vendor: 0x10de, device: None }.matches(0x10de, 0x2330));
     }
 
     #[test]
     fn nvidia_display_and_3d_count_as_gpus() {
         assert!(is_accelerator(0x10de, 0x2330, 0x0302, &[]));
         assert!(is_accelerator(0x10de, 0x1db4, 0x0300, &[]));
-        assert!(
-            !is_accelerator(0x10de, 0x1ad8, 0x0604, &[]),
-            "an NVIDIA bridge is not a GPU"
-        );
-        assert!(
-            !is_accelerator(0x1002, 0x0001, 0x0300, &[]),
-            "an AMD VGA is not reported by default"
-        );
-        assert!(is_accelerator(
-            0x1b36,
-            0x0005,
-            0x00ff,
-            &[PciId {
-                vendor: 0x1b36,
-                device: Some(5)
-            }]
-        ));
+        assert!(!is_accelerator(0x10de, 0x1ad8, 0x0604, &[]), "an NVIDIA bridge is not a GPU");
+        assert!(!is_accelerator(0x1002, 0x0001, 0x0300, &[]), "an AMD VGA is not reported by default");
+        assert!(is_accelerator(0x1b36, 0x0005, 0x00ff, &[PciId { vendor: 0x1b36, device: Some(5) }]));
     }
 }

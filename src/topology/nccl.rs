@@ -9,10 +9,7 @@
 use quick_xml::events::Event;
 use quick_xml::Reader;
 
-use super::{
-    is_accelerator, NodeKind, NumaNode, PcieLink, ProbeOptions, RawGpu, RawTopology, Warning,
-    WarningKind,
-};
+use super::{is_accelerator, NodeKind, NumaNode, PcieLink, ProbeOptions, RawGpu, RawTopology, Warning, WarningKind};
 use crate::cpulist::CpuList;
 use crate::error::{Error, Result};
 
@@ -22,12 +19,10 @@ const MAX_DEPTH: usize = 64;
 const MAX_ELEMENTS: usize = 100_000;
 
 pub(crate) fn parse(text: &str, source: &str, opts: &ProbeOptions) -> Result<RawTopology> {
-    let bad = |problem: String| {
-        Error::Input {
+    let bad = |problem: String| Error::Input {
         input: source.to_string(),
         problem,
         fix: "give an NCCL topology file as NCCL_TOPO_DUMP_FILE writes it (<system><cpu numaid affinity><pci busid class .../></cpu></system>)".into(),
-    }
     };
     let mut reader = Reader::from_str(text);
     reader.config_mut().trim_text(true);
@@ -37,12 +32,9 @@ pub(crate) fn parse(text: &str, source: &str, opts: &ProbeOptions) -> Result<Raw
     let mut seen_system = false;
     let mut elements = 0usize;
     loop {
-        let ev = reader.read_event().map_err(|e| {
-            bad(format!(
-                "malformed XML at byte {}: {e}",
-                reader.error_position()
-            ))
-        })?;
+        let ev = reader
+            .read_event()
+            .map_err(|e| bad(format!("malformed XML at byte {}: {e}", reader.error_position())))?;
         let (start, empty) = match &ev {
             Event::Start(s) => (Some(s.clone()), false),
             Event::Empty(s) => (Some(s.clone()), true),
@@ -73,20 +65,15 @@ pub(crate) fn parse(text: &str, source: &str, opts: &ProbeOptions) -> Result<Raw
         match name.as_slice() {
             b"system" => seen_system = true,
             b"cpu" => {
-                let numaid = attrs
-                    .get("numaid")
-                    .ok_or_else(|| bad("a <cpu> element has no numaid".into()))?;
+                let numaid = attrs.get("numaid").ok_or_else(|| bad("a <cpu> element has no numaid".into()))?;
                 let id: u32 = numaid
                     .trim()
                     .parse()
                     .ok()
                     .filter(|v| *v < 1 << 16)
-                    .ok_or_else(|| {
-                        bad(format!("<cpu numaid=\"{numaid}\"> is not a node number"))
-                    })?;
+                    .ok_or_else(|| bad(format!("<cpu numaid=\"{numaid}\"> is not a node number")))?;
                 let cpus = match attrs.get("affinity") {
-                    Some(mask) => CpuList::parse_mask(mask)
-                        .map_err(|e| bad(format!("<cpu numaid=\"{id}\"> affinity: {e}")))?,
+                    Some(mask) => CpuList::parse_mask(mask).map_err(|e| bad(format!("<cpu numaid=\"{id}\"> affinity: {e}")))?,
                     None => return Err(bad(format!("<cpu numaid=\"{id}\"> has no affinity mask"))),
                 };
                 if let Some(existing) = raw.numa_nodes.iter_mut().find(|n| n.os_index == id) {
@@ -106,16 +93,8 @@ pub(crate) fn parse(text: &str, source: &str, opts: &ProbeOptions) -> Result<Raw
             b"pci" => {
                 if let (Some(busid), Some(class)) = (attrs.get("busid"), attrs.get("class")) {
                     let class_raw = u32::from_str_radix(class.trim().trim_start_matches("0x"), 16)
-                        .map_err(|_| {
-                            bad(format!(
-                                "<pci busid=\"{busid}\"> has class \"{class}\", not hexadecimal"
-                            ))
-                        })?;
-                    let class16 = if class_raw > 0xffff {
-                        (class_raw >> 8) as u16
-                    } else {
-                        class_raw as u16
-                    };
+                        .map_err(|_| bad(format!("<pci busid=\"{busid}\"> has class \"{class}\", not hexadecimal")))?;
+                    let class16 = if class_raw > 0xffff { (class_raw >> 8) as u16 } else { class_raw as u16 };
                     let vendor = attrs
                         .get("vendor")
                         .and_then(|v| u16::from_str_radix(v.trim_start_matches("0x"), 16).ok())
@@ -125,24 +104,17 @@ pub(crate) fn parse(text: &str, source: &str, opts: &ProbeOptions) -> Result<Raw
                         .and_then(|v| u16::from_str_radix(v.trim_start_matches("0x"), 16).ok())
                         .unwrap_or(0);
                     // NCCL files list NVIDIA GPUs only as class 0x0302.
-                    let is_gpu = class16 == 0x0302
-                        || (is_accelerator(vendor, device, class16, &opts.accelerator_ids)
-                            && class16 != 0x0300);
+                    let is_gpu = class16 == 0x0302 || (is_accelerator(vendor, device, class16, &opts.accelerator_ids) && class16 != 0x0300);
                     if is_gpu && !busid.starts_with("ffff") {
-                        let bus = super::normalize_bus_id(busid).ok_or_else(|| {
-                            bad(format!("<pci busid=\"{busid}\"> is not a PCI bus id"))
-                        })?;
+                        let bus = super::normalize_bus_id(busid)
+                            .ok_or_else(|| bad(format!("<pci busid=\"{busid}\"> is not a PCI bus id")))?;
                         let (node, cpus) = match &parent_node {
                             Some((n, c)) => (Some(*n), c.clone()),
                             None => (None, CpuList::new()),
                         };
                         let link = PcieLink {
-                            current_gen: attrs
-                                .get("link_speed")
-                                .and_then(|s| super::hwloc::gen_of_speed(s)),
-                            current_width: attrs
-                                .get("link_width")
-                                .and_then(|s| s.trim().parse().ok()),
+                            current_gen: attrs.get("link_speed").and_then(|s| super::hwloc::gen_of_speed(s)),
+                            current_width: attrs.get("link_width").and_then(|s| s.trim().parse().ok()),
                             ..Default::default()
                         };
                         raw.gpus.push(RawGpu {
@@ -155,8 +127,7 @@ pub(crate) fn parse(text: &str, source: &str, opts: &ProbeOptions) -> Result<Raw
                             numa_node: node,
                             package: None,
                             local_cpus: cpus,
-                            pcie: (link.current_gen.is_some() || link.current_width.is_some())
-                                .then_some(link),
+                            pcie: (link.current_gen.is_some() || link.current_width.is_some()).then_some(link),
                         });
                     }
                 }

@@ -119,10 +119,7 @@ impl VisibleDevices {
             for raw_tok in trimmed.split(',') {
                 let tok = raw_tok.trim();
                 if tok.is_empty() {
-                    return Err(env_err(
-                        value,
-                        "an entry is empty (two commas in a row, or a trailing comma)".into(),
-                    ));
+                    return Err(env_err(value, "an entry is empty (two commas in a row, or a trailing comma)".into()));
                 }
                 let lower = tok.to_ascii_lowercase();
                 let parsed = if let Some(rest) = lower.strip_prefix("mig-gpu-") {
@@ -131,32 +128,17 @@ impl VisibleDevices {
                     let gi = parts.next().and_then(|s| s.parse().ok());
                     let ci = parts.next().and_then(|s| s.parse().ok());
                     match (is_uuid_text(uuid), gi, ci, parts.next()) {
-                        (true, Some(gi), Some(ci), None) => VisibleToken::MigLegacy {
-                            gpu_uuid: uuid.into(),
-                            gi,
-                            ci,
-                        },
-                        _ => {
-                            return Err(env_err(
-                                value,
-                                format!("`{tok}` is not a MIG-GPU-<uuid>/<gi>/<ci> identifier"),
-                            ))
-                        }
+                        (true, Some(gi), Some(ci), None) => VisibleToken::MigLegacy { gpu_uuid: uuid.into(), gi, ci },
+                        _ => return Err(env_err(value, format!("`{tok}` is not a MIG-GPU-<uuid>/<gi>/<ci> identifier"))),
                     }
                 } else if let Some(rest) = lower.strip_prefix("mig-") {
                     if !is_uuid_text(rest) {
-                        return Err(env_err(
-                            value,
-                            format!("`{tok}` is not a MIG-<uuid> identifier"),
-                        ));
+                        return Err(env_err(value, format!("`{tok}` is not a MIG-<uuid> identifier")));
                     }
                     VisibleToken::MigUuid(rest.into())
                 } else if let Some(rest) = lower.strip_prefix("gpu-") {
                     if !is_uuid_text(rest) {
-                        return Err(env_err(
-                            value,
-                            format!("`{tok}` is not a GPU-<uuid> identifier"),
-                        ));
+                        return Err(env_err(value, format!("`{tok}` is not a GPU-<uuid> identifier")));
                     }
                     VisibleToken::GpuUuid(rest.into())
                 } else if let Some(neg) = tok.strip_prefix('-') {
@@ -165,33 +147,19 @@ impl VisibleDevices {
                         // GPU listed after it (and, first, all of them).
                         break;
                     }
-                    return Err(env_err(
-                        value,
-                        format!("`{tok}` is not a GPU index or UUID"),
-                    ));
+                    return Err(env_err(value, format!("`{tok}` is not a GPU index or UUID")));
                 } else if tok.bytes().all(|b| b.is_ascii_digit()) {
                     match tok.parse::<u32>() {
                         Ok(i) if i < 1 << 16 => VisibleToken::Index(i),
-                        _ => {
-                            return Err(env_err(
-                                value,
-                                format!("GPU index `{tok}` is out of range"),
-                            ))
-                        }
+                        _ => return Err(env_err(value, format!("GPU index `{tok}` is out of range"))),
                     }
                 } else {
-                    return Err(env_err(
-                        value,
-                        format!("`{tok}` is not a GPU index, GPU-<uuid> or MIG-<uuid>"),
-                    ));
+                    return Err(env_err(value, format!("`{tok}` is not a GPU index, GPU-<uuid> or MIG-<uuid>")));
                 };
                 tokens.push((tok.to_string(), parsed));
             }
         }
-        Ok(Self {
-            raw: value.to_string(),
-            tokens,
-        })
+        Ok(Self { raw: value.to_string(), tokens })
     }
 
     /// Maps each entry to a GPU. `order` lists [`super::Gpu::index`] values in
@@ -205,11 +173,8 @@ impl VisibleDevices {
         let mut out: Vec<VisibleEntry> = Vec::new();
         let mut notes = Vec::new();
         let norm = |u: &Option<String>| {
-            u.as_ref().map(|s| {
-                s.to_ascii_lowercase()
-                    .trim_start_matches("gpu-")
-                    .to_string()
-            })
+            u.as_ref()
+                .map(|s| s.to_ascii_lowercase().trim_start_matches("gpu-").to_string())
         };
         let any_uuid = uuids.iter().any(Option::is_some);
         for (text, tok) in &self.tokens {
@@ -262,12 +227,7 @@ impl VisibleDevices {
                     return Err(env_err(&self.raw, format!("`{text}` names a GPU that is already listed (CUDA would silently stop here)")));
                 }
             }
-            out.push(VisibleEntry {
-                ordinal: out.len() as u32,
-                entry: text.clone(),
-                gpu,
-                mig,
-            });
+            out.push(VisibleEntry { ordinal: out.len() as u32, entry: text.clone(), gpu, mig });
         }
         Ok((out, notes))
     }
@@ -290,10 +250,7 @@ mod tests {
     fn indices_pick_and_reorder() {
         let v = VisibleDevices::parse("2,0").unwrap();
         let (e, notes) = v.resolve(&[0, 1, 2], &[None, None, None]).unwrap();
-        assert_eq!(
-            e.iter().map(|e| e.gpu).collect::<Vec<_>>(),
-            vec![Some(2), Some(0)]
-        );
+        assert_eq!(e.iter().map(|e| e.gpu).collect::<Vec<_>>(), vec![Some(2), Some(0)]);
         assert_eq!(e[1].ordinal, 1);
         assert!(notes.is_empty());
     }
@@ -310,38 +267,20 @@ mod tests {
     fn uuids_and_prefixes() {
         let v = VisibleDevices::parse("GPU-8932f937,GPU-1f4e9").unwrap();
         let (e, _) = v.resolve(&[0, 1, 2], &uuids()).unwrap();
-        assert_eq!(
-            e.iter().map(|e| e.gpu).collect::<Vec<_>>(),
-            vec![Some(0), Some(2)]
-        );
-        let err = VisibleDevices::parse("GPU-1f4e")
-            .unwrap()
-            .resolve(&[0, 1, 2], &uuids())
-            .unwrap_err();
+        assert_eq!(e.iter().map(|e| e.gpu).collect::<Vec<_>>(), vec![Some(0), Some(2)]);
+        let err = VisibleDevices::parse("GPU-1f4e").unwrap().resolve(&[0, 1, 2], &uuids()).unwrap_err();
         assert!(err.to_string().contains("matches 2 GPUs"), "{err}");
-        let err = VisibleDevices::parse("GPU-ffff")
-            .unwrap()
-            .resolve(&[0, 1, 2], &uuids())
-            .unwrap_err();
+        let err = VisibleDevices::parse("GPU-ffff").unwrap().resolve(&[0, 1, 2], &uuids()).unwrap_err();
         assert!(err.to_string().contains("CUDA_VISIBLE_DEVICES"));
     }
 
     #[test]
     fn empty_hides_all_and_minus_one_ends() {
-        let (e, _) = VisibleDevices::parse("")
-            .unwrap()
-            .resolve(&[0, 1], &[None, None])
-            .unwrap();
+        let (e, _) = VisibleDevices::parse("").unwrap().resolve(&[0, 1], &[None, None]).unwrap();
         assert!(e.is_empty());
-        let (e, _) = VisibleDevices::parse("-1")
-            .unwrap()
-            .resolve(&[0, 1], &[None, None])
-            .unwrap();
+        let (e, _) = VisibleDevices::parse("-1").unwrap().resolve(&[0, 1], &[None, None]).unwrap();
         assert!(e.is_empty());
-        let (e, _) = VisibleDevices::parse("1,-1,0")
-            .unwrap()
-            .resolve(&[0, 1], &[None, None])
-            .unwrap();
+        let (e, _) = VisibleDevices::parse("1,-1,0").unwrap().resolve(&[0, 1], &[None, None]).unwrap();
         assert_eq!(e.len(), 1);
     }
 
@@ -358,43 +297,20 @@ mod tests {
 
     #[test]
     fn garbage_names_the_variable() {
-        for bad in [
-            "abc",
-            "0,,1",
-            "0,",
-            "1.5",
-            "GPU-xyz",
-            "MIG-GPU-abc",
-            "99999999999",
-            "--1",
-        ] {
-            let err = VisibleDevices::parse(bad)
-                .err()
-                .unwrap_or_else(|| panic!("{bad:?} should fail"));
+        for bad in ["abc", "0,,1", "0,", "1.5", "GPU-xyz", "MIG-GPU-abc", "99999999999", "--1"] {
+            let err = VisibleDevices::parse(bad).err().unwrap_or_else(|| panic!("{bad:?} should fail"));
             assert!(err.to_string().contains("CUDA_VISIBLE_DEVICES"), "{err}");
         }
-        let err = VisibleDevices::parse("0,7")
-            .unwrap()
-            .resolve(&[0, 1], &[None, None])
-            .unwrap_err();
+        let err = VisibleDevices::parse("0,7").unwrap().resolve(&[0, 1], &[None, None]).unwrap_err();
         assert!(err.to_string().contains("out of range"), "{err}");
-        let err = VisibleDevices::parse("1,1")
-            .unwrap()
-            .resolve(&[0, 1], &[None, None])
-            .unwrap_err();
+        let err = VisibleDevices::parse("1,1").unwrap().resolve(&[0, 1], &[None, None]).unwrap_err();
         assert!(err.to_string().contains("already listed"), "{err}");
     }
 
     #[test]
     fn device_order() {
-        assert_eq!(
-            DeviceOrder::from_env(None).unwrap(),
-            DeviceOrder::FastestFirst
-        );
-        assert_eq!(
-            DeviceOrder::from_env(Some("PCI_BUS_ID")).unwrap(),
-            DeviceOrder::PciBusId
-        );
+        assert_eq!(DeviceOrder::from_env(None).unwrap(), DeviceOrder::FastestFirst);
+        assert_eq!(DeviceOrder::from_env(Some("PCI_BUS_ID")).unwrap(), DeviceOrder::PciBusId);
         let err = DeviceOrder::from_env(Some("pci")).unwrap_err();
         assert!(err.to_string().contains("CUDA_DEVICE_ORDER"));
     }
