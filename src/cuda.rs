@@ -307,3 +307,294 @@ pub fn host_get_flags(ptr: *const c_void) -> CudaResult<u32> {
     })?;
     Ok(flags)
 }
+
+/// `CU_MEMHOSTREGISTER_DEVICEMAP`: the range is mapped into the device
+/// address space (implied with unified addressing; asked for explicitly).
+pub const HOST_REGISTER_DEVICEMAP: u32 = sys::CU_MEMHOSTREGISTER_DEVICEMAP;
+
+/// The device pointer of registered or `cuMemAllocHost` memory
+/// (`cuMemHostGetDevicePointer`; equal to the host pointer with unified
+/// addressing).
+pub fn host_device_pointer(ptr: *const c_void) -> CudaResult<CUdeviceptr> {
+    driver_version()?;
+    ensure_context()?;
+    let mut d = 0;
+    // SAFETY: the driver only looks the pointer up; d is an out-pointer.
+    check("cuMemHostGetDevicePointer", unsafe {
+        sys::cuMemHostGetDevicePointer_v2(&mut d, ptr as *mut c_void, 0)
+    })?;
+    Ok(d)
+}
+
+/// A CUDA stream of the context current when it was created, destroyed on
+/// drop.
+#[derive(Debug)]
+pub struct Stream(CUstream);
+
+// SAFETY: a CUstream handle may be used from any thread (the driver API is
+// thread-safe); the wrapper owns it.
+unsafe impl Send for Stream {}
+// SAFETY: as above; every operation on a stream is thread-safe.
+unsafe impl Sync for Stream {}
+
+impl Stream {
+    /// A non-blocking stream (`CU_STREAM_NON_BLOCKING`: no implicit
+    /// synchronisation with the legacy default stream) in the current
+    /// context (see [`set_device`]).
+    pub fn new() -> CudaResult<Stream> {
+        driver_version()?;
+        ensure_context()?;
+        let mut s = std::ptr::null_mut();
+        let flags = sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32;
+        // SAFETY: s is a valid out-pointer; a context is current.
+        check("cuStreamCreate", unsafe {
+            sys::cuStreamCreate(&mut s, flags)
+        })?;
+        Ok(Stream(s))
+    }
+
+    /// The raw handle.
+    pub fn raw(&self) -> CUstream {
+        self.0
+    }
+
+    /// Waits until all work queued on the stream has finished.
+    pub fn synchronize(&self) -> CudaResult<()> {
+        // SAFETY: the handle is valid until drop.
+        check("cuStreamSynchronize", unsafe {
+            sys::cuStreamSynchronize(self.0)
+        })
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        // SAFETY: the handle is ours; queued work still completes after
+        // cuStreamDestroy returns (the driver defers the release).
+        unsafe { sys::cuStreamDestroy_v2(self.0) };
+    }
+}
+
+/// A CUDA event, destroyed on drop.
+#[derive(Debug)]
+pub struct Event(CUevent);
+
+// SAFETY: a CUevent handle may be queried, synchronised and destroyed from
+// any thread; the wrapper owns it.
+unsafe impl Send for Event {}
+// SAFETY: as above.
+unsafe impl Sync for Event {}
+
+impl Event {
+    /// An event in the current context. `timing` false creates it with
+    /// `CU_EVENT_DISABLE_TIMING`, the cheap kind for ordering.
+    pub fn new(timing: bool) -> CudaResult<Event> {
+        driver_version()?;
+        ensure_context()?;
+        let flags = if timing {
+            0
+        } else {
+            sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32
+        };
+        let mut e = std::ptr::null_mut();
+        // SAFETY: e is a valid out-pointer; a context is current.
+        check("cuEventCreate", unsafe {
+            sys::cuEventCreate(&mut e, flags)
+        })?;
+        Ok(Event(e))
+    }
+
+    /// Records the event on `stream` (it completes when the work queued
+    /// before it has).
+    ///
+    /// # Safety
+    /// `stream` must be a live stream (or null, the legacy default stream)
+    /// of the event's context.
+    pub unsafe fn record(&self, stream: CUstream) -> CudaResult<()> {
+        // SAFETY: per the caller's guarantee; the event is ours.
+        check("cuEventRecord", unsafe {
+            sys::cuEventRecord(self.0, stream)
+        })
+    }
+
+    /// Whether the work before the event has completed (`cuEventQuery`;
+    /// never blocks).
+    pub fn is_complete(&self) -> CudaResult<bool> {
+        // SAFETY: the handle is valid until drop.
+        let r = unsafe { sys::cuEventQuery(self.0) };
+        if r == sys::CUresult::CUDA_ERROR_NOT_READY {
+            return Ok(false);
+        }
+        check("cuEventQuery", r).map(|()| true)
+    }
+
+    /// Blocks until the event has completed.
+    pub fn synchronize(&self) -> CudaResult<()> {
+        // SAFETY: the handle is valid until drop.
+        check("cuEventSynchronize", unsafe {
+            sys::cuEventSynchronize(self.0)
+        })
+    }
+
+    /// Milliseconds between `start` and this event (both timing events,
+    /// both completed).
+    pub fn elapsed_ms_since(&self, start: &Event) -> CudaResult<f32> {
+        let mut ms = 0.0;
+        // SAFETY: both handles are valid; ms is an out-pointer.
+        check("cuEventElapsedTime", unsafe {
+            sys::cuEventElapsedTime(&mut ms, start.0, self.0)
+        })?;
+        Ok(ms)
+    }
+
+    /// The raw handle.
+    pub fn raw(&self) -> CUevent {
+        self.0
+    }
+}
+
+impl Drop for Event {
+    fn drop(&mut self) {
+        // SAFETY: the handle is ours; destroying a recorded event that has
+        // not completed is allowed (resources are released on completion).
+        unsafe { sys::cuEventDestroy_v2(self.0) };
+    }
+}
+
+/// Device memory from `cuMemAlloc`, freed on drop.
+#[derive(Debug)]
+pub struct DeviceBuffer {
+    ptr: CUdeviceptr,
+    len: usize,
+}
+
+// SAFETY: a device pointer is an address valid in every thread; the
+// wrapper owns the allocation.
+unsafe impl Send for DeviceBuffer {}
+// SAFETY: &DeviceBuffer only exposes the address.
+unsafe impl Sync for DeviceBuffer {}
+
+impl DeviceBuffer {
+    /// Allocates `len` bytes on the current context's device.
+    pub fn new(len: usize) -> CudaResult<DeviceBuffer> {
+        driver_version()?;
+        ensure_context()?;
+        let mut ptr = 0;
+        // SAFETY: ptr is a valid out-pointer; a context is current.
+        check("cuMemAlloc", unsafe {
+            sys::cuMemAlloc_v2(&mut ptr, len.max(1))
+        })?;
+        Ok(DeviceBuffer { ptr, len })
+    }
+
+    /// The device address.
+    pub fn ptr(&self) -> CUdeviceptr {
+        self.ptr
+    }
+
+    /// Bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it holds no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl Drop for DeviceBuffer {
+    fn drop(&mut self) {
+        // SAFETY: allocated by cuMemAlloc; cuMemFree synchronises with work
+        // still using it.
+        unsafe { sys::cuMemFree_v2(self.ptr) };
+    }
+}
+
+/// Pinned host memory from `cuMemAllocHost`, freed with `cuMemFreeHost` on
+/// drop (the baseline numapin's arenas are measured against).
+#[derive(Debug)]
+pub struct HostAlloc {
+    ptr: *mut c_void,
+    len: usize,
+}
+
+// SAFETY: the wrapper owns the allocation; the pointer is an address.
+unsafe impl Send for HostAlloc {}
+// SAFETY: &HostAlloc only exposes the address.
+unsafe impl Sync for HostAlloc {}
+
+impl HostAlloc {
+    /// Allocates `len` bytes of pinned host memory in the current context.
+    pub fn new(len: usize) -> CudaResult<HostAlloc> {
+        driver_version()?;
+        ensure_context()?;
+        let mut ptr = std::ptr::null_mut();
+        // SAFETY: ptr is a valid out-pointer; a context is current.
+        check("cuMemAllocHost", unsafe {
+            sys::cuMemAllocHost_v2(&mut ptr, len.max(1))
+        })?;
+        Ok(HostAlloc { ptr, len })
+    }
+
+    /// The first byte.
+    pub fn ptr(&self) -> *mut c_void {
+        self.ptr
+    }
+
+    /// Bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it holds no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl Drop for HostAlloc {
+    fn drop(&mut self) {
+        // SAFETY: allocated by cuMemAllocHost and not freed before.
+        unsafe { sys::cuMemFreeHost(self.ptr) };
+    }
+}
+
+/// Queues a host-to-device copy of `len` bytes on `stream`.
+///
+/// # Safety
+/// `src..src+len` must stay mapped and unchanged, and `dst..dst+len` be
+/// device memory of the stream's context, until the copy completes (record
+/// an [`Event`] after it and wait for it). For the copy to be asynchronous
+/// the host range must be pinned (registered or `cuMemAllocHost`).
+pub unsafe fn memcpy_htod_async(
+    dst: CUdeviceptr,
+    src: *const c_void,
+    len: usize,
+    stream: CUstream,
+) -> CudaResult<()> {
+    driver_version()?;
+    // SAFETY: per the caller's guarantee.
+    check("cuMemcpyHtoDAsync", unsafe {
+        sys::cuMemcpyHtoDAsync_v2(dst, src, len, stream)
+    })
+}
+
+/// Queues a device-to-host copy of `len` bytes on `stream`.
+///
+/// # Safety
+/// `dst..dst+len` must stay mapped and be neither read nor written by the
+/// host, and `src..src+len` be device memory of the stream's context, until
+/// the copy completes.
+pub unsafe fn memcpy_dtoh_async(
+    dst: *mut c_void,
+    src: CUdeviceptr,
+    len: usize,
+    stream: CUstream,
+) -> CudaResult<()> {
+    driver_version()?;
+    // SAFETY: per the caller's guarantee.
+    check("cuMemcpyDtoHAsync", unsafe {
+        sys::cuMemcpyDtoHAsync_v2(dst, src, len, stream)
+    })
+}

@@ -14,9 +14,11 @@ pub mod cuda;
 pub mod error;
 pub mod isolate;
 pub mod panic_guard;
+pub mod runtime;
 pub mod sys;
 pub mod topology;
 
 pub use cpulist::CpuList;
 pub use error::{Error, Result};
+pub use runtime::{PinnedBuf, Runtime};
 pub use topology::Topology;

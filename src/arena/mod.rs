@@ -1,25 +1,687 @@
-//! Per-NUMA-node pinned arenas (work in progress: see the arena issue).
+//! Per-NUMA-node pinned arenas.
+//!
+//! A [`NodeArena`] holds the pinned memory of one NUMA node: regions
+//! ([`region`]: mmap, mbind, populate, mlock, CUDA registration, placement
+//! check) carved up by a TLSF sub-allocator ([`alloc`]) under one short
+//! lock. The [`crate::runtime::Runtime`] owns one arena per node with memory
+//! and hands out [`PinnedBuf`]s; see `docs/arena.md` for the design, the
+//! budget and what each error means.
+//!
+//! * Regions are made lazily, at the configured size (256 MiB by default);
+//!   a request over half a region gets a region of its own size, and one
+//!   larger than a region a *dedicated* region, given back to the system
+//!   when its buffer is freed. Other empty regions are kept for reuse until
+//!   [`NodeArena::trim`].
+//! * The budget of pinned bytes per node defaults to half the node's
+//!   memory ([`DEFAULT_BUDGET_FRACTION`]); without CAP_IPC_LOCK, a region
+//!   must also fit in what RLIMIT_MEMLOCK leaves.
+//! * A buffer that took part in an async copy is not reused before the
+//!   copy's CUDA event has completed: dropping it with a copy in flight
+//!   puts it on a deferred list, looked at on later calls and by
+//!   [`NodeArena::reclaim`].
 
-/// An arena failure.
+pub mod alloc;
+mod buf;
+pub mod measure;
+pub mod numa_sys;
+pub mod region;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+pub use buf::{PinnedBuf, Pod};
+pub use region::{Region, RegionOptions, Registration, Step};
+
+use crate::cpulist::CpuList;
+use crate::cuda::{CudaError, Event};
+
+/// Default per-node budget: this fraction of the node's memory may be
+/// pinned. Half leaves the other half to page cache, the process's own
+/// heap and everyone else on the node; pinned memory cannot be reclaimed,
+/// so running a node out of it invites the OOM killer.
+pub const DEFAULT_BUDGET_FRACTION: f64 = 0.5;
+/// Default region size: 256 MiB.
+pub const DEFAULT_REGION_BYTES: usize = 256 << 20;
+/// Default (and smallest) block alignment: 4 KiB.
+pub const DEFAULT_ALIGNMENT: usize = 4096;
+/// Largest block alignment: 2 MiB.
+pub const MAX_ALIGNMENT: usize = 2 << 20;
+
+/// What a page found off its node at region creation means.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Placement {
+    /// An error: the region is torn down ([`ArenaError::Placement`]).
+    #[default]
+    Strict,
+    /// Counted in [`NodeStats::pages_off_node`], the region kept.
+    Warn,
+}
+
+/// Formats a byte count for people: `64 MiB`, `1.5 GiB`, `4096 bytes`.
+pub fn fmt_bytes(b: u64) -> String {
+    const UNITS: [(u64, &str); 4] = [
+        (1 << 40, "TiB"),
+        (1 << 30, "GiB"),
+        (1 << 20, "MiB"),
+        (1 << 10, "KiB"),
+    ];
+    if b == u64::MAX {
+        return "unlimited".into();
+    }
+    for (u, name) in UNITS {
+        if b >= u {
+            return if b % u == 0 {
+                format!("{} {name}", b / u)
+            } else {
+                format!("{:.1} {name}", b as f64 / u as f64)
+            };
+        }
+    }
+    format!("{b} bytes")
+}
+
+fn fmt_error(e: &Option<String>) -> String {
+    e.as_ref()
+        .map(|e| format!(" (mlock: {e})"))
+        .unwrap_or_default()
+}
+
+fn fmt_elsewhere(v: &[(u32, u64)]) -> String {
+    v.iter()
+        .map(|(n, c)| format!("{c} on node {n}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// An arena failure. Each message names the node, the size and the fix.
 #[derive(Debug, thiserror::Error)]
 pub enum ArenaError {
     /// Pinned bytes would exceed the node's budget.
-    #[error("node {node}: {requested} bytes requested with {in_use} in use would exceed the budget of {limit} bytes")]
+    #[error("node {node}: {} requested with {} already pinned on the node would exceed its budget of {}\n  fix: free buffers first, ask for less, or raise the budget (RuntimeConfig::budget_bytes / budget_fraction; default half the node's memory)", fmt_bytes(*requested), fmt_bytes(*in_use), fmt_bytes(*limit))]
     BudgetExceeded {
         /// The node.
         node: u32,
         /// Bytes asked for.
         requested: u64,
-        /// Bytes in use.
+        /// Bytes the node's arena already holds pinned (its regions).
         in_use: u64,
         /// The budget.
         limit: u64,
     },
+    /// Locking the memory failed, or would exceed RLIMIT_MEMLOCK.
+    #[error("node {node}: cannot lock {} of pinned memory: RLIMIT_MEMLOCK is {} and this process already has {} locked{}\n  fix: raise the memlock limit of the process: `ulimit -l unlimited` in the shell that starts it (or `memlock` in /etc/security/limits.conf), `LimitMEMLOCK=infinity` in its systemd unit, `docker run --ulimit memlock=-1` for a container; or run with CAP_IPC_LOCK", fmt_bytes(*size), fmt_bytes(*limit), fmt_bytes(*locked), fmt_error(error))]
+    Memlock {
+        /// The node.
+        node: u32,
+        /// Bytes that were to be locked.
+        size: u64,
+        /// The soft RLIMIT_MEMLOCK (`u64::MAX` = unlimited).
+        limit: u64,
+        /// Bytes this process already had locked (VmLck).
+        locked: u64,
+        /// The mlock error, when mlock itself failed (`None` when the
+        /// limit was checked beforehand).
+        error: Option<String>,
+    },
+    /// The node cannot hold memory for this process.
+    #[error("node {node}: cannot place {} there: {reason}\n  fix: use a node that has memory and is in this process's allowed memory nodes (`numapin topo`; cpuset.mems of the cgroup, `numactl --membind`)", fmt_bytes(*size))]
+    NoMemory {
+        /// The node.
+        node: u32,
+        /// Bytes asked for.
+        size: u64,
+        /// Why (the mbind error, or what the topology says).
+        reason: String,
+    },
+    /// `cuMemHostRegister` failed.
+    #[error("node {node}: registering {} with CUDA failed: {} ({error})\n  fix: check the driver with `nvidia-smi`; CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED means other code registered this memory; CUDA_ERROR_OUT_OF_MEMORY or CUDA_ERROR_NOT_PERMITTED, lower the arena budget or run with RuntimeConfig::register off", fmt_bytes(*size), error.name())]
+    Register {
+        /// The node.
+        node: u32,
+        /// Bytes of the region.
+        size: u64,
+        /// The CUDA error.
+        error: CudaError,
+    },
+    /// Pages of a new region are not on its node.
+    #[error("node {node}: {} of {pages} pages of a new {} region are not on the node ({}{} not present); the region was given back\n  fix: the node is short of free memory or the kernel moved pages (check `numastat -m`, free memory on the node, or lower the budget); RuntimeConfig::placement = Warn keeps such regions", pages - on_node, fmt_bytes(*size), fmt_elsewhere(elsewhere), if fmt_elsewhere(elsewhere).is_empty() { format!("{missing}") } else { format!(", {missing}") })]
+    Placement {
+        /// The node.
+        node: u32,
+        /// Bytes of the region.
+        size: u64,
+        /// 4 KiB pages checked.
+        pages: u64,
+        /// Pages found on the node.
+        on_node: u64,
+        /// Pages found on other nodes, per node.
+        elsewhere: Vec<(u32, u64)>,
+        /// Pages not present.
+        missing: u64,
+    },
+    /// A system call failed while making a region.
+    #[error("node {node}: making a {} region failed at {step:?}: {error}\n  fix: check free memory on the node (`numastat -m`) and the process's limits (`ulimit -a`)", fmt_bytes(*size))]
+    System {
+        /// The node.
+        node: u32,
+        /// Bytes of the region.
+        size: u64,
+        /// The step that failed.
+        step: Step,
+        /// The system's error.
+        error: String,
+    },
+    /// A node that is not in the topology.
+    #[error("NUMA node {node} is not in the topology (nodes: {known:?})\n  fix: pick one of the listed nodes (`numapin topo`)")]
+    UnknownNode {
+        /// The node asked for.
+        node: u32,
+        /// The nodes the topology has.
+        known: Vec<u32>,
+    },
+    /// A GPU (CUDA ordinal) that is not in the topology.
+    #[error("GPU {gpu} (CUDA ordinal) is not in the topology (ordinals: {known:?})\n  fix: pick one of the listed ordinals (`numapin topo`; CUDA_VISIBLE_DEVICES changes them)")]
+    UnknownGpu {
+        /// The ordinal asked for.
+        gpu: u32,
+        /// The ordinals the topology has.
+        known: Vec<u32>,
+    },
+    /// A configuration value that cannot be used.
+    #[error("arena configuration {setting} = {value}: {problem}\n  fix: {fix}")]
+    Config {
+        /// The setting.
+        setting: &'static str,
+        /// Its value.
+        value: String,
+        /// What is wrong.
+        problem: String,
+        /// What to do.
+        fix: String,
+    },
+    /// A request that cannot be served (zero bytes, larger than the
+    /// address space).
+    #[error("node {node}: cannot allocate {bytes} bytes: {problem}\n  fix: ask for at least one byte and at most the node's budget")]
+    BadRequest {
+        /// The node.
+        node: u32,
+        /// Bytes asked for.
+        bytes: u64,
+        /// What is wrong.
+        problem: String,
+    },
+    /// A CUDA call for a copy failed.
+    #[error("node {node}: {what} failed: {error}\n  fix: make the stream's context current on this thread (`cuda::set_device`) and check the device pointer and length")]
+    Copy {
+        /// The node of the buffer.
+        node: u32,
+        /// What was attempted.
+        what: &'static str,
+        /// The CUDA error.
+        error: CudaError,
+    },
 }
 
 impl ArenaError {
-    /// Exit code for this error.
+    /// Exit code for this error: 2 for an unknown node or GPU, a bad
+    /// configuration or request (input errors), 1 otherwise.
     pub fn exit_code(&self) -> i32 {
-        1
+        match self {
+            ArenaError::UnknownNode { .. }
+            | ArenaError::UnknownGpu { .. }
+            | ArenaError::Config { .. }
+            | ArenaError::BadRequest { .. } => 2,
+            _ => 1,
+        }
+    }
+
+    /// A Memlock error for `size` bytes on `node`, with the limit and the
+    /// locked bytes read now.
+    pub fn lock_failed(node: u32, size: u64, error: Option<std::io::Error>) -> Self {
+        ArenaError::Memlock {
+            node,
+            size,
+            limit: crate::sys::memlock_limit().map_or(0, |(soft, _)| soft),
+            locked: crate::sys::locked_bytes(),
+            error: error.map(|e| e.to_string()),
+        }
+    }
+}
+
+/// One node's counters, as [`crate::runtime::Runtime::stats`] reports them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct NodeStats {
+    /// The node.
+    pub node: u32,
+    /// Regions held.
+    pub regions: u64,
+    /// Bytes in regions (mapped for the arena).
+    pub bytes_reserved: u64,
+    /// Bytes locked (mlock).
+    pub bytes_locked: u64,
+    /// Bytes registered with CUDA.
+    pub bytes_registered: u64,
+    /// Bytes in buffers handed out (rounded to the alignment), including
+    /// buffers dropped with a copy still in flight.
+    pub bytes_in_use: u64,
+    /// Highest `bytes_in_use` seen.
+    pub bytes_peak: u64,
+    /// The budget of pinned bytes.
+    pub budget: u64,
+    /// Allocations served.
+    pub allocations: u64,
+    /// Buffers taken back.
+    pub frees: u64,
+    /// Allocations refused.
+    pub failures: u64,
+    /// Buffers dropped with a copy in flight, not yet taken back.
+    pub deferred: u64,
+    /// 4 KiB pages of the current regions found on the node.
+    pub pages_on_node: u64,
+    /// 4 KiB pages of the current regions found elsewhere or not present
+    /// (only with [`Placement::Warn`]).
+    pub pages_off_node: u64,
+    /// `"registered"`, `"skipped: <why>"`, or `"none"` before any region.
+    pub registration: String,
+}
+
+/// How one node's arena behaves.
+#[derive(Debug, Clone)]
+pub struct ArenaConfig {
+    /// Standard region size in bytes (a multiple of 2 MiB).
+    pub region_bytes: u64,
+    /// Block alignment (power of two, 4 KiB to 2 MiB).
+    pub alignment: u64,
+    /// Pinned-byte budget.
+    pub budget: u64,
+    /// Threads that populate a region (1 = serial).
+    pub populate_threads: usize,
+    /// CPUs the populate threads run on.
+    pub cpus: CpuList,
+    /// Whether to register regions with CUDA.
+    pub register: bool,
+    /// What a page off the node means.
+    pub placement: Placement,
+    /// Whether RLIMIT_MEMLOCK applies (false with CAP_IPC_LOCK).
+    pub memlock_applies: bool,
+    /// Test hook: fail region creation right after this step.
+    #[doc(hidden)]
+    pub fail_after: Option<Step>,
+}
+
+/// A block handed out: what a [`PinnedBuf`] must give back.
+#[derive(Debug, Clone, Copy)]
+struct Lease {
+    id: u32,
+    size: u64,
+}
+
+struct Deferred {
+    lease: Lease,
+    events: Vec<Event>,
+}
+
+struct Slot {
+    region: Region,
+    dedicated: bool,
+}
+
+#[derive(Default)]
+struct Counters {
+    allocations: u64,
+    frees: u64,
+    failures: u64,
+    peak: u64,
+}
+
+struct State {
+    tlsf: alloc::Tlsf,
+    slots: Vec<Option<Slot>>,
+    deferred: Vec<Deferred>,
+    counters: Counters,
+    registration: Option<Registration>,
+}
+
+/// The pinned memory of one NUMA node (see the module docs).
+pub struct NodeArena {
+    node: u32,
+    cfg: ArenaConfig,
+    state: Mutex<State>,
+    grow: Mutex<()>,
+    freed: Condvar,
+    waiters: AtomicUsize,
+}
+
+impl std::fmt::Debug for NodeArena {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeArena")
+            .field("node", &self.node)
+            .field("cfg", &self.cfg)
+            .finish_non_exhaustive()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // The state stays consistent across a panic (no user code runs under
+    // the lock), so a poisoned lock is still usable.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Whether every event has completed. A query that fails (a context torn
+/// down, a sticky device error) means the copy is no longer running.
+fn all_done(events: &[Event]) -> bool {
+    events.iter().all(|e| e.is_complete().unwrap_or(true))
+}
+
+impl NodeArena {
+    /// An arena for `node`; no memory is touched until the first
+    /// allocation.
+    pub fn new(node: u32, cfg: ArenaConfig) -> Arc<NodeArena> {
+        Arc::new(NodeArena {
+            node,
+            state: Mutex::new(State {
+                tlsf: alloc::Tlsf::new(cfg.alignment),
+                slots: Vec::new(),
+                deferred: Vec::new(),
+                counters: Counters::default(),
+                registration: None,
+            }),
+            cfg,
+            grow: Mutex::new(()),
+            freed: Condvar::new(),
+            waiters: AtomicUsize::new(0),
+        })
+    }
+
+    /// The node.
+    pub fn node(&self) -> u32 {
+        self.node
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &ArenaConfig {
+        &self.cfg
+    }
+
+    /// Lends a buffer of `bytes`; over budget, an error at once.
+    pub fn alloc(self: &Arc<Self>, bytes: usize) -> Result<PinnedBuf, ArenaError> {
+        let r = self.alloc_inner(bytes);
+        if r.is_err() {
+            lock(&self.state).counters.failures += 1;
+        }
+        r
+    }
+
+    /// Lends a buffer of `bytes`; over budget, waits up to `timeout` for
+    /// other buffers to be freed, then fails with the budget error.
+    pub fn alloc_timeout(
+        self: &Arc<Self>,
+        bytes: usize,
+        timeout: Duration,
+    ) -> Result<PinnedBuf, ArenaError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            match self.alloc_inner(bytes) {
+                Err(ArenaError::BudgetExceeded { .. }) if Instant::now() < deadline => {
+                    self.waiters.fetch_add(1, Ordering::SeqCst);
+                    let g = lock(&self.state);
+                    // Short slices: deferred buffers become free when their
+                    // events complete, which nothing signals.
+                    let slice = deadline
+                        .saturating_duration_since(Instant::now())
+                        .min(Duration::from_millis(2));
+                    let _ = self.freed.wait_timeout(g, slice);
+                    self.waiters.fetch_sub(1, Ordering::SeqCst);
+                }
+                r => {
+                    if r.is_err() {
+                        lock(&self.state).counters.failures += 1;
+                    }
+                    return r;
+                }
+            }
+        }
+    }
+
+    #[inline]
+    fn alloc_inner(self: &Arc<Self>, bytes: usize) -> Result<PinnedBuf, ArenaError> {
+        let bad = |problem: &str| ArenaError::BadRequest {
+            node: self.node,
+            bytes: bytes as u64,
+            problem: problem.into(),
+        };
+        if bytes == 0 {
+            return Err(bad("a buffer must hold at least one byte"));
+        }
+        if bytes as u64 > u64::MAX / 4 || bytes > isize::MAX as usize / 2 {
+            return Err(bad("larger than any address space"));
+        }
+        {
+            let mut st = lock(&self.state);
+            if let Some(buf) = self.try_alloc(&mut st, bytes) {
+                return Ok(buf);
+            }
+        }
+        // Slow path: one thread grows the arena at a time; the others wait
+        // here and then find room in what it added.
+        let _grow = lock(&self.grow);
+        let reserved = {
+            let mut st = lock(&self.state);
+            if let Some(buf) = self.try_alloc(&mut st, bytes) {
+                return Ok(buf);
+            }
+            st.tlsf.region_bytes()
+        };
+        let (mut size, dedicated) = alloc::region_size_for(bytes as u64, self.cfg.region_bytes);
+        let fitted = alloc::round_up(bytes as u64, region::HUGE_PAGE as u64);
+        let mut reserved = reserved;
+        if reserved + size > self.cfg.budget {
+            // Empty regions held for reuse make room first.
+            reserved = self.trim();
+            if reserved + size > self.cfg.budget && reserved + fitted <= self.cfg.budget {
+                size = fitted;
+            }
+            if reserved + size > self.cfg.budget {
+                return Err(ArenaError::BudgetExceeded {
+                    node: self.node,
+                    requested: bytes as u64,
+                    in_use: reserved,
+                    limit: self.cfg.budget,
+                });
+            }
+        }
+        if self.cfg.memlock_applies {
+            let soft = crate::sys::memlock_limit().map_or(0, |(s, _)| s);
+            let room = soft.saturating_sub(crate::sys::locked_bytes());
+            if size > room && fitted <= room {
+                size = fitted;
+            }
+            if size > room {
+                return Err(ArenaError::lock_failed(self.node, size, None));
+            }
+        }
+        let region = Region::create(&RegionOptions {
+            node: self.node,
+            size: size as usize,
+            cpus: self.cfg.cpus.clone(),
+            populate_threads: self.cfg.populate_threads,
+            register: self.cfg.register,
+            placement: self.cfg.placement,
+            fail_after: self.cfg.fail_after,
+        })?;
+        let mut st = lock(&self.state);
+        let id = st.tlsf.add_region(region.len() as u64);
+        if st.slots.len() <= id as usize {
+            st.slots.resize_with(id as usize + 1, || None);
+        }
+        st.registration = Some(region.registration().clone());
+        st.slots[id as usize] = Some(Slot { region, dedicated });
+        Ok(self
+            .try_alloc(&mut st, bytes)
+            .expect("a region made for this request has room for it"))
+    }
+
+    #[inline]
+    fn try_alloc(self: &Arc<Self>, st: &mut State, bytes: usize) -> Option<PinnedBuf> {
+        if !st.deferred.is_empty() {
+            Self::reclaim_locked(st);
+        }
+        let b = st.tlsf.alloc(bytes as u64)?;
+        let slot = st.slots[b.region as usize]
+            .as_ref()
+            .expect("a block lies in a live region");
+        // The offset is inside the region (the bookkeeping tiles it).
+        let ptr = slot.region.ptr().wrapping_add(b.offset as usize);
+        let registered = slot.region.registered();
+        st.counters.allocations += 1;
+        st.counters.peak = st.counters.peak.max(st.tlsf.used_bytes());
+        Some(PinnedBuf::new(
+            ptr,
+            bytes,
+            registered,
+            Lease {
+                id: b.id,
+                size: b.size,
+            },
+            self.clone(),
+        ))
+    }
+
+    /// Takes back a block; with copies in flight, defers it.
+    #[inline]
+    fn give_back(&self, lease: Lease, events: Vec<Event>) {
+        let mut released = None;
+        {
+            let mut st = lock(&self.state);
+            if !events.is_empty() && !all_done(&events) {
+                st.deferred.push(Deferred { lease, events });
+                return;
+            }
+            if !st.deferred.is_empty() {
+                Self::reclaim_locked(&mut st);
+            }
+            if let Some(r) = Self::free_locked(&mut st, lease) {
+                released = Some(r);
+            }
+        }
+        if self.waiters.load(Ordering::SeqCst) > 0 {
+            self.freed.notify_all();
+        }
+        // A dedicated region is torn down outside the lock.
+        drop(released);
+    }
+
+    /// Frees a block; returns its region when it was dedicated and is now
+    /// empty (to be dropped by the caller, outside the lock).
+    #[inline]
+    fn free_locked(st: &mut State, lease: Lease) -> Option<Region> {
+        let region = st.tlsf.block_region(lease.id);
+        st.tlsf.free(lease.id);
+        st.counters.frees += 1;
+        if st.slots[region as usize]
+            .as_ref()
+            .is_some_and(|s| s.dedicated)
+            && st.tlsf.remove_region(region)
+        {
+            return st.slots[region as usize].take().map(|s| s.region);
+        }
+        None
+    }
+
+    fn reclaim_locked(st: &mut State) -> Vec<Region> {
+        let mut released = Vec::new();
+        let mut i = 0;
+        while i < st.deferred.len() {
+            if all_done(&st.deferred[i].events) {
+                let d = st.deferred.swap_remove(i);
+                released.extend(Self::free_locked(st, d.lease));
+            } else {
+                i += 1;
+            }
+        }
+        released
+    }
+
+    /// Takes back the buffers whose copies have completed; returns how many
+    /// are still waiting.
+    pub fn reclaim(&self) -> usize {
+        let (released, left) = {
+            let mut st = lock(&self.state);
+            let r = Self::reclaim_locked(&mut st);
+            (r, st.deferred.len())
+        };
+        drop(released);
+        if self.waiters.load(Ordering::SeqCst) > 0 {
+            self.freed.notify_all();
+        }
+        left
+    }
+
+    /// Gives empty regions back to the system; returns the bytes still
+    /// reserved.
+    pub fn trim(&self) -> u64 {
+        let (released, left) = {
+            let mut st = lock(&self.state);
+            Self::reclaim_locked(&mut st);
+            let mut released = Vec::new();
+            for id in st.tlsf.empty_regions() {
+                if st.tlsf.remove_region(id) {
+                    released.extend(st.slots[id as usize].take().map(|s| s.region));
+                }
+            }
+            (released, st.tlsf.region_bytes())
+        };
+        drop(released);
+        left
+    }
+
+    /// The node's counters.
+    pub fn stats(&self) -> NodeStats {
+        let st = lock(&self.state);
+        let regions = st.slots.iter().flatten();
+        let mut s = NodeStats {
+            node: self.node,
+            bytes_reserved: st.tlsf.region_bytes(),
+            bytes_in_use: st.tlsf.used_bytes(),
+            bytes_peak: st.counters.peak,
+            budget: self.cfg.budget,
+            allocations: st.counters.allocations,
+            frees: st.counters.frees,
+            failures: st.counters.failures,
+            deferred: st.deferred.len() as u64,
+            registration: match &st.registration {
+                None => "none".into(),
+                Some(Registration::Registered) => "registered".into(),
+                Some(Registration::Skipped(why)) => format!("skipped: {why}"),
+            },
+            ..NodeStats::default()
+        };
+        for slot in regions {
+            let r = &slot.region;
+            s.regions += 1;
+            s.bytes_locked += r.len() as u64;
+            if r.registered() {
+                s.bytes_registered += r.len() as u64;
+            }
+            s.pages_on_node += r.pages_on_node();
+            s.pages_off_node += r.pages_off_node();
+        }
+        s
+    }
+}
+
+impl Drop for NodeArena {
+    fn drop(&mut self) {
+        // Every PinnedBuf holds an Arc to its arena, so none is alive here;
+        // deferred buffers may still have copies in flight: wait for them
+        // before the regions are unregistered and unmapped (the only
+        // blocking wait, at teardown, never on the allocation path).
+        let st = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
+        for d in &st.deferred {
+            for e in &d.events {
+                let _ = e.synchronize();
+            }
+        }
     }
 }

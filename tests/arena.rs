@@ -1,0 +1,656 @@
+//! Pinned arenas on this machine: placement, locking, DONTFORK, limits,
+//! failure clean-up, budget, concurrency, and (ignored) CUDA.
+//!
+//! Tests here measure VmLck of the whole process, so they take one lock
+//! and run one at a time. Tests that need a fresh process (another user,
+//! another memlock limit) re-run this test binary as a child with
+//! `NUMAPIN_ARENA_CHILD` set; those child tests are `#[ignore]`d and do
+//! nothing unless that variable names them.
+
+use std::process::Command;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use numapin::arena::numa_sys::is_mapped;
+use numapin::arena::region::last_mapped_addr;
+use numapin::arena::{ArenaError, Step};
+use numapin::runtime::{Runtime, RuntimeConfig};
+use numapin::sys::locked_bytes;
+use numapin::topology::{CudaMode, ProbeOptions, Topology};
+use numapin::Error;
+
+const MIB: usize = 1 << 20;
+
+fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn topology() -> Topology {
+    let opts = ProbeOptions {
+        cuda: CudaMode::Off,
+        ..ProbeOptions::from_process()
+    };
+    Topology::probe(&opts).expect("probe this machine")
+}
+
+fn runtime(cfg: RuntimeConfig) -> Runtime {
+    Runtime::new(topology(), cfg).expect("runtime")
+}
+
+fn small() -> RuntimeConfig {
+    RuntimeConfig {
+        region_bytes: 16 * MIB,
+        ..RuntimeConfig::default()
+    }
+}
+
+/// The first node the runtime has an arena for.
+fn first_node(rt: &Runtime) -> u32 {
+    rt.stats().first().expect("a node with memory").node
+}
+
+fn arena_err(e: Error) -> ArenaError {
+    match e {
+        Error::Arena(a) => a,
+        other => panic!("expected an arena error, got {other}"),
+    }
+}
+
+fn is_root() -> bool {
+    nix::unistd::geteuid().is_root()
+}
+
+/// Re-runs this binary's `name` test in a child process with
+/// `NUMAPIN_ARENA_CHILD=name`, `pre` run in the child before exec.
+fn run_child(
+    name: &str,
+    pre: impl FnMut() -> std::io::Result<()> + Send + Sync + 'static,
+) -> Option<std::process::Output> {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args([
+        "--exact",
+        name,
+        "--ignored",
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    .env("NUMAPIN_ARENA_CHILD", name);
+    // SAFETY: `pre` only makes system calls (setrlimit, setgid, setuid).
+    unsafe { cmd.pre_exec(pre) };
+    match cmd.output() {
+        Ok(out) => {
+            eprintln!(
+                "--- child {name} ---\n{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            Some(out)
+        }
+        Err(e) => {
+            eprintln!("skipped: cannot start the child test {name}: {e}");
+            None
+        }
+    }
+}
+
+fn in_child(name: &str) -> bool {
+    if std::env::var("NUMAPIN_ARENA_CHILD").as_deref() == Ok(name) {
+        true
+    } else {
+        eprintln!("skipped: {name} runs in a child process started by its parent test");
+        false
+    }
+}
+
+#[test]
+fn region_is_on_its_node_and_locked() {
+    let _g = serial();
+    let rt = runtime(small());
+    let node = first_node(&rt);
+    let before = locked_bytes();
+    let mut buf = rt.alloc_on_node(node, 5 * MIB + 123).unwrap();
+    assert_eq!(buf.node(), node);
+    assert_eq!(buf.len(), 5 * MIB + 123);
+    assert_eq!(buf.as_ptr() as usize % 4096, 0);
+    buf.fill(0xa5);
+    let s = &rt.stats()[0];
+    assert_eq!(s.regions, 1);
+    assert_eq!(s.bytes_reserved, 16 * MIB as u64);
+    assert_eq!(s.bytes_locked, 16 * MIB as u64);
+    // Every 4 KiB page of the region was found on the node.
+    assert_eq!(s.pages_on_node, (16 * MIB / 4096) as u64);
+    assert_eq!(s.pages_off_node, 0);
+    assert_eq!(s.bytes_in_use, (5 * MIB + 4096) as u64);
+    assert_eq!(
+        locked_bytes() - before,
+        16 * MIB as u64,
+        "VmLck grows by the region size"
+    );
+    drop(buf);
+    assert_eq!(rt.stats()[0].bytes_in_use, 0);
+    drop(rt);
+    assert_eq!(
+        locked_bytes(),
+        before,
+        "dropping the runtime unlocks everything"
+    );
+}
+
+#[test]
+fn registration_is_reported_as_skipped_without_a_driver() {
+    let _g = serial();
+    if numapin::cuda::available() {
+        eprintln!("skipped: a CUDA driver is present (see the GPU tests)");
+        return;
+    }
+    let rt = runtime(small());
+    let buf = rt.alloc_on_node(first_node(&rt), 4096).unwrap();
+    assert!(!buf.is_registered());
+    assert_eq!(buf.device_ptr(), None);
+    let s = &rt.stats()[0];
+    assert!(
+        s.registration.starts_with("skipped: "),
+        "{}",
+        s.registration
+    );
+    assert_eq!(s.bytes_registered, 0);
+}
+
+#[test]
+fn a_forked_child_does_not_inherit_arena_pages() {
+    let _g = serial();
+    let rt = runtime(small());
+    let mut buf = rt.alloc_on_node(first_node(&rt), 64 * 1024).unwrap();
+    buf.fill(7);
+    let arena_page = buf.as_ptr() as usize;
+    let heap = vec![1u8; 1 << 16];
+    let heap_page = (heap.as_ptr() as usize).next_multiple_of(4096);
+    assert!(is_mapped(arena_page) && is_mapped(heap_page));
+    // SAFETY: the child makes only system calls (mincore, _exit) before it
+    // exits, which is what is allowed after fork in a threaded process.
+    match unsafe { nix::unistd::fork() }.unwrap() {
+        nix::unistd::ForkResult::Child => {
+            // 0: as expected; 1: arena page mapped; 2: control failed.
+            let code = if !is_mapped(heap_page) {
+                2
+            } else if is_mapped(arena_page) {
+                1
+            } else {
+                0
+            };
+            // SAFETY: leaves the child at once, running no destructors.
+            unsafe { libc::_exit(code) };
+        }
+        nix::unistd::ForkResult::Parent { child } => {
+            let status = nix::sys::wait::waitpid(child, None).unwrap();
+            assert_eq!(
+                status,
+                nix::sys::wait::WaitStatus::Exited(child, 0),
+                "1 = the child sees the arena's pages (MADV_DONTFORK missing), 2 = the control page is missing"
+            );
+        }
+    }
+    assert!(buf.iter().all(|&b| b == 7));
+}
+
+/// Failure at every step of region creation leaves nothing locked or
+/// mapped (and so nothing bound or registered).
+#[test]
+fn a_failed_region_leaves_nothing_behind() {
+    let _g = serial();
+    for step in [
+        Step::Map,
+        Step::Advise,
+        Step::Bind,
+        Step::Populate,
+        Step::Lock,
+        Step::Register,
+        Step::Verify,
+    ] {
+        let rt = runtime(RuntimeConfig {
+            fail_after: Some(step),
+            ..small()
+        });
+        let node = first_node(&rt);
+        let before = locked_bytes();
+        let e = arena_err(rt.alloc_on_node(node, MIB).unwrap_err());
+        assert!(
+            matches!(e, ArenaError::System { step: s, .. } if s == step),
+            "{step:?}: {e}"
+        );
+        assert_eq!(locked_bytes(), before, "{step:?}: VmLck unchanged");
+        let addr = last_mapped_addr();
+        assert_ne!(addr, 0);
+        assert!(!is_mapped(addr), "{step:?}: the region is still mapped");
+        let s = &rt.stats()[0];
+        assert_eq!(
+            (s.regions, s.bytes_reserved, s.failures, s.allocations),
+            (0, 0, 1, 0),
+            "{step:?}"
+        );
+    }
+}
+
+#[test]
+fn unknown_node_and_gpu_are_input_errors() {
+    let _g = serial();
+    let rt = runtime(small());
+    let e = arena_err(rt.alloc_on_node(999, 4096).unwrap_err());
+    assert!(
+        matches!(e, ArenaError::UnknownNode { node: 999, .. }),
+        "{e}"
+    );
+    assert_eq!(e.exit_code(), 2);
+    assert!(e.to_string().contains("numapin topo"));
+    let e = rt.alloc_for_gpu(999, 4096).unwrap_err();
+    assert_eq!(e.exit_code(), 2);
+    assert!(matches!(
+        arena_err(e),
+        ArenaError::UnknownGpu { gpu: 999, .. }
+    ));
+    let e = arena_err(rt.alloc_on_node(first_node(&rt), 0).unwrap_err());
+    assert!(matches!(e, ArenaError::BadRequest { .. }), "{e}");
+    let bad = Runtime::new(
+        topology(),
+        RuntimeConfig {
+            alignment: 3000,
+            ..small()
+        },
+    )
+    .unwrap_err();
+    assert_eq!(bad.exit_code(), 2);
+    assert!(bad.to_string().contains("alignment"), "{bad}");
+}
+
+#[test]
+fn binding_to_a_node_without_memory_fails_cleanly() {
+    let _g = serial();
+    // A topology that claims a node the kernel does not have: mbind
+    // refuses it, and nothing is left behind.
+    let mut t = topology();
+    let mut ghost = t.numa_nodes[0].clone();
+    ghost.os_index = 1000;
+    t.numa_nodes.push(ghost);
+    let rt = Runtime::new(t, small()).unwrap();
+    let before = locked_bytes();
+    let e = arena_err(rt.alloc_on_node(1000, MIB).unwrap_err());
+    assert!(matches!(e, ArenaError::NoMemory { node: 1000, .. }), "{e}");
+    assert!(e.to_string().contains("mbind"), "{e}");
+    assert_eq!(locked_bytes(), before);
+    assert!(!is_mapped(last_mapped_addr()));
+}
+
+#[test]
+fn budget_is_enforced_and_waited_for() {
+    let _g = serial();
+    let rt = Arc::new(runtime(RuntimeConfig {
+        budget_bytes: Some(64 * MIB as u64),
+        ..small()
+    }));
+    let node = first_node(&rt);
+    // 40 MiB > half a region: a region of its own size.
+    let a = rt.alloc_on_node(node, 40 * MIB).unwrap();
+    let b = rt.alloc_on_node(node, 16 * MIB).unwrap();
+    assert_eq!(rt.stats()[0].bytes_reserved, 56 * MIB as u64);
+    let e = arena_err(rt.alloc_on_node(node, 30 * MIB).unwrap_err());
+    match e {
+        ArenaError::BudgetExceeded {
+            node: n,
+            requested,
+            in_use,
+            limit,
+        } => {
+            assert_eq!(
+                (n, requested, in_use, limit),
+                (node, 30 * MIB as u64, 56 * MIB as u64, 64 * MIB as u64)
+            );
+        }
+        other => panic!("{other}"),
+    }
+    // Nothing frees: the wait ends at the timeout with the same error.
+    let t = Instant::now();
+    let e = arena_err(
+        rt.alloc_on_node_timeout(node, 30 * MIB, Duration::from_millis(100))
+            .unwrap_err(),
+    );
+    assert!(matches!(e, ArenaError::BudgetExceeded { .. }));
+    assert!(t.elapsed() >= Duration::from_millis(100));
+    // Another thread frees `a` a little later: the waiting allocation then
+    // succeeds (the empty region is given back to make room).
+    let freer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(50));
+        drop(a);
+    });
+    let c = rt
+        .alloc_on_node_timeout(node, 30 * MIB, Duration::from_secs(10))
+        .unwrap();
+    freer.join().unwrap();
+    assert_eq!(c.len(), 30 * MIB);
+    let s = &rt.stats()[0];
+    assert!(s.bytes_reserved <= 64 * MIB as u64);
+    assert_eq!(s.failures, 2);
+    drop((b, c));
+}
+
+#[test]
+fn a_request_larger_than_a_region_gets_a_dedicated_one() {
+    let _g = serial();
+    let rt = runtime(small());
+    let node = first_node(&rt);
+    let before = locked_bytes();
+    let big = rt.alloc_on_node(node, 20 * MIB + 1).unwrap();
+    assert_eq!(rt.stats()[0].bytes_reserved, 22 * MIB as u64);
+    assert_eq!(locked_bytes() - before, 22 * MIB as u64);
+    drop(big);
+    // Given back to the system as soon as it is free.
+    assert_eq!(rt.stats()[0].regions, 0);
+    assert_eq!(locked_bytes(), before);
+    // A standard region stays for reuse until trim.
+    drop(rt.alloc_on_node(node, MIB).unwrap());
+    assert_eq!(rt.stats()[0].regions, 1);
+    assert_eq!(rt.trim(), 0);
+    assert_eq!(locked_bytes(), before);
+}
+
+#[test]
+fn typed_views_share_the_bytes() {
+    let _g = serial();
+    let rt = runtime(small());
+    let mut buf = rt.alloc_on_node(first_node(&rt), 4096 + 6).unwrap();
+    assert_eq!(buf.capacity(), 8192);
+    buf.as_mut_slice_of::<u32>()
+        .iter_mut()
+        .enumerate()
+        .for_each(|(i, x)| *x = i as u32);
+    assert_eq!(buf.as_slice_of::<u32>().len(), 1025);
+    assert_eq!(buf.as_slice_of::<f64>().len(), 512);
+    assert_eq!(&buf[4..8], &1u32.to_ne_bytes());
+}
+
+/// Many threads allocating and freeing random sizes, each buffer filled
+/// with its own pattern and checked before it is freed: any overlap
+/// between live buffers shows as a wrong byte.
+#[test]
+fn concurrent_stress_keeps_buffers_apart() {
+    let _g = serial();
+    let rt = Arc::new(runtime(RuntimeConfig {
+        region_bytes: 32 * MIB,
+        ..RuntimeConfig::default()
+    }));
+    let node = first_node(&rt);
+    let threads = 8;
+    let handles: Vec<_> = (0..threads)
+        .map(|t| {
+            let rt = rt.clone();
+            std::thread::spawn(move || {
+                let mut rng = numapin::arena::measure::Rng::new(t + 100);
+                let mut live: Vec<(numapin::PinnedBuf, u8)> = Vec::new();
+                for i in 0..3000u32 {
+                    if live.len() > 12 || (!live.is_empty() && rng.next_u64() % 3 == 0) {
+                        let (buf, tag) = live.swap_remove(rng.next_u64() as usize % live.len());
+                        assert!(
+                            buf.iter().all(|&b| b == tag),
+                            "thread {t}: buffer overwritten"
+                        );
+                        drop(buf);
+                    }
+                    let size = match rng.next_u64() % 10 {
+                        0 => 1 + (rng.next_u64() % (3 * MIB as u64)) as usize,
+                        _ => 1 + (rng.next_u64() % (64 << 10)) as usize,
+                    };
+                    let mut buf = rt.alloc_on_node(node, size).unwrap();
+                    let tag = (t as u32 * 31 + i) as u8;
+                    buf.fill(tag);
+                    live.push((buf, tag));
+                }
+                for (buf, tag) in live {
+                    assert!(buf.iter().all(|&b| b == tag));
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+    let s = &rt.stats()[0];
+    assert_eq!(s.bytes_in_use, 0);
+    assert_eq!(s.allocations, s.frees);
+    assert_eq!(s.allocations, threads * 3000);
+    assert!(s.bytes_peak > 0 && s.bytes_peak <= s.bytes_reserved);
+}
+
+#[test]
+fn runtime_is_send_sync_and_buffers_send() {
+    fn send_sync<T: Send + Sync>() {}
+    fn send<T: Send>() {}
+    send_sync::<Runtime>();
+    send_sync::<Arc<Runtime>>();
+    send::<numapin::PinnedBuf>();
+}
+
+/// As user `nobody` with an 8 MiB memlock limit: a 64 MiB request fails
+/// with the memlock error and its fixes, and VmLck stays unchanged.
+#[test]
+fn unprivileged_memlock_limit_gives_a_clear_error() {
+    let _g = serial();
+    if !is_root() {
+        eprintln!("skipped: needs root to run a child as user nobody");
+        return;
+    }
+    let Some(out) = run_child("child_unprivileged", || {
+        let limit = 8 << 20;
+        nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_MEMLOCK, limit, limit)?;
+        nix::unistd::setgroups(&[])?;
+        nix::unistd::setgid(nix::unistd::Gid::from_raw(65534))?;
+        nix::unistd::setuid(nix::unistd::Uid::from_raw(65534))?;
+        Ok(())
+    }) else {
+        return;
+    };
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "child failed");
+    assert!(text.contains("1 passed"), "the child test did not run");
+}
+
+#[test]
+#[ignore = "runs in a child process as user nobody: started by unprivileged_memlock_limit_gives_a_clear_error"]
+fn child_unprivileged() {
+    if !in_child("child_unprivileged") {
+        return;
+    }
+    assert!(!numapin::sys::has_cap_ipc_lock());
+    assert_eq!(numapin::sys::memlock_limit().unwrap().0, 8 << 20);
+    let rt = runtime(small());
+    let node = first_node(&rt);
+    let before = locked_bytes();
+    // Checked before anything is mapped.
+    let e = arena_err(rt.alloc_on_node(node, 64 * MIB).unwrap_err());
+    let msg = e.to_string();
+    println!("{msg}");
+    assert!(
+        matches!(e, ArenaError::Memlock { node: n, limit, error: None, .. } if n == node && limit == 8 << 20),
+        "{e}"
+    );
+    for fix in [
+        "ulimit -l",
+        "LimitMEMLOCK=",
+        "--ulimit memlock=-1",
+        "RLIMIT_MEMLOCK is 8 MiB",
+        "64 MiB",
+    ] {
+        assert!(msg.contains(fix), "message lacks {fix:?}: {msg}");
+    }
+    assert_eq!(e.exit_code(), 1);
+    assert_eq!(locked_bytes(), before);
+    assert_eq!(rt.stats()[0].failures, 1);
+    assert_eq!(rt.stats()[0].bytes_reserved, 0);
+
+    // Within the limit it works: one 4 MiB region.
+    let rt4 = runtime(RuntimeConfig {
+        region_bytes: 4 * MIB,
+        ..RuntimeConfig::default()
+    });
+    let buf = rt4.alloc_on_node(node, MIB).unwrap();
+    assert_eq!(locked_bytes() - before, 4 * MIB as u64);
+    drop(buf);
+    drop(rt4);
+    assert_eq!(locked_bytes(), before);
+
+    // mlock itself failing (the check skipped) is the same error, with the
+    // system's reason, and the region is gone.
+    let rt = runtime(RuntimeConfig {
+        skip_memlock_check: true,
+        ..small()
+    });
+    let e = arena_err(rt.alloc_on_node(node, 64 * MIB).unwrap_err());
+    println!("{e}");
+    assert!(
+        matches!(e, ArenaError::Memlock { error: Some(_), .. }),
+        "{e}"
+    );
+    assert_eq!(locked_bytes(), before);
+    assert!(
+        !is_mapped(last_mapped_addr()),
+        "the failed region is still mapped"
+    );
+}
+
+// ---- GPU tests: run with --ignored on a machine with a CUDA GPU. ----
+
+fn gpu_runtime() -> Option<(Runtime, u32)> {
+    if !numapin::cuda::available() {
+        eprintln!("skipped: no CUDA driver");
+        return None;
+    }
+    let t = Topology::probe(&ProbeOptions::from_process()).unwrap();
+    let ordinal = t.gpus.iter().find_map(|g| g.cuda_ordinal)?;
+    numapin::cuda::set_device(ordinal).unwrap();
+    Some((Runtime::new(t, RuntimeConfig::default()).unwrap(), ordinal))
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --ignored on a GPU machine"]
+fn gpu_registration_agrees_with_the_driver() {
+    let _g = serial();
+    let Some((rt, gpu)) = gpu_runtime() else {
+        return;
+    };
+    let buf = rt.alloc_for_gpu(gpu, 8 * MIB).unwrap();
+    assert!(buf.is_registered());
+    let flags = numapin::cuda::host_get_flags(buf.as_ptr().cast()).unwrap();
+    assert_ne!(
+        flags & numapin::cuda::HOST_REGISTER_PORTABLE,
+        0,
+        "flags {flags:#x}"
+    );
+    assert_eq!(
+        numapin::cuda::host_device_pointer(buf.as_ptr().cast()).unwrap(),
+        buf.device_ptr().unwrap()
+    );
+    let s = rt
+        .stats()
+        .into_iter()
+        .find(|s| s.node == buf.node())
+        .unwrap();
+    assert_eq!(s.registration, "registered");
+    assert_eq!(s.bytes_registered, s.bytes_reserved);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --ignored on a GPU machine"]
+fn gpu_async_round_trip() {
+    let _g = serial();
+    let Some((rt, gpu)) = gpu_runtime() else {
+        return;
+    };
+    let n = 16 * MIB;
+    let stream = numapin::cuda::Stream::new().unwrap();
+    let dev = numapin::cuda::DeviceBuffer::new(n).unwrap();
+    let mut src = rt.alloc_for_gpu(gpu, n).unwrap();
+    src.as_mut_slice_of::<u32>()
+        .iter_mut()
+        .enumerate()
+        .for_each(|(i, x)| *x = (i as u32).wrapping_mul(2654435761));
+    let mut dst = rt.alloc_for_gpu(gpu, n).unwrap();
+    dst.fill(0);
+    // SAFETY: dev holds n bytes in the current context; neither buffer is
+    // touched before the stream is synchronised.
+    unsafe {
+        src.copy_to_device_async(dev.ptr(), stream.raw()).unwrap();
+        dst.copy_from_device_async(dev.ptr(), stream.raw()).unwrap();
+    }
+    let src_addr = src.as_ptr() as usize;
+    // Dropped with its copy possibly in flight: deferred, not reused.
+    drop(src);
+    let other = rt.alloc_for_gpu(gpu, n).unwrap();
+    if rt.stats().iter().any(|s| s.deferred > 0) {
+        assert_ne!(
+            other.as_ptr() as usize,
+            src_addr,
+            "memory reused while a copy may read it"
+        );
+    }
+    stream.synchronize().unwrap();
+    assert!(dst.copies_done());
+    assert!(dst
+        .as_slice_of::<u32>()
+        .iter()
+        .enumerate()
+        .all(|(i, &x)| x == (i as u32).wrapping_mul(2654435761)));
+    drop(other);
+    assert_eq!(rt.reclaim(), 0);
+    drop(dst);
+    assert!(rt
+        .stats()
+        .iter()
+        .all(|s| s.bytes_in_use == 0 && s.deferred == 0));
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --ignored on a GPU machine"]
+fn gpu_h2d_bandwidth_matches_cuda_pinned_memory() {
+    let _g = serial();
+    let Some((rt, gpu)) = gpu_runtime() else {
+        return;
+    };
+    let n = 256 * MIB;
+    let stream = numapin::cuda::Stream::new().unwrap();
+    let dev = numapin::cuda::DeviceBuffer::new(n).unwrap();
+    let arena = rt.alloc_for_gpu(gpu, n).unwrap();
+    let host = numapin::cuda::HostAlloc::new(n).unwrap();
+    let time = |src: *const std::ffi::c_void| -> f64 {
+        let (a, b) = (
+            numapin::cuda::Event::new(true).unwrap(),
+            numapin::cuda::Event::new(true).unwrap(),
+        );
+        let mut best = f64::MAX;
+        for _ in 0..10 {
+            // SAFETY: both buffers hold n bytes and outlive the copies,
+            // which are waited for before the next iteration.
+            unsafe {
+                a.record(stream.raw()).unwrap();
+                numapin::cuda::memcpy_htod_async(dev.ptr(), src, n, stream.raw()).unwrap();
+                b.record(stream.raw()).unwrap();
+            }
+            b.synchronize().unwrap();
+            best = best.min(f64::from(b.elapsed_ms_since(&a).unwrap()));
+        }
+        n as f64 / (best / 1e3) / 1e9
+    };
+    // Interleave to share any drift in clocks or link state.
+    let (mut arena_gbs, mut host_gbs) = (0.0f64, 0.0f64);
+    for _ in 0..3 {
+        arena_gbs = arena_gbs.max(time(arena.as_ptr().cast()));
+        host_gbs = host_gbs.max(time(host.ptr()));
+    }
+    eprintln!(
+        "H2D 256 MiB: arena {arena_gbs:.2} GB/s, cuMemAllocHost {host_gbs:.2} GB/s (node {})",
+        arena.node()
+    );
+    assert!(
+        arena_gbs >= 0.97 * host_gbs,
+        "arena {arena_gbs:.2} GB/s vs cuMemAllocHost {host_gbs:.2} GB/s"
+    );
+}
