@@ -113,6 +113,26 @@ pub fn driver_version() -> CudaResult<u32> {
         .map_err(CudaError::NoDriver)
 }
 
+/// The installed driver's version without initialising it (works when
+/// `cuInit` fails for want of a visible device).
+fn installed_driver_version() -> Option<u32> {
+    if std::env::var_os("NUMAPIN_NO_CUDA").is_some_and(|v| v != "0" && !v.is_empty()) {
+        return None;
+    }
+    // SAFETY: is_culib_present only tries dlopen on candidate names.
+    if !unsafe { sys::is_culib_present() } {
+        return None;
+    }
+    crate::panic_guard::catch(|| {
+        let mut v = 0;
+        // SAFETY: v is a valid out-pointer; cuDriverGetVersion needs no cuInit.
+        let r = unsafe { sys::cuDriverGetVersion(&mut v) };
+        (r == sys::CUresult::CUDA_SUCCESS).then_some(v as u32)
+    })
+    .ok()
+    .flatten()
+}
+
 /// Whether the driver is present and initialised.
 pub fn available() -> bool {
     driver_version().is_ok()
@@ -149,6 +169,17 @@ pub enum Enumeration {
 pub fn enumerate() -> Enumeration {
     let version = match driver_version() {
         Ok(v) => v,
+        // cuInit says "no device" when CUDA_VISIBLE_DEVICES hides them all:
+        // the driver is there and sees nothing.
+        Err(e) if e.to_string().contains("CUDA_ERROR_NO_DEVICE") => {
+            return match installed_driver_version() {
+                Some(v) => Enumeration::Devices {
+                    driver_version: v,
+                    devices: Vec::new(),
+                },
+                None => Enumeration::Unavailable(e.to_string()),
+            }
+        }
         Err(e) => return Enumeration::Unavailable(e.to_string()),
     };
     match list_devices() {

@@ -468,6 +468,15 @@ impl Topology {
                 }
             }
         }
+        let mut seen = std::collections::BTreeSet::new();
+        for node in &self.numa_nodes {
+            if !seen.insert(node.os_index) {
+                return Err(bad(format!(
+                    "two NUMA nodes are numbered {}",
+                    node.os_index
+                )));
+            }
+        }
         let n = self.numa_nodes.len();
         for node in &self.numa_nodes {
             if !node.distances.is_empty() && node.distances.len() != n {
