@@ -108,6 +108,10 @@ pub fn render(t: &Topology) -> String {
         }
         out.push_str(&g.render());
         out.push('\n');
+        if t.gpus.len() > 1 {
+            out.push_str(&matrix(t));
+            out.push('\n');
+        }
     }
     let mut n = Table::new(["NODE", "PKG", "CPUS", "MEMORY", "KIND", "DISTANCES"]);
     for node in &t.numa_nodes {
@@ -207,4 +211,35 @@ pub fn render(t: &Topology) -> String {
         }
     }
     out
+}
+
+/// How two GPUs relate through the host: the path a peer copy staged in
+/// host memory, or a thread serving both, would take.
+fn relation(t: &Topology, a: &crate::topology::Gpu, b: &crate::topology::Gpu) -> &'static str {
+    if a.index == b.index {
+        return "X";
+    }
+    match (a.numa_node, b.numa_node, a.package, b.package) {
+        (Some(x), Some(y), _, _) if x == y => "NODE",
+        (_, _, Some(p), Some(q)) if p != q => "SYS",
+        (Some(_), Some(_), Some(p), Some(q)) if p == q => "SOCK",
+        (Some(_), Some(_), _, _) if t.packages.is_empty() => "NUMA",
+        _ => "?",
+    }
+}
+
+/// A GPU-by-GPU matrix of host-side locality, as `nvidia-smi topo -m`
+/// shows its link matrix.
+fn matrix(t: &Topology) -> String {
+    let mut header = vec![String::new()];
+    header.extend(t.gpus.iter().map(|g| format!("GPU{}", g.index)));
+    let mut m = Table::new(header);
+    for a in &t.gpus {
+        let mut row = vec![format!("GPU{}", a.index)];
+        row.extend(t.gpus.iter().map(|b| relation(t, a, b).to_string()));
+        m.row(row);
+    }
+    let mut s = m.render();
+    s.push_str("NODE = same NUMA node, SOCK = same socket but another node, SYS = other socket, NUMA = other node (socket unknown), ? = locality unknown\n");
+    s
 }
