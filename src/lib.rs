@@ -11,6 +11,7 @@ pub mod arena;
 pub mod cli;
 pub mod cpulist;
 pub mod cuda;
+pub mod doctor;
 pub mod error;
 pub mod isolate;
 pub mod panic_guard;

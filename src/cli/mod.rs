@@ -2,6 +2,7 @@
 //! built on them.
 
 mod affinity;
+mod doctor;
 mod exec;
 mod table;
 mod topo;
@@ -73,6 +74,9 @@ pub enum Command {
     /// Bind this rank near its GPU, then run the command in its place
     /// (`torchrun --no-python ... numapin exec -- python train.py`).
     Exec(exec::ExecArgs),
+    /// Check this machine for what keeps GPU data movement slow or broken
+    /// (memlock, driver, PCIe links, locality, kernel settings, pinning).
+    Doctor(doctor::DoctorArgs),
 }
 
 /// Runs the command line; returns the process exit code.
@@ -82,6 +86,7 @@ pub fn main() -> i32 {
         Command::Topo(a) => topo::run(&a),
         Command::Affinity(a) => affinity::run(&a),
         Command::Exec(a) => exec::run(&a),
+        Command::Doctor(a) => doctor::run(&a),
     };
     match r {
         Ok(code) => code,
