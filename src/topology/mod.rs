@@ -526,7 +526,9 @@ pub(crate) struct RawGpu {
 pub(crate) fn is_accelerator(vendor: u16, device: u16, class: u16, extra: &[PciId]) -> bool {
     let bridge = class >> 8 == 0x06;
     (vendor == 0x10de && (class == 0x0300 || class == 0x0302))
-        || extra.iter().any(|id| id.matches(vendor, device) && (id.device.is_some() || !bridge))
+        || extra
+            .iter()
+            .any(|id| id.matches(vendor, device) && (id.device.is_some() || !bridge))
 }
 
 /// Normalises a PCI bus id to `dddd:bb:dd.f`, lower case (CUDA and
@@ -669,11 +671,26 @@ mod tests {
 
     #[test]
     fn a_vendor_only_id_skips_the_vendors_bridges() {
-        let vendor = [PciId { vendor: 0x1b36, device: None }];
+        let vendor = [PciId {
+            vendor: 0x1b36,
+            device: None,
+        }];
         assert!(is_accelerator(0x1b36, 0x0005, 0x00ff, &vendor));
-        assert!(!is_accelerator(0x1b36, 0x000b, 0x0600, &vendor), "a PCIe expander host bridge");
-        assert!(!is_accelerator(0x1b36, 0x000c, 0x0604, &vendor), "a PCIe root port");
-        let exact = [PciId { vendor: 0x1b36, device: Some(0x000c) }];
-        assert!(is_accelerator(0x1b36, 0x000c, 0x0604, &exact), "an exact id is taken at its word");
+        assert!(
+            !is_accelerator(0x1b36, 0x000b, 0x0600, &vendor),
+            "a PCIe expander host bridge"
+        );
+        assert!(
+            !is_accelerator(0x1b36, 0x000c, 0x0604, &vendor),
+            "a PCIe root port"
+        );
+        let exact = [PciId {
+            vendor: 0x1b36,
+            device: Some(0x000c),
+        }];
+        assert!(
+            is_accelerator(0x1b36, 0x000c, 0x0604, &exact),
+            "an exact id is taken at its word"
+        );
     }
 }
