@@ -11,20 +11,7 @@ use numapin::topology::PcieLink;
 use serde_json::Value;
 
 /// Every check name a report on this machine contains.
-const NAMES: [&str; 12] = [
-    "memlock",
-    "cuda_driver",
-    "gpu_visible",
-    "pcie_link",
-    "gpu_locality",
-    "gpu_cpus_allowed",
-    "gpu_memory_allowed",
-    "memory_policy",
-    "transparent_hugepages",
-    "numa_balancing",
-    "iommu",
-    "pin_probe",
-];
+const NAMES: &[&str] = numapin::doctor::CHECK_NAMES;
 
 fn numapin(args: &[&str]) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_numapin"));

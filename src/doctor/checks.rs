@@ -76,6 +76,31 @@ fn hidden(name: &'static str, g: &Gpu) -> Check {
     .for_gpu(g.index)
 }
 
+/// One check per GPU (`f` given the GPU and its label, the GPU set on the
+/// result), or one `ok` saying there is no GPU (`none` says what is then not
+/// checked). With `visible_only`, GPUs hidden by `CUDA_VISIBLE_DEVICES` get
+/// an `ok` saying they were not checked.
+fn per_gpu(
+    t: &Topology,
+    name: &'static str,
+    none: &str,
+    visible_only: bool,
+    f: impl Fn(&Gpu, String) -> Check,
+) -> Vec<Check> {
+    if t.gpus.is_empty() {
+        return vec![no_gpus(name, none)];
+    }
+    t.gpus
+        .iter()
+        .map(|g| {
+            if visible_only && g.cuda_ordinal.is_none() {
+                return hidden(name, g);
+            }
+            f(g, label(g)).for_gpu(g.index)
+        })
+        .collect()
+}
+
 /// What numapin needs locked, and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MemlockNeed {
@@ -345,61 +370,58 @@ fn link_part(g: Option<u8>, w: Option<u8>) -> String {
 /// * at its maximum, or link state not reported: `ok`.
 pub fn pcie_links(t: &Topology) -> Vec<Check> {
     const NAME: &str = "pcie_link";
-    if t.gpus.is_empty() {
-        return vec![no_gpus(NAME, "no PCIe link to check")];
-    }
-    t.gpus
-        .iter()
-        .map(|g| {
-            let l = label(g);
-            let c = match &g.pcie {
-                Some(p) if p.current_gen.is_some() || p.current_width.is_some() => {
-                    let now = link_part(p.current_gen, p.current_width);
-                    let max = link_part(p.max_gen, p.max_width);
-                    let narrow = matches!((p.current_width, p.max_width), (Some(c), Some(m)) if c < m);
-                    let slow = matches!((p.current_gen, p.max_gen), (Some(c), Some(m)) if c < m);
-                    let ev = format!("{l}: link running at {now}, maximum {max}");
-                    if narrow {
-                        let (c, m) = (p.current_width.unwrap_or(0), p.max_width.unwrap_or(1));
-                        Check::fail(
-                            NAME,
-                            format!(
-                                "{ev}: {c} of {m} lanes, so at most {c}/{m} of the bandwidth{}",
-                                if slow { ", and a lower generation" } else { "" }
-                            ),
-                            format!(
-                                "the width is set when the link trains and does not drop when idle: reseat the GPU, check its riser or cable, check the slot is wired x{m} and the firmware's PCIe bifurcation setting, then reboot; `lspci -vv -s {}` shows LnkCap (maximum) and LnkSta (now)",
-                                g.pci_bus_id
-                            ),
-                        )
-                    } else if slow {
-                        Check::warn(
-                            NAME,
-                            format!(
-                                "{ev}: a lower generation than the maximum; GPUs lower the link speed when idle to save power, so this is expected while the GPU does nothing"
-                            ),
-                            format!(
-                                "look while a copy runs (`numapin bench`, or any job): `nvidia-smi --query-gpu=pcie.link.gen.current,pcie.link.gen.max --format=csv -i {}` or `lspci -vv -s {}` (LnkSta); if it stays low under load, the slot, riser, root port or the firmware's PCIe speed setting limits it",
-                                g.pci_bus_id, g.pci_bus_id
-                            ),
-                        )
-                    } else if p.max_gen.is_none() && p.max_width.is_none() {
-                        Check::ok(NAME, format!("{l}: link running at {now} (maximum not reported)"))
-                    } else {
-                        Check::ok(NAME, format!("{ev}: at its maximum"))
-                    }
-                }
-                _ => Check::ok(
-                    NAME,
-                    format!(
-                        "{l}: link generation and width not reported by {} (nothing to compare)",
-                        if live(t) { "sysfs".to_string() } else { t.source.clone() }
-                    ),
+    per_gpu(t, NAME, "no PCIe link to check", false, |g, l| {
+        let Some(p) = g
+            .pcie
+            .as_ref()
+            .filter(|p| p.current_gen.is_some() || p.current_width.is_some())
+        else {
+            return Check::ok(
+                NAME,
+                format!(
+                    "{l}: link generation and width not reported by {} (nothing to compare)",
+                    if live(t) { "sysfs" } else { t.source.as_str() }
                 ),
-            };
-            c.for_gpu(g.index)
-        })
-        .collect()
+            );
+        };
+        let now = link_part(p.current_gen, p.current_width);
+        let max = link_part(p.max_gen, p.max_width);
+        let narrow = matches!((p.current_width, p.max_width), (Some(c), Some(m)) if c < m);
+        let slow = matches!((p.current_gen, p.max_gen), (Some(c), Some(m)) if c < m);
+        let ev = format!("{l}: link running at {now}, maximum {max}");
+        if narrow {
+            let (c, m) = (p.current_width.unwrap_or(0), p.max_width.unwrap_or(1));
+            Check::fail(
+                NAME,
+                format!(
+                    "{ev}: {c} of {m} lanes, so at most {c}/{m} of the bandwidth{}",
+                    if slow { ", and a lower generation" } else { "" }
+                ),
+                format!(
+                    "the width is set when the link trains and does not drop when idle: reseat the GPU, check its riser or cable, check the slot is wired x{m} and the firmware's PCIe bifurcation setting, then reboot; `lspci -vv -s {}` shows LnkCap (maximum) and LnkSta (now)",
+                    g.pci_bus_id
+                ),
+            )
+        } else if slow {
+            Check::warn(
+                NAME,
+                format!(
+                    "{ev}: a lower generation than the maximum; GPUs lower the link speed when idle to save power, so this is expected while the GPU does nothing"
+                ),
+                format!(
+                    "look while a copy runs (`numapin bench`, or any job): `nvidia-smi --query-gpu=pcie.link.gen.current,pcie.link.gen.max --format=csv -i {}` or `lspci -vv -s {}` (LnkSta); if it stays low under load, the slot, riser, root port or the firmware's PCIe speed setting limits it",
+                    g.pci_bus_id, g.pci_bus_id
+                ),
+            )
+        } else if p.max_gen.is_none() && p.max_width.is_none() {
+            Check::ok(
+                NAME,
+                format!("{l}: link running at {now} (maximum not reported)"),
+            )
+        } else {
+            Check::ok(NAME, format!("{ev}: at its maximum"))
+        }
+    })
 }
 
 /// Each GPU's NUMA node (`gpu_locality`): `warn` when it is unknown on a
@@ -407,39 +429,31 @@ pub fn pcie_links(t: &Topology) -> Vec<Check> {
 /// a VM), `ok` otherwise.
 pub fn locality(t: &Topology) -> Vec<Check> {
     const NAME: &str = "gpu_locality";
-    if t.gpus.is_empty() {
-        return vec![no_gpus(NAME, "no GPU locality to check")];
+    per_gpu(t, NAME, "no GPU locality to check", false, |g, l| {
+        match g.numa_node {
+        Some(n) => Check::ok(
+            NAME,
+            format!(
+                "{l}: on NUMA node {n}{}, local CPUs {}",
+                g.package.map(|p| format!(" (package {p})")).unwrap_or_default(),
+                if g.local_cpus.is_empty() { "unknown".to_string() } else { g.local_cpus.to_string() }
+            ),
+        ),
+        None if !multi_node(t) => Check::ok(
+            NAME,
+            format!("{l}: the machine has one NUMA node, so every GPU is local to it"),
+        ),
+        None => Check::warn(
+            NAME,
+            format!(
+                "{l}: NUMA node unknown on a machine with {} nodes: the firmware gives none (sysfs numa_node = -1{}); numapin will not guess one, so its buffers and threads cannot be placed near it",
+                t.numa_nodes.len(),
+                if g.local_cpus.is_empty() { String::new() } else { format!(", local CPUs {}", g.local_cpus) }
+            ),
+            "on bare metal, enable the NUMA/proximity (ACPI SRAT, _PXM) settings in the firmware and update it; on a VM, choose an instance type or hypervisor setting that gives PCI devices their NUMA node (QEMU: pxb-pcie numa_node=N); until then bind by hand (`numapin exec --node N`)",
+        ),
     }
-    t.gpus
-        .iter()
-        .map(|g| {
-            let l = label(g);
-            let c = match g.numa_node {
-                Some(n) => Check::ok(
-                    NAME,
-                    format!(
-                        "{l}: on NUMA node {n}{}, local CPUs {}",
-                        g.package.map(|p| format!(" (package {p})")).unwrap_or_default(),
-                        if g.local_cpus.is_empty() { "unknown".to_string() } else { g.local_cpus.to_string() }
-                    ),
-                ),
-                None if !multi_node(t) => Check::ok(
-                    NAME,
-                    format!("{l}: the machine has one NUMA node, so every GPU is local to it"),
-                ),
-                None => Check::warn(
-                    NAME,
-                    format!(
-                        "{l}: NUMA node unknown on a machine with {} nodes: the firmware gives none (sysfs numa_node = -1{}); numapin will not guess one, so its buffers and threads cannot be placed near it",
-                        t.numa_nodes.len(),
-                        if g.local_cpus.is_empty() { String::new() } else { format!(", local CPUs {}", g.local_cpus) }
-                    ),
-                    "on bare metal, enable the NUMA/proximity (ACPI SRAT, _PXM) settings in the firmware and update it; on a VM, choose an instance type or hypervisor setting that gives PCI devices their NUMA node (QEMU: pxb-pcie numa_node=N); until then bind by hand (`numapin exec --node N`)",
-                ),
-            };
-            c.for_gpu(g.index)
-        })
-        .collect()
+    })
 }
 
 /// Each visible GPU's local CPUs against the allowed CPU set
@@ -448,51 +462,45 @@ pub fn locality(t: &Topology) -> Vec<Check> {
 /// when all are (or when there is nothing to compare).
 pub fn gpu_cpus_allowed(t: &Topology) -> Vec<Check> {
     const NAME: &str = "gpu_cpus_allowed";
-    if t.gpus.is_empty() {
-        return vec![no_gpus(NAME, "no GPU-local CPUs to check")];
-    }
     let fix = "let the job use its GPUs' local CPUs (`numapin topo` lists them): Slurm `--cpu-bind` / `--gres-flags=enforce-binding`, docker `--cpuset-cpus`, the Kubernetes CPU and topology managers (`single-numa-node`), or drop the `taskset` / `numactl --physcpubind` around the command";
     let allowed = &t.allowed.cpus;
-    t.gpus
-        .iter()
-        .map(|g| {
-            if g.cuda_ordinal.is_none() {
-                return hidden(NAME, g);
-            }
-            let l = label(g);
-            let c = if g.local_cpus.is_empty() || (g.numa_node.is_none() && multi_node(t)) {
-                Check::ok(NAME, format!("{l}: local CPUs unknown, not checked"))
+    per_gpu(t, NAME, "no GPU-local CPUs to check", true, |g, l| {
+        if g.local_cpus.is_empty() || (g.numa_node.is_none() && multi_node(t)) {
+            return Check::ok(NAME, format!("{l}: local CPUs unknown, not checked"));
+        }
+        let excluded = g.local_cpus.difference(allowed);
+        let ev = format!(
+            "{l}: local CPUs {}; {} may use CPUs {}",
+            g.local_cpus,
+            whose(t),
+            if allowed.is_empty() {
+                "none".to_string()
             } else {
-                let excluded = g.local_cpus.difference(allowed);
-                let ev = format!(
-                    "{l}: local CPUs {}; {} may use CPUs {}",
-                    g.local_cpus,
-                    whose(t),
-                    if allowed.is_empty() { "none".to_string() } else { allowed.to_string() }
-                );
-                if excluded == g.local_cpus {
-                    Check::fail(
-                        NAME,
-                        format!("{ev}: none of them, so every thread feeding this GPU crosses the socket link"),
-                        fix,
-                    )
-                } else if !excluded.is_empty() {
-                    Check::warn(
-                        NAME,
-                        format!(
-                            "{ev}: {} of its {} local CPUs are excluded ({excluded})",
-                            excluded.len(),
-                            g.local_cpus.len()
-                        ),
-                        fix,
-                    )
-                } else {
-                    Check::ok(NAME, format!("{ev}: all of them"))
-                }
-            };
-            c.for_gpu(g.index)
-        })
-        .collect()
+                allowed.to_string()
+            }
+        );
+        if excluded == g.local_cpus {
+            Check::fail(
+                NAME,
+                format!(
+                    "{ev}: none of them, so every thread feeding this GPU crosses the socket link"
+                ),
+                fix,
+            )
+        } else if !excluded.is_empty() {
+            Check::warn(
+                NAME,
+                format!(
+                    "{ev}: {} of its {} local CPUs are excluded ({excluded})",
+                    excluded.len(),
+                    g.local_cpus.len()
+                ),
+                fix,
+            )
+        } else {
+            Check::ok(NAME, format!("{ev}: all of them"))
+        }
+    })
 }
 
 /// Each visible GPU's node against the memory nodes the process may
@@ -501,40 +509,29 @@ pub fn gpu_cpus_allowed(t: &Topology) -> Vec<Check> {
 /// local), `ok` otherwise.
 pub fn gpu_memory_allowed(t: &Topology) -> Vec<Check> {
     const NAME: &str = "gpu_memory_allowed";
-    if t.gpus.is_empty() {
-        return vec![no_gpus(NAME, "no GPU node to check")];
-    }
     let allowed = &t.allowed.numa_nodes;
-    t.gpus
-        .iter()
-        .map(|g| {
-            if g.cuda_ordinal.is_none() {
-                return hidden(NAME, g);
-            }
-            let l = label(g);
-            let c = match g.numa_node {
-                None => Check::ok(NAME, format!("{l}: NUMA node unknown, not checked")),
-                Some(_) if allowed.is_empty() => Check::ok(
-                    NAME,
-                    format!("{l}: the allowed memory nodes are not recorded, not checked"),
-                ),
-                Some(n) if allowed.contains(&n) => Check::ok(
-                    NAME,
-                    format!("{l}: its node {n} is among the memory nodes {} may use ({})", whose(t), list(allowed)),
-                ),
-                Some(n) => Check::fail(
-                    NAME,
-                    format!(
-                        "{l}: its node {n} is not among the memory nodes {} may use ({}): memory for it cannot be on its node",
-                        whose(t),
-                        list(allowed)
-                    ),
-                    format!("let the job allocate on node {n}: the cgroup's cpuset.mems (Slurm `--mem-bind`, docker `--cpuset-mems`)"),
-                ),
-            };
-            c.for_gpu(g.index)
-        })
-        .collect()
+    per_gpu(t, NAME, "no GPU node to check", true, |g, l| {
+        match g.numa_node {
+        None => Check::ok(NAME, format!("{l}: NUMA node unknown, not checked")),
+        Some(_) if allowed.is_empty() => Check::ok(
+            NAME,
+            format!("{l}: the allowed memory nodes are not recorded, not checked"),
+        ),
+        Some(n) if allowed.contains(&n) => Check::ok(
+            NAME,
+            format!("{l}: its node {n} is among the memory nodes {} may use ({})", whose(t), list(allowed)),
+        ),
+        Some(n) => Check::fail(
+            NAME,
+            format!(
+                "{l}: its node {n} is not among the memory nodes {} may use ({}): memory for it cannot be on its node",
+                whose(t),
+                list(allowed)
+            ),
+            format!("let the job allocate on node {n}: the cgroup's cpuset.mems (Slurm `--mem-bind`, docker `--cpuset-mems`)"),
+        ),
+    }
+    })
 }
 
 /// The process's memory policy against its GPUs' nodes (`memory_policy`).
@@ -670,11 +667,11 @@ pub fn numa_balancing(t: &Topology, value: Option<&str>) -> Check {
         Ok(n) => Check::warn(
             NAME,
             format!(
-                "{FILE} = {n}: automatic NUMA balancing is on{}, on a machine with {} nodes: the kernel periodically unmaps this process's pages to see which node uses them and migrates them (hinting faults, copies); locked arena pages stay, pageable memory moves",
+                "{FILE} = {n}: automatic NUMA balancing is on{}, on a machine with {} nodes: the kernel periodically unmaps processes' pages to see which node uses them and migrates them (hinting faults, copies); locked arena pages stay, pageable memory moves",
                 if n & 2 != 0 { " (with memory tiering)" } else { "" },
                 t.numa_nodes.len()
             ),
-            format!("for jobs whose threads and memory are bound (numapin exec, arenas): `sysctl -w kernel.numa_balancing=0` as root, and a file in /etc/sysctl.d/ to keep it"),
+            "for jobs whose threads and memory are bound (numapin exec, arenas): `sysctl -w kernel.numa_balancing=0` as root, and a file in /etc/sysctl.d/ to keep it",
         ),
         Err(_) => Check::warn(
             NAME,

@@ -109,6 +109,25 @@ impl Check {
     }
 }
 
+/// The checks every report on this machine holds, in report order (GPU
+/// checks once per GPU, `pin_probe` once per node). A `cuda_visible_devices`
+/// warning comes after `gpu_visible` when the topology has notes about
+/// `CUDA_VISIBLE_DEVICES`.
+pub const CHECK_NAMES: &[&str] = &[
+    "memlock",
+    "cuda_driver",
+    "gpu_visible",
+    "pcie_link",
+    "gpu_locality",
+    "gpu_cpus_allowed",
+    "gpu_memory_allowed",
+    "memory_policy",
+    "transparent_hugepages",
+    "numa_balancing",
+    "iommu",
+    "pin_probe",
+];
+
 /// The checks that read this machine's live state rather than the topology
 /// (not run for a saved machine given with `--input`).
 pub const LIVE_CHECKS: &[&str] = &[
