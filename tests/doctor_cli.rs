@@ -377,3 +377,45 @@ fn usage_and_input_errors_exit_2() {
     assert!(err.contains("fix:"), "{err}");
     assert!(o.stdout.is_empty());
 }
+
+/// On a GPU machine: the driver loads, CUDA sees every NVIDIA GPU, and the
+/// pin probe registers each region with CUDA.
+#[test]
+#[ignore = "needs a CUDA GPU: run with --ignored on a GPU machine"]
+fn on_a_gpu_machine_the_driver_and_every_gpu_check_out() {
+    if !numapin::cuda::available() {
+        eprintln!("skipped: no CUDA driver on this machine");
+        return;
+    }
+    let o = run(numapin(&["doctor", "--json"]));
+    eprintln!("{}", String::from_utf8_lossy(&o.stdout));
+    let (_, checks) = report(&o);
+    let cuda = one(&checks, "cuda_driver");
+    assert_eq!(cuda["verdict"], "ok", "{cuda}");
+    assert!(cuda["evidence"].as_str().unwrap().contains("loaded"));
+    let gpus: Vec<_> = named(&checks, "gpu_visible")
+        .into_iter()
+        .filter(|c| !c["gpu"].is_null())
+        .collect();
+    assert!(
+        !gpus.is_empty(),
+        "no GPU found on a machine with a CUDA driver"
+    );
+    for g in gpus {
+        assert_eq!(g["verdict"], "ok", "{g}");
+        assert!(
+            g["evidence"].as_str().unwrap().contains("CUDA ordinal"),
+            "{g}"
+        );
+    }
+    for p in named(&checks, "pin_probe") {
+        let ev = p["evidence"].as_str().unwrap();
+        if !ev.contains("skipped") {
+            assert_eq!(p["verdict"], "ok", "{p}");
+            assert!(
+                ev.contains("registered with CUDA") && !ev.contains("not registered"),
+                "{ev}"
+            );
+        }
+    }
+}
