@@ -2,6 +2,7 @@
 //! built on them.
 
 mod affinity;
+mod bench;
 mod doctor;
 mod exec;
 mod table;
@@ -74,6 +75,8 @@ pub enum Command {
     /// Bind this rank near its GPU, then run the command in its place
     /// (`torchrun --no-python ... numapin exec -- python train.py`).
     Exec(exec::ExecArgs),
+    /// Measure how fast data reaches each GPU, and what the arena costs.
+    Bench(bench::BenchArgs),
     /// Check this machine for what keeps GPU data movement slow or broken
     /// (memlock, driver, PCIe links, locality, kernel settings, pinning).
     Doctor(doctor::DoctorArgs),
@@ -86,6 +89,7 @@ pub fn main() -> i32 {
         Command::Topo(a) => topo::run(&a),
         Command::Affinity(a) => affinity::run(&a),
         Command::Exec(a) => exec::run(&a),
+        Command::Bench(a) => bench::run(&a),
         Command::Doctor(a) => doctor::run(&a),
     };
     match r {
