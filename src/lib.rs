@@ -12,6 +12,7 @@ pub mod bench;
 pub mod cli;
 pub mod cpulist;
 pub mod cuda;
+pub mod doctor;
 pub mod error;
 pub mod isolate;
 pub mod panic_guard;

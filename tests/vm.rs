@@ -33,6 +33,10 @@ fn four_node_script() -> String {
         guest_step("guest-mbind", "guest::mbind_puts_every_page_on_the_chosen_node"),
         guest_step("guest-first-touch", "guest::first_touch_follows_the_thread"),
         guest_step("guest-affinity", "guest::setaffinity_moves_the_thread_to_node_2"),
+        // numapin doctor: as is, and bound to node 0 (away from both accelerators)
+        format!("step doctor-json numapin doctor --json --no-cuda --accelerator-pci-id {acc}"),
+        format!("step doctor-bound numapin exec --no-cuda --node 0 -- numapin doctor --json --no-cuda --accelerator-pci-id {acc}"),
+        format!("step doctor-text numapin doctor --no-cuda --no-pin-probe --accelerator-pci-id {acc}"),
     ]
     .join("\n")
         + "\n"
@@ -169,6 +173,121 @@ fn kernel_places_memory_and_threads_where_asked() {
         "guest-affinity",
         "guest::setaffinity_moves_the_thread_to_node_2",
     );
+}
+
+/// The checks of a `numapin doctor --json` step, after checking that its
+/// exit code is 1 exactly when a check fails.
+fn doctor_checks(boot: &Boot, step: &str) -> Vec<serde_json::Value> {
+    let s = boot.step(step);
+    let v: serde_json::Value = serde_json::from_str(&s.stdout).unwrap_or_else(|e| {
+        panic!(
+            "step {step}: not doctor JSON ({e}):\n{}\n{}",
+            s.stdout, s.stderr
+        )
+    });
+    let checks = v["checks"].as_array().expect("checks").clone();
+    let fails = checks.iter().any(|c| c["verdict"] == "fail");
+    assert_eq!(
+        s.rc,
+        i32::from(fails),
+        "step {step}: exit code\n{}",
+        s.stdout
+    );
+    checks
+}
+
+fn verdicts_of(checks: &[serde_json::Value], name: &str) -> Vec<(Option<u64>, String)> {
+    checks
+        .iter()
+        .filter(|c| c["name"] == name)
+        .map(|c| {
+            let who = c["gpu"].as_u64().or(c["node"].as_u64());
+            (who, c["verdict"].as_str().unwrap().to_string())
+        })
+        .collect()
+}
+
+fn ok_for(ids: &[u64]) -> Vec<(Option<u64>, String)> {
+    ids.iter().map(|&i| (Some(i), "ok".to_string())).collect()
+}
+
+#[test]
+fn doctor_pin_probe_passes_on_every_node() {
+    let Some(boot) = four_nodes() else { return };
+    let checks = doctor_checks(boot, "doctor-json");
+    assert_eq!(
+        verdicts_of(&checks, "pin_probe"),
+        ok_for(&[0, 1, 2, 3]),
+        "{checks:#?}"
+    );
+    for c in checks.iter().filter(|c| c["name"] == "pin_probe") {
+        let n = c["node"].as_u64().unwrap();
+        let ev = c["evidence"].as_str().unwrap();
+        assert!(ev.contains(&format!("all 512 pages on node {n}")), "{ev}");
+    }
+    // The accelerators are where the topology says, and this process may
+    // use their CPUs and nodes.
+    for name in ["gpu_locality", "gpu_cpus_allowed", "gpu_memory_allowed"] {
+        assert_eq!(
+            verdicts_of(&checks, name),
+            ok_for(&[0, 1]),
+            "{name}: {checks:#?}"
+        );
+    }
+    let loc: Vec<&str> = checks
+        .iter()
+        .filter(|c| c["name"] == "gpu_locality")
+        .map(|c| c["evidence"].as_str().unwrap())
+        .collect();
+    assert!(
+        loc[0].contains("on NUMA node 2") && loc[1].contains("on NUMA node 3"),
+        "{loc:?}"
+    );
+    for name in ["memlock", "memory_policy", "cuda_driver"] {
+        assert_eq!(
+            verdicts_of(&checks, name),
+            [(None, "ok".to_string())],
+            "{name}: {checks:#?}"
+        );
+    }
+    for name in ["transparent_hugepages", "numa_balancing", "iommu"] {
+        assert_eq!(verdicts_of(&checks, name).len(), 1, "{name}");
+    }
+}
+
+#[test]
+fn doctor_flags_a_process_bound_away_from_its_accelerators() {
+    let Some(boot) = four_nodes() else { return };
+    let checks = doctor_checks(boot, "doctor-bound");
+    let policy = checks
+        .iter()
+        .find(|c| c["name"] == "memory_policy")
+        .unwrap();
+    assert_eq!(policy["verdict"], "fail", "{policy}");
+    let ev = policy["evidence"].as_str().unwrap();
+    assert!(
+        ev.contains("memory policy bind over node 0; the GPUs this process sees are on nodes 2-3"),
+        "{ev}"
+    );
+    let fail = |i: u64| (Some(i), "fail".to_string());
+    assert_eq!(verdicts_of(&checks, "gpu_cpus_allowed"), [fail(0), fail(1)]);
+    // The arena binds each region itself (mbind), so the process's own
+    // policy does not stop pinning on every node.
+    assert_eq!(
+        verdicts_of(&checks, "pin_probe"),
+        ok_for(&[0, 1, 2, 3]),
+        "{checks:#?}"
+    );
+}
+
+#[test]
+fn doctor_text_report_lists_every_check() {
+    let Some(boot) = four_nodes() else { return };
+    let s = boot.step("doctor-text");
+    let out = &s.stdout;
+    assert!(out.starts_with("numapin doctor: this machine"), "{out}");
+    assert!(out.contains("ok    gpu_locality (GPU 1)"), "{out}");
+    assert!(out.contains("not run: pin_probe (--no-pin-probe)"), "{out}");
 }
 
 /// The step markers read back exactly what the guest printed.

@@ -3,6 +3,7 @@
 
 mod affinity;
 mod bench;
+mod doctor;
 mod exec;
 mod table;
 mod topo;
@@ -76,6 +77,9 @@ pub enum Command {
     Exec(exec::ExecArgs),
     /// Measure how fast data reaches each GPU, and what the arena costs.
     Bench(bench::BenchArgs),
+    /// Check this machine for what keeps GPU data movement slow or broken
+    /// (memlock, driver, PCIe links, locality, kernel settings, pinning).
+    Doctor(doctor::DoctorArgs),
 }
 
 /// Runs the command line; returns the process exit code.
@@ -86,6 +90,7 @@ pub fn main() -> i32 {
         Command::Affinity(a) => affinity::run(&a),
         Command::Exec(a) => exec::run(&a),
         Command::Bench(a) => bench::run(&a),
+        Command::Doctor(a) => doctor::run(&a),
     };
     match r {
         Ok(code) => code,
