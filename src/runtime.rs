@@ -304,4 +304,38 @@ impl Runtime {
     pub fn trim(&self) -> u64 {
         self.arenas.iter().map(|a| a.trim()).sum()
     }
+
+    /// Binds the calling thread to the CPUs near CUDA device `gpu` (its
+    /// node's allowed CPUs; with unknown locality, the allowed CPUs, with a
+    /// warning in the returned plan). Loader workers call this.
+    pub fn bind_current_thread(&self, gpu: u32) -> Result<crate::affinity::RankPlan> {
+        let plan = self.gpu_plan(gpu, crate::affinity::Mode::Node)?;
+        crate::affinity::bind_current_thread(&plan.cpus)?;
+        Ok(plan)
+    }
+
+    /// Binds the whole process (CPUs and memory policy, `MPOL_BIND`) near
+    /// CUDA device `gpu` as `mode` plans it, the way `numapin exec` does.
+    pub fn bind_current_process(
+        &self,
+        gpu: u32,
+        mode: crate::affinity::Mode,
+    ) -> Result<crate::affinity::RankPlan> {
+        let plan = self.gpu_plan(gpu, mode)?;
+        crate::affinity::bind_current_process(&plan, crate::affinity::MemPolicy::Bind)?;
+        Ok(plan)
+    }
+
+    /// The plan for CUDA device `gpu` alone, as `numapin affinity` computes it.
+    pub fn gpu_plan(
+        &self,
+        gpu: u32,
+        mode: crate::affinity::Mode,
+    ) -> Result<crate::affinity::RankPlan> {
+        let t = self.topology();
+        let index = crate::affinity::launcher::gpu_of_ordinal(t, gpu, "the runtime")?;
+        let mut p =
+            crate::affinity::plan(t, &[index], mode, &crate::affinity::PlanOptions::default())?;
+        Ok(p.ranks.remove(0))
+    }
 }
