@@ -33,6 +33,12 @@ fn four_node_script() -> String {
         guest_step("guest-mbind", "guest::mbind_puts_every_page_on_the_chosen_node"),
         guest_step("guest-first-touch", "guest::first_touch_follows_the_thread"),
         guest_step("guest-affinity", "guest::setaffinity_moves_the_thread_to_node_2"),
+        // numapin's arenas: a region on every node, pages checked by the kernel
+        guest_step("guest-arena", "guest::arena_regions_land_on_every_node"),
+        // numapin exec for the accelerator on node 3 (CUDA order = PCI order
+        // without a driver: ordinal 1), and for local rank 0 (node 2)
+        format!("step exec-gpu1 numapin exec --no-cuda --accelerator-pci-id {acc} --gpu 1 -- sh -c 'grep Cpus_allowed_list /proc/self/status; grep -c bind:3 /proc/self/numa_maps'"),
+        format!("step exec-rank0 env LOCAL_RANK=0 numapin exec --no-cuda --accelerator-pci-id {acc} -- sh -c 'grep Cpus_allowed_list /proc/self/status; grep -c bind:2 /proc/self/numa_maps'"),
         // numapin doctor: as is, and bound to node 0 (away from both accelerators)
         format!("step doctor-json numapin doctor --json --no-cuda --accelerator-pci-id {acc}"),
         format!("step doctor-bound numapin exec --no-cuda --node 0 -- numapin doctor --json --no-cuda --accelerator-pci-id {acc}"),
@@ -290,6 +296,33 @@ fn doctor_text_report_lists_every_check() {
     assert!(out.contains("not run: pin_probe (--no-pin-probe)"), "{out}");
 }
 
+#[test]
+fn arena_regions_land_on_every_node() {
+    let Some(boot) = four_nodes() else { return };
+    boot.guest_test_passed("guest-arena", "guest::arena_regions_land_on_every_node");
+}
+
+#[test]
+fn exec_binds_cpus_and_memory_to_the_accelerators_node() {
+    let Some(boot) = four_nodes() else { return };
+    let t = topology(boot, "topo-json");
+    for (step, ordinal, node) in [("exec-gpu1", 1, 3u32), ("exec-rank0", 0, 2)] {
+        let g = t.gpu_by_cuda_ordinal(ordinal).expect("ordinal");
+        assert_eq!(g.numa_node, Some(node), "CUDA device {ordinal} (PCI order) is the accelerator on node {node}");
+        let s = boot.ok(step);
+        let mut lines = s.stdout.lines();
+        let allowed = lines.next().unwrap_or_default();
+        assert_eq!(
+            allowed.split_whitespace().last().map(cpus),
+            Some(t.node(node).unwrap().cpus.clone()),
+            "step {step}: {}",
+            s.stdout
+        );
+        let bound: u32 = lines.next().unwrap_or("0").trim().parse().unwrap_or(0);
+        assert!(bound > 0, "step {step}: no mapping with policy bind:{node} in numa_maps:\n{}", s.stdout);
+    }
+}
+
 /// The step markers read back exactly what the guest printed.
 mod markers {
     use super::support::parse_steps;
@@ -412,6 +445,62 @@ mod guest {
                 "a {REGION}-byte region bound to node {node}"
             );
             println!("node {node}: all {pages} pages there");
+        }
+    }
+
+    #[test]
+    #[ignore = "runs inside the emulated machine; `cargo test --test vm` boots it"]
+    fn arena_regions_land_on_every_node() {
+        use numapin::runtime::{Runtime, RuntimeConfig};
+        use numapin::topology::{CudaMode, PciId, ProbeOptions, Topology};
+        if !in_guest() {
+            return;
+        }
+        let opts = ProbeOptions {
+            cuda: CudaMode::Off,
+            accelerator_ids: vec![PciId::parse("1b36:0005").unwrap()],
+            ..Default::default()
+        };
+        let t = Topology::probe(&opts).unwrap();
+        assert_eq!(t.numa_nodes.len(), 4);
+        let memory: Vec<(u32, u64)> = t.numa_nodes.iter().map(|n| (n.os_index, n.memory_bytes)).collect();
+        let cfg = RuntimeConfig { region_bytes: 32 << 20, ..Default::default() };
+        let rt = Runtime::new(t, cfg).unwrap();
+        const BUF: usize = 8 << 20;
+        for (node, mem) in memory {
+            let mut b = rt.alloc_on_node(node, BUF).unwrap();
+            assert_eq!(b.node(), node);
+            b.fill(7);
+            let page = 4096;
+            let pages: Vec<*mut libc::c_void> =
+                (0..BUF).step_by(page).map(|o| b.as_mut_ptr().wrapping_add(o).cast()).collect();
+            let status = raw::query(&pages).unwrap();
+            assert!(status.iter().all(|&s| s == node as i32), "node {node}: pages on {:?}", {
+                let mut c = std::collections::BTreeMap::new();
+                for s in &status {
+                    *c.entry(*s).or_insert(0) += 1;
+                }
+                c
+            });
+            let st = rt.stats().into_iter().find(|s| s.node == node).unwrap();
+            assert_eq!(st.regions, 1, "node {node}: {st:?}");
+            assert_eq!(st.bytes_reserved, 32 << 20, "node {node}: {st:?}");
+            assert_eq!(st.bytes_locked, 32 << 20, "node {node}: {st:?}");
+            assert_eq!(st.bytes_in_use, BUF as u64, "node {node}: {st:?}");
+            assert_eq!(st.pages_off_node, 0, "node {node}: {st:?}");
+            assert!(st.pages_on_node >= (BUF / page) as u64, "node {node}: {st:?}");
+            assert_eq!(st.budget, mem / 2, "node {node}: the default budget is half the node's memory: {st:?}");
+            // Over budget: the error names the node and the figures.
+            match rt.alloc_on_node(node, (mem / 2) as usize) {
+                Err(numapin::Error::Arena(numapin::arena::ArenaError::BudgetExceeded { node: n, limit, .. })) => {
+                    assert_eq!((n, limit), (node, mem / 2));
+                }
+                other => panic!("node {node}: expected BudgetExceeded, got {:?}", other.map(|b| b.len())),
+            }
+            drop(b);
+            let st = rt.stats().into_iter().find(|s| s.node == node).unwrap();
+            assert_eq!(st.bytes_in_use, 0, "node {node}: {st:?}");
+            println!("node {node}: {} pages of a {BUF}-byte buffer all on node {node}; stats {st:?}", pages.len());
         }
     }
 
@@ -592,7 +681,7 @@ mod guest {
             }
         }
 
-        fn query(pages: &[*mut libc::c_void]) -> io::Result<Vec<i32>> {
+        pub fn query(pages: &[*mut libc::c_void]) -> io::Result<Vec<i32>> {
             let mut status = vec![i32::MIN; pages.len()];
             // SAFETY: `pages` and `status` both hold `pages.len()` entries;
             // a null `nodes` only queries; pid 0 is this process. The
