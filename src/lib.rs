@@ -13,6 +13,7 @@ pub mod cpulist;
 pub mod cuda;
 pub mod error;
 pub mod isolate;
+pub mod loader;
 pub mod panic_guard;
 pub mod runtime;
 pub mod sys;
@@ -20,5 +21,6 @@ pub mod topology;
 
 pub use cpulist::CpuList;
 pub use error::{Error, Result};
+pub use loader::{Batch, Loader, LoaderConfig, LoaderError, Target};
 pub use runtime::{PinnedBuf, Runtime};
 pub use topology::Topology;

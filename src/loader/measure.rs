@@ -1,0 +1,1 @@
+//! Measurements of loaders and staged copies
