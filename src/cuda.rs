@@ -669,7 +669,9 @@ pub unsafe fn stream_wait_event(stream: CUstream, event: CUevent) -> CudaResult<
 pub unsafe fn memcpy_htod(dst: CUdeviceptr, src: *const c_void, len: usize) -> CudaResult<()> {
     driver_version()?;
     // SAFETY: per the caller's guarantee.
-    check("cuMemcpyHtoD", unsafe { sys::cuMemcpyHtoD_v2(dst, src, len) })
+    check("cuMemcpyHtoD", unsafe {
+        sys::cuMemcpyHtoD_v2(dst, src, len)
+    })
 }
 
 /// Copies `len` bytes from device to host synchronously (`cuMemcpyDtoH`).
@@ -681,7 +683,9 @@ pub unsafe fn memcpy_htod(dst: CUdeviceptr, src: *const c_void, len: usize) -> C
 pub unsafe fn memcpy_dtoh(dst: *mut c_void, src: CUdeviceptr, len: usize) -> CudaResult<()> {
     driver_version()?;
     // SAFETY: per the caller's guarantee.
-    check("cuMemcpyDtoH", unsafe { sys::cuMemcpyDtoH_v2(dst, src, len) })
+    check("cuMemcpyDtoH", unsafe {
+        sys::cuMemcpyDtoH_v2(dst, src, len)
+    })
 }
 
 impl DeviceBuffer {

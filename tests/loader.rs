@@ -70,7 +70,11 @@ fn runtime() -> Arc<Runtime> {
 /// Every slot is back: nothing in use, nothing deferred, on any node.
 fn assert_no_leak(rt: &Runtime) {
     for s in rt.stats() {
-        assert_eq!(s.bytes_in_use, 0, "node {} still has bytes in use: {s:?}", s.node);
+        assert_eq!(
+            s.bytes_in_use, 0,
+            "node {} still has bytes in use: {s:?}",
+            s.node
+        );
         assert_eq!(s.deferred, 0, "node {}: {s:?}", s.node);
         assert_eq!(s.allocations, s.frees, "node {}: {s:?}", s.node);
     }
@@ -89,7 +93,10 @@ fn check_marked(index: u64, bytes: &[u8], slot_len: usize) {
     let want = (slot_len / 2 + (index as usize * 97) % (slot_len / 2)).max(8);
     assert_eq!(bytes.len(), want, "batch {index} length");
     assert_eq!(u64::from_le_bytes(bytes[..8].try_into().unwrap()), index);
-    assert!(bytes[8..].iter().all(|&b| b == index as u8), "batch {index} contents");
+    assert!(
+        bytes[8..].iter().all(|&b| b == index as u8),
+        "batch {index} contents"
+    );
 }
 
 /// A little scrambling delay so batches finish out of order.
@@ -125,10 +132,15 @@ fn threads_alive(tids: &[i32]) -> Vec<i32> {
 fn index_order_delivers_every_batch_once_in_order() {
     scenario("index order", || {
         let rt = runtime();
-        let loader = Loader::new(&rt, Target::Host, cfg(64 * KIB, 4, Some(60)), |i, s: &mut [u8]| {
-            jitter(i);
-            Ok::<_, std::io::Error>(marked(i, s))
-        })
+        let loader = Loader::new(
+            &rt,
+            Target::Host,
+            cfg(64 * KIB, 4, Some(60)),
+            |i, s: &mut [u8]| {
+                jitter(i);
+                Ok::<_, std::io::Error>(marked(i, s))
+            },
+        )
         .unwrap();
         assert_eq!(loader.config().depth, 6, "default depth is workers + 2");
         let mut seen = Vec::new();
@@ -198,9 +210,15 @@ fn producers_block_when_every_slot_is_full() {
         })
         .unwrap();
         // Nobody consumes: the five slots fill, then all three workers wait.
-        wait_until("every worker waits for a slot", || loader.stats().workers_blocked == 3);
+        wait_until("every worker waits for a slot", || {
+            loader.stats().workers_blocked == 3
+        });
         std::thread::sleep(Duration::from_millis(100));
-        assert_eq!(calls.load(Ordering::SeqCst), 5, "one producer call per slot, no more");
+        assert_eq!(
+            calls.load(Ordering::SeqCst),
+            5,
+            "one producer call per slot, no more"
+        );
         let st = loader.stats();
         assert_eq!((st.produced, st.slots, st.slots_free), (5, 5, 0), "{st:?}");
         assert!(st.producer_waits >= 3, "{st:?}");
@@ -217,13 +235,19 @@ fn producers_block_when_every_slot_is_full() {
         std::thread::sleep(Duration::from_millis(50));
         assert_eq!(calls.load(Ordering::SeqCst), 6);
         // Holding every slot, asking for another is an error, not a hang.
-        let held: Vec<_> = (0..5).map(|_| loader.next_batch().unwrap().unwrap()).collect();
+        let held: Vec<_> = (0..5)
+            .map(|_| loader.next_batch().unwrap().unwrap())
+            .collect();
         assert_eq!(
             held.iter().map(|b| b.index()).collect::<Vec<_>>(),
             [1, 2, 3, 4, 5]
         );
         match loader.next_batch() {
-            Some(Err(LoaderError::ConsumerHoldsAll { held: 5, setting: "depth", .. })) => {}
+            Some(Err(LoaderError::ConsumerHoldsAll {
+                held: 5,
+                setting: "depth",
+                ..
+            })) => {}
             other => panic!("expected ConsumerHoldsAll, got {other:?}"),
         }
         drop(held);
@@ -274,7 +298,11 @@ fn producer_error_arrives_at_its_position_and_ends_the_stream() {
         assert_eq!(seen, (0..7).collect::<Vec<_>>());
         assert_eq!(e.index(), Some(7));
         assert!(matches!(e, LoaderError::Producer { index: 7, .. }), "{e:?}");
-        assert!(e.to_string().contains("batch 7: the producer failed: bad record 7"), "{e}");
+        assert!(
+            e.to_string()
+                .contains("batch 7: the producer failed: bad record 7"),
+            "{e}"
+        );
         // Completion order: the error comes when it happens, then the end.
         let (seen, e) = run_until_error(Order::Completion, 5, false);
         assert_eq!(e.index(), Some(5));
@@ -298,9 +326,12 @@ fn producer_panic_arrives_at_its_position() {
 fn a_length_beyond_the_slot_is_an_error_at_its_batch() {
     scenario("too long", || {
         let rt = runtime();
-        let loader = Loader::new(&rt, Target::Host, cfg(4 * KIB, 2, None), |i, s: &mut [u8]| {
-            Ok::<_, String>(if i == 2 { s.len() + 1 } else { s.len() })
-        })
+        let loader = Loader::new(
+            &rt,
+            Target::Host,
+            cfg(4 * KIB, 2, None),
+            |i, s: &mut [u8]| Ok::<_, String>(if i == 2 { s.len() + 1 } else { s.len() }),
+        )
         .unwrap();
         let got: Vec<_> = loader.iter().map(|b| b.map(|b| b.index())).collect();
         assert_eq!(got.len(), 3);
@@ -352,24 +383,37 @@ fn dropping_at_every_stage_joins_and_gives_everything_back() {
         }
         assert_no_leak(&rt);
         // While producers are in the middle of slow calls.
-        let l = Loader::new(&rt, Target::Host, cfg(8 * KIB, 3, None), |i, s: &mut [u8]| {
-            std::thread::sleep(Duration::from_millis(150));
-            Ok::<_, String>(marked(i, s))
-        })
+        let l = Loader::new(
+            &rt,
+            Target::Host,
+            cfg(8 * KIB, 3, None),
+            |i, s: &mut [u8]| {
+                std::thread::sleep(Duration::from_millis(150));
+                Ok::<_, String>(marked(i, s))
+            },
+        )
         .unwrap();
         std::thread::sleep(Duration::from_millis(30));
         let t = Instant::now();
         drop(l);
-        assert!(t.elapsed() < Duration::from_secs(2), "drop waits only for calls in progress");
+        assert!(
+            t.elapsed() < Duration::from_secs(2),
+            "drop waits only for calls in progress"
+        );
         assert_no_leak(&rt);
         // After an error.
-        let l = Loader::new(&rt, Target::Host, cfg(8 * KIB, 3, None), |i, s: &mut [u8]| {
-            if i == 4 {
-                Err("no".to_string())
-            } else {
-                Ok(marked(i, s))
-            }
-        })
+        let l = Loader::new(
+            &rt,
+            Target::Host,
+            cfg(8 * KIB, 3, None),
+            |i, s: &mut [u8]| {
+                if i == 4 {
+                    Err("no".to_string())
+                } else {
+                    Ok(marked(i, s))
+                }
+            },
+        )
         .unwrap();
         drop(l.next_batch());
         drop(l);
@@ -444,7 +488,11 @@ fn every_worker_runs_on_exactly_the_planned_cpus() {
             drop(b);
             if target == Target::HostForGpu(1) {
                 assert_eq!(l.warnings().len(), 1, "{:?}", l.warnings());
-                assert!(l.warnings()[0].contains("NUMA node is unknown"), "{:?}", l.warnings());
+                assert!(
+                    l.warnings()[0].contains("NUMA node is unknown"),
+                    "{:?}",
+                    l.warnings()
+                );
             } else {
                 assert!(l.warnings().is_empty(), "{target:?}: {:?}", l.warnings());
             }
@@ -462,11 +510,20 @@ fn many_loaders_run_at_once() {
             for k in 0..4u64 {
                 let rt = &rt;
                 s.spawn(move || {
-                    let target = if k % 2 == 0 { Target::Host } else { Target::HostNode(node) };
-                    let l = Loader::new(rt, target, cfg(32 * KIB, 2, Some(40)), move |i, s: &mut [u8]| {
-                        fill_pattern(batch_key(i ^ (k << 32)), s);
-                        Ok::<_, String>(s.len())
-                    })
+                    let target = if k % 2 == 0 {
+                        Target::Host
+                    } else {
+                        Target::HostNode(node)
+                    };
+                    let l = Loader::new(
+                        rt,
+                        target,
+                        cfg(32 * KIB, 2, Some(40)),
+                        move |i, s: &mut [u8]| {
+                            fill_pattern(batch_key(i ^ (k << 32)), s);
+                            Ok::<_, String>(s.len())
+                        },
+                    )
                     .unwrap();
                     let mut n = 0;
                     for b in &l {
@@ -494,16 +551,37 @@ fn bad_configuration_and_targets_are_input_errors() {
         let rt = runtime();
         let produce = |_: u64, s: &mut [u8]| Ok::<_, String>(s.len());
         let e = Loader::new(&rt, Target::Host, cfg(0, 1, None), produce).unwrap_err();
-        assert!(matches!(e, Error::Loader(LoaderError::Config { setting: "batch_bytes", .. })), "{e:?}");
+        assert!(
+            matches!(
+                e,
+                Error::Loader(LoaderError::Config {
+                    setting: "batch_bytes",
+                    ..
+                })
+            ),
+            "{e:?}"
+        );
         assert_eq!(e.exit_code(), 2);
         let e = Loader::new(&rt, Target::Gpu(97), cfg(4096, 1, None), produce).unwrap_err();
-        assert!(e.to_string().contains("GPU 97 (CUDA ordinal) is not in the topology"), "{e}");
+        assert!(
+            e.to_string()
+                .contains("GPU 97 (CUDA ordinal) is not in the topology"),
+            "{e}"
+        );
         assert_eq!(e.exit_code(), 2);
         let e = Loader::new(&rt, Target::HostForGpu(97), cfg(4096, 1, None), produce).unwrap_err();
-        assert!(e.to_string().contains("GPU index 97 is not in the topology"), "{e}");
+        assert!(
+            e.to_string()
+                .contains("GPU index 97 is not in the topology"),
+            "{e}"
+        );
         assert_eq!(e.exit_code(), 2);
         let e = Loader::new(&rt, Target::HostNode(4000), cfg(4096, 1, None), produce).unwrap_err();
-        assert!(e.to_string().contains("NUMA node 4000 is not in the topology"), "{e}");
+        assert!(
+            e.to_string()
+                .contains("NUMA node 4000 is not in the topology"),
+            "{e}"
+        );
         assert_eq!(e.exit_code(), 2);
         // Over the node's budget: the slots are refused up front.
         let tight = Arc::new(
@@ -534,7 +612,11 @@ fn staged_copy_refuses_unknown_gpus_without_touching_memory() {
         let rt = runtime();
         let mut buf = vec![0u8; 1000];
         let e = rt.copy_to_device(&buf, 0x1000, 42).unwrap_err();
-        assert!(e.to_string().contains("GPU 42 (CUDA ordinal) is not in the topology"), "{e}");
+        assert!(
+            e.to_string()
+                .contains("GPU 42 (CUDA ordinal) is not in the topology"),
+            "{e}"
+        );
         assert_eq!(e.exit_code(), 2);
         let e = rt.copy_from_device(0x1000, &mut buf, 42).unwrap_err();
         assert_eq!(e.exit_code(), 2);
@@ -560,7 +642,10 @@ mod gpu {
             eprintln!("skipped: no CUDA GPU visible");
             return None;
         }
-        Some((Arc::new(Runtime::new(t, RuntimeConfig::default()).unwrap()), gpus))
+        Some((
+            Arc::new(Runtime::new(t, RuntimeConfig::default()).unwrap()),
+            gpus,
+        ))
     }
 
     /// Runs a loader of `total` batches on `gpu` with lengths that vary
@@ -626,10 +711,17 @@ mod gpu {
         for i in 0..total {
             let got = u64::from_le_bytes(raw[i as usize * 8..][..8].try_into().unwrap());
             let words = (len_of(i) / 4) as u64;
-            assert_eq!(got, pattern_checksum(batch_key(i), words), "GPU {gpu} batch {i}");
+            assert_eq!(
+                got,
+                pattern_checksum(batch_key(i), words),
+                "GPU {gpu} batch {i}"
+            );
         }
         for (i, words, tail) in tails {
-            assert!(pattern_tail_ok(batch_key(i), words, &tail), "batch {i} tail");
+            assert!(
+                pattern_tail_ok(batch_key(i), words, &tail),
+                "batch {i} tail"
+            );
         }
         drop(loader);
         assert_no_leak(rt);
@@ -638,7 +730,9 @@ mod gpu {
     #[test]
     #[ignore = "needs a CUDA GPU: run with --ignored on a GPU machine"]
     fn gpu_every_delivered_byte_is_checked_on_the_device() {
-        let Some((rt, gpus)) = gpu_runtime() else { return };
+        let Some((rt, gpus)) = gpu_runtime() else {
+            return;
+        };
         scenario("gpu integrity", move || {
             check_every_byte(&rt, gpus[0], 200, 4 * MIB + 3, Order::Index);
             check_every_byte(&rt, gpus[0], 100, MIB, Order::Completion);
@@ -648,7 +742,9 @@ mod gpu {
     #[test]
     #[ignore = "needs a CUDA GPU: run with --ignored on a GPU machine"]
     fn gpu_loaders_on_every_gpu_at_once() {
-        let Some((rt, gpus)) = gpu_runtime() else { return };
+        let Some((rt, gpus)) = gpu_runtime() else {
+            return;
+        };
         scenario("gpu many", move || {
             std::thread::scope(|s| {
                 for &g in &gpus {
@@ -662,17 +758,24 @@ mod gpu {
     #[test]
     #[ignore = "needs a CUDA GPU: run with --ignored on a GPU machine"]
     fn gpu_drop_with_copies_in_flight_and_batches_on_a_stream() {
-        let Some((rt, gpus)) = gpu_runtime() else { return };
+        let Some((rt, gpus)) = gpu_runtime() else {
+            return;
+        };
         scenario("gpu drop", move || {
             let g = gpus[0];
             let kernels = Kernels::load(g).unwrap();
             let _ctx = ContextGuard::push(g).unwrap();
             let stream = Stream::new().unwrap();
             for held in [0usize, 1, 3] {
-                let l = Loader::new(&rt, Target::Gpu(g), cfg(32 * MIB, 4, None), |i, s: &mut [u8]| {
-                    fill_pattern(batch_key(i), s);
-                    Ok::<_, String>(s.len())
-                })
+                let l = Loader::new(
+                    &rt,
+                    Target::Gpu(g),
+                    cfg(32 * MIB, 4, None),
+                    |i, s: &mut [u8]| {
+                        fill_pattern(batch_key(i), s);
+                        Ok::<_, String>(s.len())
+                    },
+                )
                 .unwrap();
                 let mut keep = Vec::new();
                 for _ in 0..held {
@@ -696,7 +799,9 @@ mod gpu {
     #[test]
     #[ignore = "needs a CUDA GPU: run with --ignored on a GPU machine"]
     fn gpu_staged_copy_round_trips_odd_sizes() {
-        let Some((rt, gpus)) = gpu_runtime() else { return };
+        let Some((rt, gpus)) = gpu_runtime() else {
+            return;
+        };
         scenario("gpu staged", move || {
             let g = gpus[0];
             let _ctx = ContextGuard::push(g).unwrap();
@@ -724,20 +829,28 @@ mod gpu {
                     let mut all = vec![0u8; len + 64];
                     dev.read(&mut all).unwrap();
                     assert!(all[..32].iter().all(|&b| b == 0xEE), "before, len {len}");
-                    assert!(all[32 + len..].iter().all(|&b| b == 0xEE), "after, len {len}");
+                    assert!(
+                        all[32 + len..].iter().all(|&b| b == 0xEE),
+                        "after, len {len}"
+                    );
                     assert!(all[32..32 + len] == src[..], "H2D len {len} {o:?}");
                     let mut back = vec![0u8; len];
-                    rt.copy_from_device_with(dev.ptr() + 32, &mut back, g, o).unwrap();
+                    rt.copy_from_device_with(dev.ptr() + 32, &mut back, g, o)
+                        .unwrap();
                     assert!(back == src, "D2H len {len} {o:?}");
                 }
                 // Past the end of the allocation: refused.
-                let e = rt.copy_to_device(&vec![0u8; len + 1], dev.ptr() + 64, g).unwrap_err();
+                let e = rt
+                    .copy_to_device(&vec![0u8; len + 1], dev.ptr() + 64, g)
+                    .unwrap_err();
                 assert!(e.to_string().contains("runs past the end"), "{e}");
                 assert_eq!(e.exit_code(), 2);
             }
             // Host memory is not device memory.
             let host = vec![0u8; 4096];
-            let e = rt.copy_to_device(&host, host.as_ptr() as u64, g).unwrap_err();
+            let e = rt
+                .copy_to_device(&host, host.as_ptr() as u64, g)
+                .unwrap_err();
             assert!(e.to_string().contains("not device memory"), "{e}");
             assert_no_leak(&rt);
         });
@@ -746,7 +859,9 @@ mod gpu {
     #[test]
     #[ignore = "needs a CUDA GPU: run with --ignored on a GPU machine"]
     fn gpu_bandwidth_and_overlap_targets() {
-        let Some((rt, gpus)) = gpu_runtime() else { return };
+        let Some((rt, gpus)) = gpu_runtime() else {
+            return;
+        };
         scenario("gpu figures", move || {
             let g = gpus[0];
             let bytes = 64 * MIB;
@@ -770,17 +885,33 @@ mod gpu {
             )
             .unwrap();
             let alone = measure::spin_kernel_ms(g, 20).unwrap();
-            eprintln!("bare {bare:?}\nloader {plain:?}\nwith kernel {busy:?}\nkernel alone {alone:?}");
+            eprintln!(
+                "bare {bare:?}\nloader {plain:?}\nwith kernel {busy:?}\nkernel alone {alone:?}"
+            );
             assert!(plain.verified && busy.verified);
-            assert!(plain.gbps.median >= 0.9 * bare.median, "loader {plain:?} vs bare {bare:?}");
-            assert!(busy.gbps.median >= 0.9 * bare.median, "with kernel {busy:?} vs bare {bare:?}");
+            assert!(
+                plain.gbps.median >= 0.9 * bare.median,
+                "loader {plain:?} vs bare {bare:?}"
+            );
+            assert!(
+                busy.gbps.median >= 0.9 * bare.median,
+                "with kernel {busy:?} vs bare {bare:?}"
+            );
             let with = busy.kernel_ms.unwrap();
-            assert!(with.median <= 1.1 * alone.median, "kernel {with:?} with the loader vs {alone:?} alone");
-            let staged = measure::staged_gbps(&rt, g, 1 << 30, 3, Direction::ToDevice, &Default::default()).unwrap();
+            assert!(
+                with.median <= 1.1 * alone.median,
+                "kernel {with:?} with the loader vs {alone:?} alone"
+            );
+            let staged =
+                measure::staged_gbps(&rt, g, 1 << 30, 3, Direction::ToDevice, &Default::default())
+                    .unwrap();
             let pageable = measure::pageable_gbps(g, 1 << 30, 3, Direction::ToDevice).unwrap();
             eprintln!("staged {staged:?}\npageable {pageable:?}");
             assert!(staged.verified && pageable.verified);
-            assert!(staged.gbps.median >= 5.0 * pageable.gbps.median, "staged {staged:?} vs pageable {pageable:?}");
+            assert!(
+                staged.gbps.median >= 5.0 * pageable.gbps.median,
+                "staged {staged:?} vs pageable {pageable:?}"
+            );
         });
     }
 }

@@ -33,6 +33,8 @@ fn four_node_script() -> String {
         guest_step("guest-mbind", "guest::mbind_puts_every_page_on_the_chosen_node"),
         guest_step("guest-first-touch", "guest::first_touch_follows_the_thread"),
         guest_step("guest-affinity", "guest::setaffinity_moves_the_thread_to_node_2"),
+        // loaders (host mode for the stand-in accelerator)
+        guest_step("guest-loader", "guest::loader_for_the_node_2_accelerator_stays_on_node_2"),
     ]
     .join("\n")
         + "\n"
@@ -168,6 +170,15 @@ fn kernel_places_memory_and_threads_where_asked() {
     boot.guest_test_passed(
         "guest-affinity",
         "guest::setaffinity_moves_the_thread_to_node_2",
+    );
+}
+
+#[test]
+fn loader_workers_and_slots_stay_on_the_accelerators_node() {
+    let Some(boot) = four_nodes() else { return };
+    boot.guest_test_passed(
+        "guest-loader",
+        "guest::loader_for_the_node_2_accelerator_stays_on_node_2",
     );
 }
 
@@ -373,6 +384,99 @@ mod guest {
         }
     }
 
+    /// A host-mode loader for the accelerator on node 2 (the stand-in has
+    /// no CUDA ordinal, so it is named by its topology index): its workers
+    /// run only on node 2's CPUs, every batch's slot lies on node 2, and
+    /// everything is given back at the end.
+    #[test]
+    #[ignore = "runs inside the emulated machine; `cargo test --test vm` boots it"]
+    fn loader_for_the_node_2_accelerator_stays_on_node_2() {
+        use numapin::loader::{Loader, LoaderConfig, Target};
+        use numapin::runtime::{Runtime, RuntimeConfig};
+        use numapin::topology::{CudaMode, PciId, ProbeOptions, Topology};
+        use std::collections::BTreeSet;
+        use std::sync::{Arc, Mutex};
+
+        if !in_guest() {
+            return;
+        }
+        let opts = ProbeOptions {
+            cuda: CudaMode::Off,
+            accelerator_ids: vec![PciId::parse(super::TESTDEV_PCI_ID).unwrap()],
+            ..ProbeOptions::from_process()
+        };
+        let topo = Topology::probe(&opts).unwrap();
+        let acc = topo
+            .gpus
+            .iter()
+            .find(|g| g.numa_node == Some(2))
+            .expect("an accelerator on node 2")
+            .index;
+        let rt = Runtime::new(
+            topo,
+            RuntimeConfig {
+                region_bytes: 16 << 20,
+                ..RuntimeConfig::default()
+            },
+        )
+        .unwrap();
+        let want = node_cpus(2);
+        let ran_on = Arc::new(Mutex::new(BTreeSet::new()));
+        let seen = ran_on.clone();
+        let cfg = LoaderConfig {
+            batch_bytes: 1 << 20,
+            workers: 2,
+            total_batches: Some(24),
+            ..LoaderConfig::default()
+        };
+        let loader = Loader::new(&rt, Target::HostForGpu(acc), cfg, move |i, s: &mut [u8]| {
+            seen.lock().unwrap().insert(raw::current_cpu());
+            s.fill(i as u8);
+            Ok::<_, String>(s.len())
+        })
+        .unwrap();
+        assert_eq!(loader.worker_cpus(), &want);
+        assert_eq!(loader.node(), 2);
+        assert!(loader.warnings().is_empty(), "{:?}", loader.warnings());
+        for &tid in loader.worker_tids() {
+            let set = nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(tid)).unwrap();
+            let got: CpuList = (0..nix::sched::CpuSet::count())
+                .filter(|&c| set.is_set(c).unwrap_or(false))
+                .map(|c| c as u32)
+                .collect();
+            assert_eq!(got, want, "worker {tid}");
+        }
+        let mut n = 0;
+        for b in &loader {
+            let b = b.unwrap();
+            assert_eq!(b.index(), n);
+            let buf = b.host_buf().unwrap();
+            assert_eq!(buf.node(), 2);
+            assert!(b.host_bytes().unwrap().iter().all(|&x| x == n as u8));
+            let pages: Vec<*mut libc::c_void> = (0..buf.len())
+                .step_by(4096)
+                .map(|off| buf.as_ptr().wrapping_add(off) as *mut libc::c_void)
+                .collect();
+            let nodes = raw::query(&pages).unwrap();
+            assert!(
+                nodes.iter().all(|&x| x == 2),
+                "batch {n}: pages on {nodes:?}"
+            );
+            n += 1;
+        }
+        assert_eq!(n, 24);
+        let cpus: CpuList = ran_on.lock().unwrap().iter().copied().collect();
+        assert!(
+            cpus.is_subset(&want),
+            "producers ran on {cpus}, outside node 2 ({want})"
+        );
+        drop(loader);
+        for s in rt.stats() {
+            assert_eq!(s.bytes_in_use, 0, "{s:?}");
+        }
+        println!("24 batches, workers on CPUs {cpus}, every slot page on node 2");
+    }
+
     /// The raw system calls the checks need (std + libc only).
     mod raw {
         use std::io;
@@ -473,7 +577,8 @@ mod guest {
             }
         }
 
-        fn query(pages: &[*mut libc::c_void]) -> io::Result<Vec<i32>> {
+        /// The node of each page (`move_pages` with no target nodes).
+        pub fn query(pages: &[*mut libc::c_void]) -> io::Result<Vec<i32>> {
             let mut status = vec![i32::MIN; pages.len()];
             // SAFETY: `pages` and `status` both hold `pages.len()` entries;
             // a null `nodes` only queries; pid 0 is this process. The

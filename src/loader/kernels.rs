@@ -168,13 +168,10 @@ impl Kernels {
 /// over the little-endian u32 words of `bytes` (a tail shorter than a word
 /// is left out), wrapping at 2^64.
 pub fn checksum_host(bytes: &[u8]) -> u64 {
-    bytes
-        .chunks_exact(4)
-        .enumerate()
-        .fold(0u64, |acc, (j, w)| {
-            let w = u32::from_le_bytes([w[0], w[1], w[2], w[3]]);
-            acc.wrapping_add(u64::from(w).wrapping_mul(2 * j as u64 + 1))
-        })
+    bytes.chunks_exact(4).enumerate().fold(0u64, |acc, (j, w)| {
+        let w = u32::from_le_bytes([w[0], w[1], w[2], w[3]]);
+        acc.wrapping_add(u64::from(w).wrapping_mul(2 * j as u64 + 1))
+    })
 }
 
 /// The key of batch `index` in [`fill_pattern`]: a mix of the index below
@@ -209,7 +206,11 @@ pub fn pattern_checksum(key: u32, words: u64) -> u64 {
     let n = u128::from(words);
     let k = u128::from(key);
     let s1 = if n == 0 { 0 } else { n * (n - 1) / 2 };
-    let s2 = if n == 0 { 0 } else { (n - 1) * n * (2 * n - 1) / 6 };
+    let s2 = if n == 0 {
+        0
+    } else {
+        (n - 1) * n * (2 * n - 1) / 6
+    };
     (2 * s2 + s1 + 2 * k * s1 + k * n) as u64
 }
 

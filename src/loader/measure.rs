@@ -27,7 +27,9 @@ use crate::cuda::{self, ContextGuard, CudaError, DeviceBuffer, Event, Stream};
 use crate::error::{Error, Result};
 use crate::runtime::Runtime;
 
-use super::kernels::{batch_key, checksum_host, fill_pattern, pattern_checksum, pattern_tail_ok, Kernels};
+use super::kernels::{
+    batch_key, checksum_host, fill_pattern, pattern_checksum, pattern_tail_ok, Kernels,
+};
 use super::{Loader, LoaderConfig, StagedOptions, Target};
 
 const MIB: usize = 1 << 20;
@@ -175,11 +177,15 @@ fn busy(d: Duration) {
     }
 }
 
-fn producer(cost: Cost) -> impl Fn(u64, &mut [u8]) -> std::result::Result<usize, String> + Send + Sync {
+fn producer(
+    cost: Cost,
+) -> impl Fn(u64, &mut [u8]) -> std::result::Result<usize, String> + Send + Sync {
     move |i, s| {
         fill_pattern(batch_key(i), s);
         if let Cost::Busy { ns_per_mib } = cost {
-            busy(Duration::from_nanos(ns_per_mib.saturating_mul(s.len() as u64) / MIB as u64));
+            busy(Duration::from_nanos(
+                ns_per_mib.saturating_mul(s.len() as u64) / MIB as u64,
+            ));
         }
         Ok(s.len())
     }
@@ -239,7 +245,13 @@ fn host_run(rt: &Runtime, b: &LoaderBench) -> Result<Run> {
     })
 }
 
-fn gpu_run(rt: &Runtime, gpu: u32, b: &LoaderBench, kernels: &Kernels, barrier: Option<&Barrier>) -> Result<Run> {
+fn gpu_run(
+    rt: &Runtime,
+    gpu: u32,
+    b: &LoaderBench,
+    kernels: &Kernels,
+    barrier: Option<&Barrier>,
+) -> Result<Run> {
     let err = |what| cuda_err(gpu, what);
     let warmup = b.warmup.max(1);
     let total = warmup + b.batches;
@@ -278,7 +290,9 @@ fn gpu_run(rt: &Runtime, gpu: u32, b: &LoaderBench, kernels: &Kernels, barrier: 
                         z.record(st.raw()).map_err(err("cuEventRecord"))?;
                     }
                     z.synchronize().map_err(err("cuEventSynchronize"))?;
-                    v.push(f64::from(z.elapsed_ms_since(&a).map_err(err("cuEventElapsedTime"))?));
+                    v.push(f64::from(
+                        z.elapsed_ms_since(&a).map_err(err("cuEventElapsedTime"))?,
+                    ));
                 }
                 Ok(v)
             })
@@ -319,7 +333,10 @@ fn gpu_run(rt: &Runtime, gpu: u32, b: &LoaderBench, kernels: &Kernels, barrier: 
     let end = Instant::now();
     let count = consumed?;
     let kernel_ms = kernel_ms?.unwrap_or_default();
-    let ms = f64::from(t1.elapsed_ms_since(&t0).map_err(err("cuEventElapsedTime"))?);
+    let ms = f64::from(
+        t1.elapsed_ms_since(&t0)
+            .map_err(err("cuEventElapsedTime"))?,
+    );
     let mut raw = vec![0u8; total as usize * 8];
     sums.read(&mut raw).map_err(err("cuMemcpyDtoH"))?;
     let words = (b.batch_bytes / 4) as u64;
@@ -347,7 +364,13 @@ fn figure(mode: Mode, runs: &[Run], spin: bool) -> LoaderFigure {
         gbps: Stats::of(runs.iter().map(|r| r.gbps).collect()),
         verified: !runs.is_empty() && runs.iter().all(|r| r.verified),
         workers: runs.first().map_or(0, |r| r.workers),
-        kernel_ms: spin.then(|| Stats::of(runs.iter().flat_map(|r| r.kernel_ms.iter().copied()).collect())),
+        kernel_ms: spin.then(|| {
+            Stats::of(
+                runs.iter()
+                    .flat_map(|r| r.kernel_ms.iter().copied())
+                    .collect(),
+            )
+        }),
     }
 }
 
@@ -368,7 +391,11 @@ pub fn loader_gbps(rt: &Runtime, mode: Mode, b: &LoaderBench) -> Result<LoaderFi
             }
         }
     }
-    Ok(figure(mode, &runs, b.spin_kernel && matches!(mode, Mode::Gpu(_))))
+    Ok(figure(
+        mode,
+        &runs,
+        b.spin_kernel && matches!(mode, Mode::Gpu(_)),
+    ))
 }
 
 /// One loader per GPU in `gpus`, all at once, each consumed by its own
@@ -391,12 +418,17 @@ pub fn loader_gbps_all(rt: &Runtime, gpus: &[u32], b: &LoaderBench) -> Result<Ag
                     s.spawn(move || gpu_run(rt, g, b, k, Some(barrier)))
                 })
                 .collect();
-            hs.into_iter().map(|h| h.join().expect("loader thread")).collect()
+            hs.into_iter()
+                .map(|h| h.join().expect("loader thread"))
+                .collect()
         });
         let runs = runs.into_iter().collect::<Result<Vec<_>>>()?;
         let first = runs.iter().map(|r| r.start).min().expect("a GPU");
         let last = runs.iter().map(|r| r.end).max().expect("a GPU");
-        agg.push(gbps(runs.iter().map(|r| r.bytes).sum(), (last - first).as_secs_f64()));
+        agg.push(gbps(
+            runs.iter().map(|r| r.bytes).sum(),
+            (last - first).as_secs_f64(),
+        ));
         for (p, r) in per.iter_mut().zip(runs) {
             p.push(r);
         }
@@ -472,7 +504,9 @@ pub fn spin_kernel_ms(gpu: u32, reps: usize) -> Result<Stats> {
             z.record(st.raw()).map_err(err("cuEventRecord"))?;
         }
         z.synchronize().map_err(err("cuEventSynchronize"))?;
-        v.push(f64::from(z.elapsed_ms_since(&a).map_err(err("cuEventElapsedTime"))?));
+        v.push(f64::from(
+            z.elapsed_ms_since(&a).map_err(err("cuEventElapsedTime"))?,
+        ));
     }
     Ok(Stats::of(v))
 }

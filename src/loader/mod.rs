@@ -415,7 +415,12 @@ impl Loader {
     /// `producer(batch_index, slot)`, which returns the bytes it wrote (at
     /// most `slot.len()`). The slots are taken now, so an arena budget
     /// error comes from here; the workers start producing at once.
-    pub fn new<P, E>(rt: &Runtime, target: Target, config: LoaderConfig, producer: P) -> Result<Loader>
+    pub fn new<P, E>(
+        rt: &Runtime,
+        target: Target,
+        config: LoaderConfig,
+        producer: P,
+    ) -> Result<Loader>
     where
         P: Fn(u64, &mut [u8]) -> std::result::Result<usize, E> + Send + Sync + 'static,
         E: Into<BoxError>,
@@ -498,7 +503,8 @@ impl Loader {
                 Err(e) => {
                     // Threads never started do not count as running.
                     let mut st = shared.lock();
-                    st.workers_running -= (shared.cfg.workers - i.min(shared.cfg.workers)).min(st.workers_running);
+                    st.workers_running -=
+                        (shared.cfg.workers - i.min(shared.cfg.workers)).min(st.workers_running);
                     drop(st);
                     return Err(Error::System {
                         what: "starting a loader thread".into(),
@@ -548,7 +554,9 @@ impl Loader {
                     }
                     Delivery::Failed(e) => return Some(Err(e)),
                     Delivery::Host { index, slot, len } => (index, len, BatchData::Host(slot)),
-                    Delivery::Device { index, entry, len } => (index, len, BatchData::Device(entry)),
+                    Delivery::Device { index, entry, len } => {
+                        (index, len, BatchData::Device(entry))
+                    }
                 };
                 st.held += 1;
                 st.delivered += 1;
@@ -800,12 +808,15 @@ impl Batch<'_> {
         let Some(entry) = self.entry() else {
             return Ok(());
         };
-        entry.copied.synchronize().map_err(|error| LoaderError::Cuda {
-            index: self.index,
-            gpu: self.loader.shared.gpu.as_ref().map_or(0, |g| g.ordinal),
-            what: "cuEventSynchronize",
-            error,
-        })
+        entry
+            .copied
+            .synchronize()
+            .map_err(|error| LoaderError::Cuda {
+                index: self.index,
+                gpu: self.loader.shared.gpu.as_ref().map_or(0, |g| g.ordinal),
+                what: "cuEventSynchronize",
+                error,
+            })
     }
 }
 
@@ -917,7 +928,8 @@ fn gpu_side(ordinal: u32, cfg: &LoaderConfig) -> Result<GpuSide> {
 fn start_thread(cpus: &CpuList, ordinal: Option<u32>) -> Result<i32> {
     crate::affinity::bind_current_thread(cpus)?;
     if let Some(o) = ordinal {
-        cuda::set_device(o).map_err(|e| cuda_setup_error(o, "making its context current on the copy thread", e))?;
+        cuda::set_device(o)
+            .map_err(|e| cuda_setup_error(o, "making its context current on the copy thread", e))?;
     }
     Ok(nix::unistd::gettid().as_raw())
 }
@@ -974,8 +986,14 @@ fn run_worker(shared: &Shared, started: bool) {
                 }),
                 Some(slot),
             ),
-            Ok(Err(source)) => (Produced::Failed(LoaderError::Producer { index, source }), Some(slot)),
-            Err(message) => (Produced::Failed(LoaderError::Panicked { index, message }), Some(slot)),
+            Ok(Err(source)) => (
+                Produced::Failed(LoaderError::Producer { index, source }),
+                Some(slot),
+            ),
+            Err(message) => (
+                Produced::Failed(LoaderError::Panicked { index, message }),
+                Some(slot),
+            ),
         };
         let failed = matches!(item, Produced::Failed(_));
         let mut st = shared.lock();
@@ -1033,7 +1051,10 @@ fn engine_loop(shared: &Shared, in_flight: &mut VecDeque<(PinnedBuf, usize)>) {
         // one stream complete in order).
         let mut returned = 0;
         while let Some((_, entry)) = in_flight.front() {
-            let g = shared.gpu.as_ref().expect("copies in flight only in GPU mode");
+            let g = shared
+                .gpu
+                .as_ref()
+                .expect("copies in flight only in GPU mode");
             if !g.ring[*entry].copied.is_complete().unwrap_or(true) {
                 break;
             }
@@ -1119,7 +1140,11 @@ fn engine_loop(shared: &Shared, in_flight: &mut VecDeque<(PinnedBuf, usize)>) {
     }
 }
 
-fn engine_wait<'a>(shared: &'a Shared, st: MutexGuard<'a, State>, copies: bool) -> MutexGuard<'a, State> {
+fn engine_wait<'a>(
+    shared: &'a Shared,
+    st: MutexGuard<'a, State>,
+    copies: bool,
+) -> MutexGuard<'a, State> {
     if copies {
         // Copies in flight: look again soon to give their slots back.
         shared
@@ -1128,7 +1153,10 @@ fn engine_wait<'a>(shared: &'a Shared, st: MutexGuard<'a, State>, copies: bool) 
             .unwrap_or_else(|p| p.into_inner())
             .0
     } else {
-        shared.engine_wake.wait(st).unwrap_or_else(|p| p.into_inner())
+        shared
+            .engine_wake
+            .wait(st)
+            .unwrap_or_else(|p| p.into_inner())
     }
 }
 

@@ -59,7 +59,9 @@ pub(crate) fn resolve(rt: &Runtime, target: Target) -> Result<Placement> {
         }
         Target::HostNode(node) => {
             rt.arena(node)?;
-            let n = topo.node(node).expect("a node with an arena is in the topology");
+            let n = topo
+                .node(node)
+                .expect("a node with an arena is in the topology");
             let allowed = allowed_cpus(rt);
             let local = n.cpus.intersection(&allowed);
             let mut warnings = Vec::new();

@@ -181,13 +181,21 @@ fn check_range(gpu: u32, ptr: CUdeviceptr, len: usize, dir: Direction) -> Result
     };
     let _ctx = cuda::ContextGuard::push(gpu).map_err(|e| copy_error(gpu, e))?;
     let r = cuda::device_range(ptr).map_err(|e| Error::Usage {
-        problem: format!("the {which} {ptr:#x} of a staged copy with GPU {gpu} is not device memory: {e}"),
+        problem: format!(
+            "the {which} {ptr:#x} of a staged copy with GPU {gpu} is not device memory: {e}"
+        ),
         fix: "pass a pointer from cuMemAlloc (or a framework's device tensor) on that GPU".into(),
     })?;
     if r.ordinal != gpu {
         return Err(Error::Usage {
-            problem: format!("the {which} {ptr:#x} of a staged copy is on GPU {}, not GPU {gpu}", r.ordinal),
-            fix: format!("pass gpu = {} (the CUDA ordinal the memory is on)", r.ordinal),
+            problem: format!(
+                "the {which} {ptr:#x} of a staged copy is on GPU {}, not GPU {gpu}",
+                r.ordinal
+            ),
+            fix: format!(
+                "pass gpu = {} (the CUDA ordinal the memory is on)",
+                r.ordinal
+            ),
         });
     }
     let end = ptr.checked_add(len as u64);
