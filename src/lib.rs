@@ -8,6 +8,7 @@
 
 pub mod affinity;
 pub mod arena;
+pub mod bench;
 pub mod cli;
 pub mod cpulist;
 pub mod cuda;

@@ -2,6 +2,7 @@
 //! built on them.
 
 mod affinity;
+mod bench;
 mod exec;
 mod table;
 mod topo;
@@ -73,6 +74,8 @@ pub enum Command {
     /// Bind this rank near its GPU, then run the command in its place
     /// (`torchrun --no-python ... numapin exec -- python train.py`).
     Exec(exec::ExecArgs),
+    /// Measure how fast data reaches each GPU, and what the arena costs.
+    Bench(bench::BenchArgs),
 }
 
 /// Runs the command line; returns the process exit code.
@@ -82,6 +85,7 @@ pub fn main() -> i32 {
         Command::Topo(a) => topo::run(&a),
         Command::Affinity(a) => affinity::run(&a),
         Command::Exec(a) => exec::run(&a),
+        Command::Bench(a) => bench::run(&a),
     };
     match r {
         Ok(code) => code,

@@ -17,6 +17,7 @@ pub(crate) fn finish(
     cuda: Option<Enumeration>,
     live: bool,
 ) -> Result<Topology> {
+    check_consistent(&raw, &source)?;
     let order = DeviceOrder::from_env(opts.env.cuda_device_order.as_deref())?;
     let visible = match &opts.env.cuda_visible_devices {
         Some(v) => Some(VisibleDevices::parse(v)?),
@@ -309,4 +310,40 @@ pub(crate) fn finish(
         caches: raw.caches,
         cuda: cuda_info,
     })
+}
+
+/// Refuses descriptions that contradict themselves (a hand-edited or hostile
+/// file): numapin's answers would be meaningless.
+fn check_consistent(raw: &RawTopology, source: &str) -> Result<()> {
+    let bad = |problem: String| crate::Error::Input {
+        input: source.to_string(),
+        problem: format!("the file is malformed: {problem}"),
+        fix: "give an unmodified export (`lstopo --of xml`, `numapin topo --export`) or capture"
+            .into(),
+    };
+    let mut seen = std::collections::BTreeSet::new();
+    for n in &raw.numa_nodes {
+        if !seen.insert(n.os_index) {
+            return Err(bad(format!("two NUMA nodes are numbered {}", n.os_index)));
+        }
+    }
+    for (i, a) in raw.numa_nodes.iter().enumerate() {
+        for b in &raw.numa_nodes[i + 1..] {
+            if !a.cpus.is_disjoint(&b.cpus) {
+                return Err(bad(format!(
+                    "NUMA nodes {} and {} share CPUs {}",
+                    a.os_index,
+                    b.os_index,
+                    a.cpus.intersection(&b.cpus)
+                )));
+            }
+        }
+    }
+    let mut buses = std::collections::BTreeSet::new();
+    for g in &raw.gpus {
+        if !buses.insert(g.pci_bus_id.as_str()) {
+            return Err(bad(format!("two devices have PCI bus id {}", g.pci_bus_id)));
+        }
+    }
+    Ok(())
 }

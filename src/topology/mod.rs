@@ -599,6 +599,19 @@ fn is_tar(head: &[u8]) -> bool {
     head.len() > 262 && &head[257..262] == b"ustar"
 }
 
+/// Entry points for the fuzz targets in `fuzz/` (not a stable API).
+#[doc(hidden)]
+pub mod fuzzing {
+    use super::*;
+
+    /// Reads NCCL topology XML from a string, as `Topology::load` would.
+    pub fn load_nccl_str(text: &str) -> Result<Topology> {
+        let opts = ProbeOptions::default();
+        let raw = nccl::parse(text, "fuzz.xml", &opts)?;
+        finish::finish(raw, "fuzz.xml".into(), &opts, None, false)
+    }
+}
+
 /// Where a file given with `--input` came from; kept so callers can print it.
 pub fn source_path(t: &Topology) -> Option<PathBuf> {
     (t.source != "live").then(|| PathBuf::from(&t.source))
