@@ -426,9 +426,9 @@ fn dropping_at_every_stage_joins_and_gives_everything_back() {
     });
 }
 
-/// A topology of this machine where node `n`'s CPUs are only `cpus`, with
-/// one accelerator on node `n` whose local CPUs are `gpu_cpus` and one of
-/// unknown locality.
+/// A topology of this machine where the first node's CPUs are only
+/// `cpus`, plus an empty second node, with one accelerator on the first
+/// node whose local CPUs are `gpu_cpus` and one of unknown locality.
 fn restricted_topology(cpus: &CpuList, gpu_cpus: &CpuList) -> (Topology, u32) {
     let mut t = topology();
     let node = t.numa_nodes[0].os_index;
@@ -447,6 +447,15 @@ fn restricted_topology(cpus: &CpuList, gpu_cpus: &CpuList) -> (Topology, u32) {
         device_id: "0x0005".into(),
         class_id: "0x00ff".into(),
     };
+    // A second node, without memory or CPUs, so that an unknown GPU
+    // locality is a real question (on one node there is nothing to choose).
+    let mut extra = t.numa_nodes[0].clone();
+    extra.os_index = node + 1;
+    extra.cpus = CpuList::new();
+    extra.memory_bytes = 0;
+    extra.distances = vec![];
+    extra.kind = numapin::topology::NodeKind::Memoryless;
+    t.numa_nodes.push(extra);
     let all = t.allowed.cpus.clone();
     t.gpus = vec![gpu(0, Some(node), gpu_cpus), gpu(1, None, &all)];
     (t, node)
@@ -498,6 +507,14 @@ fn every_worker_runs_on_exactly_the_planned_cpus() {
             }
         }
         assert_no_leak(&rt);
+        // On a one-node machine an unknown locality leaves nothing to
+        // choose: all allowed CPUs, no warning.
+        let (mut one, _) = restricted_topology(&first, &last);
+        one.numa_nodes.truncate(1);
+        let rt1 = runtime_of(one);
+        let l = Loader::new(&rt1, Target::HostForGpu(1), cfg(4 * KIB, 1, None), produce).unwrap();
+        assert_eq!(l.worker_cpus(), &allowed);
+        assert!(l.warnings().is_empty(), "{:?}", l.warnings());
     });
 }
 
@@ -667,7 +684,17 @@ mod gpu {
             Ok::<_, String>(n)
         })
         .unwrap();
-        assert!(loader.warnings().is_empty(), "{:?}", loader.warnings());
+        let known = rt
+            .topology()
+            .gpu_by_cuda_ordinal(gpu)
+            .unwrap()
+            .numa_node
+            .is_some();
+        if known || rt.topology().numa_nodes.len() == 1 {
+            assert!(loader.warnings().is_empty(), "{:?}", loader.warnings());
+        } else {
+            eprintln!("GPU {gpu}: {:?}", loader.warnings());
+        }
         let mut seen = BTreeSet::new();
         let mut tails = Vec::new();
         for b in &loader {

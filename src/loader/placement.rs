@@ -92,11 +92,13 @@ pub(crate) fn resolve(rt: &Runtime, target: Target) -> Result<Placement> {
 
 /// CPUs and node near `gpu`: its local CPUs that are allowed and its node;
 /// with unknown locality (or no allowed local CPU) the allowed CPUs, with a
-/// warning.
+/// warning (none on a one-node machine, where there is nothing to choose).
 fn near_gpu(rt: &Runtime, gpu: &Gpu, name: &str) -> Placement {
     let allowed = allowed_cpus(rt);
     let mut warnings = Vec::new();
     let (cpus, node) = match gpu.numa_node {
+        // One node: nothing to choose, nothing to warn about.
+        None if rt.topology().numa_nodes.len() <= 1 => (allowed, rt.calling_thread_node()),
         None => {
             let node = rt.calling_thread_node();
             warnings.push(format!(
