@@ -579,27 +579,24 @@ fn bad_configuration_and_targets_are_input_errors() {
             "{e:?}"
         );
         assert_eq!(e.exit_code(), 2);
-        let e = Loader::new(&rt, Target::Gpu(97), cfg(4096, 1, None), produce).unwrap_err();
-        assert!(
-            e.to_string()
-                .contains("GPU 97 (CUDA ordinal) is not in the topology"),
-            "{e}"
-        );
-        assert_eq!(e.exit_code(), 2);
-        let e = Loader::new(&rt, Target::HostForGpu(97), cfg(4096, 1, None), produce).unwrap_err();
-        assert!(
-            e.to_string()
-                .contains("GPU index 97 is not in the topology"),
-            "{e}"
-        );
-        assert_eq!(e.exit_code(), 2);
-        let e = Loader::new(&rt, Target::HostNode(4000), cfg(4096, 1, None), produce).unwrap_err();
-        assert!(
-            e.to_string()
-                .contains("NUMA node 4000 is not in the topology"),
-            "{e}"
-        );
-        assert_eq!(e.exit_code(), 2);
+        for (target, says) in [
+            (
+                Target::Gpu(97),
+                "GPU 97 (CUDA ordinal) is not in the topology",
+            ),
+            (
+                Target::HostForGpu(97),
+                "GPU index 97 is not in the topology",
+            ),
+            (
+                Target::HostNode(4000),
+                "NUMA node 4000 is not in the topology",
+            ),
+        ] {
+            let e = Loader::new(&rt, target, cfg(4096, 1, None), produce).unwrap_err();
+            assert!(e.to_string().contains(says), "{target:?}: {e}");
+            assert_eq!(e.exit_code(), 2, "{target:?}");
+        }
         // Over the node's budget: the slots are refused up front.
         let tight = Arc::new(
             Runtime::new(
@@ -663,6 +660,15 @@ mod gpu {
             Arc::new(Runtime::new(t, RuntimeConfig::default()).unwrap()),
             gpus,
         ))
+    }
+
+    /// Runs `f` as a [`scenario`] with a runtime and the CUDA ordinals;
+    /// skips (passes with a message) without a GPU.
+    fn gpu_scenario(name: &str, f: impl FnOnce(Arc<Runtime>, Vec<u32>) + Send + 'static) {
+        let Some((rt, gpus)) = gpu_runtime() else {
+            return;
+        };
+        scenario(name, move || f(rt, gpus));
     }
 
     /// Runs a loader of `total` batches on `gpu` with lengths that vary
@@ -757,10 +763,7 @@ mod gpu {
     #[test]
     #[ignore = "needs a CUDA GPU: run with --ignored on a GPU machine"]
     fn gpu_every_delivered_byte_is_checked_on_the_device() {
-        let Some((rt, gpus)) = gpu_runtime() else {
-            return;
-        };
-        scenario("gpu integrity", move || {
+        gpu_scenario("gpu integrity", move |rt, gpus| {
             check_every_byte(&rt, gpus[0], 200, 4 * MIB + 3, Order::Index);
             check_every_byte(&rt, gpus[0], 100, MIB, Order::Completion);
         });
@@ -769,10 +772,7 @@ mod gpu {
     #[test]
     #[ignore = "needs a CUDA GPU: run with --ignored on a GPU machine"]
     fn gpu_loaders_on_every_gpu_at_once() {
-        let Some((rt, gpus)) = gpu_runtime() else {
-            return;
-        };
-        scenario("gpu many", move || {
+        gpu_scenario("gpu many", move |rt, gpus| {
             std::thread::scope(|s| {
                 for &g in &gpus {
                     let rt = &rt;
@@ -785,10 +785,7 @@ mod gpu {
     #[test]
     #[ignore = "needs a CUDA GPU: run with --ignored on a GPU machine"]
     fn gpu_drop_with_copies_in_flight_and_batches_on_a_stream() {
-        let Some((rt, gpus)) = gpu_runtime() else {
-            return;
-        };
-        scenario("gpu drop", move || {
+        gpu_scenario("gpu drop", move |rt, gpus| {
             let g = gpus[0];
             let kernels = Kernels::load(g).unwrap();
             let _ctx = ContextGuard::push(g).unwrap();
@@ -826,10 +823,7 @@ mod gpu {
     #[test]
     #[ignore = "needs a CUDA GPU: run with --ignored on a GPU machine"]
     fn gpu_staged_copy_round_trips_odd_sizes() {
-        let Some((rt, gpus)) = gpu_runtime() else {
-            return;
-        };
-        scenario("gpu staged", move || {
+        gpu_scenario("gpu staged", move |rt, gpus| {
             let g = gpus[0];
             let _ctx = ContextGuard::push(g).unwrap();
             let options = [
@@ -886,10 +880,7 @@ mod gpu {
     #[test]
     #[ignore = "needs a CUDA GPU: run with --ignored on a GPU machine"]
     fn gpu_bandwidth_and_overlap_targets() {
-        let Some((rt, gpus)) = gpu_runtime() else {
-            return;
-        };
-        scenario("gpu figures", move || {
+        gpu_scenario("gpu figures", move |rt, gpus| {
             let g = gpus[0];
             let bytes = 64 * MIB;
             let bare = measure::pinned_copy_gbps(&rt, g, bytes, 5).unwrap();

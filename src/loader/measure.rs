@@ -273,26 +273,10 @@ fn gpu_run(
         let spin = b.spin_kernel.then(|| {
             s.spawn(|| -> Result<Vec<f64>> {
                 cuda::set_device(gpu).map_err(err("context"))?;
-                let st = Stream::new().map_err(err("stream"))?;
-                let (a, z) = (
-                    Event::new(true).map_err(err("event"))?,
-                    Event::new(true).map_err(err("event"))?,
-                );
+                let timer = SpinTimer::new(gpu)?;
                 let mut v = Vec::new();
                 while !stop.load(Ordering::SeqCst) {
-                    // SAFETY: the stream and events are alive and of this
-                    // GPU's context, current on this thread.
-                    unsafe {
-                        a.record(st.raw()).map_err(err("cuEventRecord"))?;
-                        kernels
-                            .spin_async(SPIN_MS, SPIN_SM_FRACTION, st.raw())
-                            .map_err(err("cuLaunchKernel"))?;
-                        z.record(st.raw()).map_err(err("cuEventRecord"))?;
-                    }
-                    z.synchronize().map_err(err("cuEventSynchronize"))?;
-                    v.push(f64::from(
-                        z.elapsed_ms_since(&a).map_err(err("cuEventElapsedTime"))?,
-                    ));
+                    v.push(timer.time(kernels)?);
                 }
                 Ok(v)
             })
@@ -441,6 +425,46 @@ pub fn loader_gbps_all(rt: &Runtime, gpus: &[u32], b: &LoaderBench) -> Result<Ag
     })
 }
 
+/// A stream and two timing events of one GPU, for timing busy-wait
+/// kernel launches one at a time.
+struct SpinTimer {
+    gpu: u32,
+    stream: Stream,
+    a: Event,
+    z: Event,
+}
+
+impl SpinTimer {
+    /// Made in the GPU's context, which must be current.
+    fn new(gpu: u32) -> Result<SpinTimer> {
+        let err = |what| cuda_err(gpu, what);
+        Ok(SpinTimer {
+            gpu,
+            stream: Stream::new().map_err(err("stream"))?,
+            a: Event::new(true).map_err(err("event"))?,
+            z: Event::new(true).map_err(err("event"))?,
+        })
+    }
+
+    /// Milliseconds of one launch of [`SPIN_MS`].
+    fn time(&self, kernels: &Kernels) -> Result<f64> {
+        let err = |what| cuda_err(self.gpu, what);
+        let st = self.stream.raw();
+        // SAFETY: the stream and events are alive and of this GPU's
+        // context, as are the kernels.
+        unsafe {
+            self.a.record(st).map_err(err("cuEventRecord"))?;
+            kernels
+                .spin_async(SPIN_MS, SPIN_SM_FRACTION, st)
+                .map_err(err("cuLaunchKernel"))?;
+            self.z.record(st).map_err(err("cuEventRecord"))?;
+        }
+        self.z.synchronize().map_err(err("cuEventSynchronize"))?;
+        let ms = self.z.elapsed_ms_since(&self.a);
+        Ok(f64::from(ms.map_err(err("cuEventElapsedTime"))?))
+    }
+}
+
 /// Copies queued back to back per repetition in [`pinned_copy_gbps`].
 pub const PINNED_COPIES: u32 = 8;
 
@@ -488,25 +512,10 @@ pub fn spin_kernel_ms(gpu: u32, reps: usize) -> Result<Stats> {
     let err = |what| cuda_err(gpu, what);
     let kernels = Kernels::load(gpu).map_err(err("loading the PTX kernels"))?;
     let _ctx = ContextGuard::push(gpu).map_err(err("context"))?;
-    let st = Stream::new().map_err(err("stream"))?;
-    let (a, z) = (
-        Event::new(true).map_err(err("event"))?,
-        Event::new(true).map_err(err("event"))?,
-    );
+    let timer = SpinTimer::new(gpu)?;
     let mut v = Vec::with_capacity(reps);
     for _ in 0..reps {
-        // SAFETY: the stream and events are alive, of this GPU's context.
-        unsafe {
-            a.record(st.raw()).map_err(err("cuEventRecord"))?;
-            kernels
-                .spin_async(SPIN_MS, SPIN_SM_FRACTION, st.raw())
-                .map_err(err("cuLaunchKernel"))?;
-            z.record(st.raw()).map_err(err("cuEventRecord"))?;
-        }
-        z.synchronize().map_err(err("cuEventSynchronize"))?;
-        v.push(f64::from(
-            z.elapsed_ms_since(&a).map_err(err("cuEventElapsedTime"))?,
-        ));
+        v.push(timer.time(&kernels)?);
     }
     Ok(Stats::of(v))
 }

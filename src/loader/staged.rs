@@ -278,6 +278,11 @@ where
     results.into_iter().collect()
 }
 
+/// One event per staging slot, recorded after the slot's last DMA.
+fn slot_events(n: usize) -> std::result::Result<Vec<Event>, CudaError> {
+    (0..n).map(|_| Event::new(false)).collect()
+}
+
 fn to_device<'a>(
     chunks: &Mutex<impl Iterator<Item = (usize, &'a [u8])>>,
     slots: &mut [PinnedBuf],
@@ -286,10 +291,7 @@ fn to_device<'a>(
     chunk: usize,
     failed: &AtomicBool,
 ) -> std::result::Result<(), CudaError> {
-    let events = slots
-        .iter()
-        .map(|_| Event::new(false))
-        .collect::<cuda::CudaResult<Vec<_>>>()?;
+    let events = slot_events(slots.len())?;
     let mut used = vec![false; slots.len()];
     let mut i = 0;
     while !failed.load(Ordering::Relaxed) {
@@ -330,10 +332,7 @@ fn from_device<'a>(
     chunk: usize,
     failed: &AtomicBool,
 ) -> std::result::Result<(), CudaError> {
-    let events = slots
-        .iter()
-        .map(|_| Event::new(false))
-        .collect::<cuda::CudaResult<Vec<_>>>()?;
+    let events = slot_events(slots.len())?;
     let mut pending: Option<(usize, &mut [u8])> = None;
     let mut i = 0;
     loop {
