@@ -262,6 +262,15 @@ pub fn device(ordinal: u32) -> CudaResult<CUdevice> {
 /// Makes ordinal `ordinal`'s primary context current on this thread
 /// (retaining it once per process; primary contexts live until exit).
 pub fn set_device(ordinal: u32) -> CudaResult<CUcontext> {
+    let ctx = primary_context(ordinal)?;
+    // SAFETY: ctx is a retained primary context, valid for the process.
+    check("cuCtxSetCurrent", unsafe { sys::cuCtxSetCurrent(ctx) })?;
+    Ok(ctx)
+}
+
+/// Ordinal `ordinal`'s primary context, retained once per process (primary
+/// contexts live until exit); does not make it current.
+pub fn primary_context(ordinal: u32) -> CudaResult<CUcontext> {
     static CTXS: OnceLock<std::sync::Mutex<Vec<(u32, usize)>>> = OnceLock::new();
     let ctxs = CTXS.get_or_init(Default::default);
     let mut g = ctxs.lock().unwrap_or_else(|p| p.into_inner());
@@ -278,10 +287,39 @@ pub fn set_device(ordinal: u32) -> CudaResult<CUcontext> {
             ctx
         }
     };
-    drop(g);
-    // SAFETY: ctx is a retained primary context, valid for the process.
-    check("cuCtxSetCurrent", unsafe { sys::cuCtxSetCurrent(ctx) })?;
     Ok(ctx)
+}
+
+/// Makes a context current on this thread until dropped, then restores the
+/// one that was current before (`cuCtxPushCurrent` / `cuCtxPopCurrent`):
+/// for work on a GPU from a thread that is not numapin's own, without
+/// changing which context the caller had current.
+///
+/// Not `Send`: it must be dropped on the thread that made it.
+#[derive(Debug)]
+pub struct ContextGuard(std::marker::PhantomData<*const ()>);
+
+impl ContextGuard {
+    /// Pushes ordinal `ordinal`'s primary context.
+    pub fn push(ordinal: u32) -> CudaResult<ContextGuard> {
+        Self::push_context(primary_context(ordinal)?)
+    }
+
+    fn push_context(ctx: CUcontext) -> CudaResult<ContextGuard> {
+        // SAFETY: ctx is a retained primary context, valid for the process.
+        check("cuCtxPushCurrent", unsafe { sys::cuCtxPushCurrent_v2(ctx) })?;
+        Ok(ContextGuard(std::marker::PhantomData))
+    }
+}
+
+impl Drop for ContextGuard {
+    fn drop(&mut self) {
+        let mut old = std::ptr::null_mut();
+        // SAFETY: pops the context this guard pushed: the guard is not
+        // Send, so this runs on the thread that pushed it, and guards on
+        // one thread are dropped in reverse order of creation (scopes).
+        unsafe { sys::cuCtxPopCurrent_v2(&mut old) };
+    }
 }
 
 /// Makes some context current (ordinal 0's primary context) when none is,
@@ -497,6 +535,7 @@ impl Drop for Event {
 pub struct DeviceBuffer {
     ptr: CUdeviceptr,
     len: usize,
+    ctx: CUcontext,
 }
 
 // SAFETY: a device pointer is an address valid in every thread; the
@@ -515,7 +554,10 @@ impl DeviceBuffer {
         check("cuMemAlloc", unsafe {
             sys::cuMemAlloc_v2(&mut ptr, len.max(1))
         })?;
-        Ok(DeviceBuffer { ptr, len })
+        let mut ctx = std::ptr::null_mut();
+        // SAFETY: ctx is a valid out-pointer; a context is current.
+        check("cuCtxGetCurrent", unsafe { sys::cuCtxGetCurrent(&mut ctx) })?;
+        Ok(DeviceBuffer { ptr, len, ctx })
     }
 
     /// The device address.
@@ -536,9 +578,13 @@ impl DeviceBuffer {
 
 impl Drop for DeviceBuffer {
     fn drop(&mut self) {
+        // Free in the context it was allocated in, whatever the dropping
+        // thread has current.
+        let guard = ContextGuard::push_context(self.ctx);
         // SAFETY: allocated by cuMemAlloc; cuMemFree synchronises with work
         // still using it.
         unsafe { sys::cuMemFree_v2(self.ptr) };
+        drop(guard);
     }
 }
 
@@ -628,4 +674,277 @@ pub unsafe fn memcpy_dtoh_async(
     check("cuMemcpyDtoHAsync", unsafe {
         sys::cuMemcpyDtoHAsync_v2(dst, src, len, stream)
     })
+}
+
+/// Queues `cuStreamWaitEvent(stream, event)`: work queued on `stream`
+/// afterwards waits on the device until `event` has completed; the host
+/// does not wait.
+///
+/// # Safety
+/// `stream` must be a live stream (or null, the legacy default stream) and
+/// `event` a live event; both must stay alive until the wait is queued
+/// (the call returns after queuing it).
+pub unsafe fn stream_wait_event(stream: CUstream, event: CUevent) -> CudaResult<()> {
+    // SAFETY: per the caller's guarantee.
+    check("cuStreamWaitEvent", unsafe {
+        sys::cuStreamWaitEvent(stream, event, 0)
+    })
+}
+
+/// Copies `len` bytes from host to device synchronously (`cuMemcpyHtoD`;
+/// from pageable memory the driver stages it through its own buffers).
+///
+/// # Safety
+/// `src..src+len` must be readable host memory and `dst..dst+len` device
+/// memory of the current context.
+pub unsafe fn memcpy_htod(dst: CUdeviceptr, src: *const c_void, len: usize) -> CudaResult<()> {
+    driver_version()?;
+    // SAFETY: per the caller's guarantee.
+    check("cuMemcpyHtoD", unsafe {
+        sys::cuMemcpyHtoD_v2(dst, src, len)
+    })
+}
+
+/// Copies `len` bytes from device to host synchronously (`cuMemcpyDtoH`).
+///
+/// # Safety
+/// `dst..dst+len` must be writable host memory not otherwise accessed
+/// during the call, and `src..src+len` device memory of the current
+/// context.
+pub unsafe fn memcpy_dtoh(dst: *mut c_void, src: CUdeviceptr, len: usize) -> CudaResult<()> {
+    driver_version()?;
+    // SAFETY: per the caller's guarantee.
+    check("cuMemcpyDtoH", unsafe {
+        sys::cuMemcpyDtoH_v2(dst, src, len)
+    })
+}
+
+impl DeviceBuffer {
+    /// Sets every byte to `value` (`cuMemsetD8`, synchronous).
+    pub fn memset(&self, value: u8) -> CudaResult<()> {
+        let _g = ContextGuard::push_context(self.ctx)?;
+        // SAFETY: the range is this allocation.
+        check("cuMemsetD8", unsafe {
+            sys::cuMemsetD8_v2(self.ptr, value, self.len)
+        })
+    }
+
+    /// Copies the first `dst.len()` bytes back to the host (synchronous).
+    pub fn read(&self, dst: &mut [u8]) -> CudaResult<()> {
+        assert!(dst.len() <= self.len, "read past the device buffer");
+        let _g = ContextGuard::push_context(self.ctx)?;
+        // SAFETY: dst is exclusively borrowed host memory of that length;
+        // the source is inside this allocation.
+        unsafe { memcpy_dtoh(dst.as_mut_ptr().cast(), self.ptr, dst.len()) }
+    }
+
+    /// Copies `src` to the start of the buffer (synchronous).
+    pub fn write(&self, src: &[u8]) -> CudaResult<()> {
+        assert!(src.len() <= self.len, "write past the device buffer");
+        let _g = ContextGuard::push_context(self.ctx)?;
+        // SAFETY: src is readable host memory of that length; the
+        // destination is inside this allocation.
+        unsafe { memcpy_htod(self.ptr, src.as_ptr().cast(), src.len()) }
+    }
+}
+
+/// A device attribute of ordinal `ordinal` (`cuDeviceGetAttribute`).
+pub fn device_attribute(ordinal: u32, attr: sys::CUdevice_attribute) -> CudaResult<i32> {
+    let dev = device(ordinal)?;
+    let mut v = 0;
+    // SAFETY: v is a valid out-pointer; dev is a valid device.
+    check("cuDeviceGetAttribute", unsafe {
+        sys::cuDeviceGetAttribute(&mut v, attr, dev)
+    })?;
+    Ok(v)
+}
+
+/// The number of streaming multiprocessors of ordinal `ordinal`.
+pub fn multiprocessor_count(ordinal: u32) -> CudaResult<u32> {
+    device_attribute(
+        ordinal,
+        sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+    )
+    .map(|v| v.max(1) as u32)
+}
+
+/// Where a device pointer lies, from `cuPointerGetAttribute`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceRange {
+    /// The CUDA ordinal of the device the memory is on.
+    pub ordinal: u32,
+    /// First byte of the allocation holding the pointer.
+    pub start: CUdeviceptr,
+    /// Bytes of that allocation.
+    pub size: usize,
+}
+
+/// The device allocation holding `ptr`, or an error when `ptr` is not
+/// device memory (host memory, managed memory, an unknown address).
+pub fn device_range(ptr: CUdeviceptr) -> CudaResult<DeviceRange> {
+    driver_version()?;
+    ensure_context()?;
+    use sys::CUpointer_attribute as A;
+    let mut mem_type: u32 = 0;
+    // SAFETY: the attribute is a 32-bit CUmemorytype; the out-pointer is
+    // valid. The driver only looks the address up.
+    check("cuPointerGetAttribute", unsafe {
+        sys::cuPointerGetAttribute(
+            (&mut mem_type as *mut u32).cast(),
+            A::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+            ptr,
+        )
+    })?;
+    if mem_type != sys::CUmemorytype::CU_MEMORYTYPE_DEVICE as u32 {
+        return Err(CudaError::Call {
+            call: "cuPointerGetAttribute",
+            name: "NOT_DEVICE_MEMORY".into(),
+            description: format!("{ptr:#x} is not device memory (memory type {mem_type})"),
+            code: 0,
+        });
+    }
+    let mut ordinal: i32 = 0;
+    let mut start: CUdeviceptr = 0;
+    let mut size: usize = 0;
+    // SAFETY: each out-pointer has the attribute's documented type (int,
+    // CUdeviceptr, size_t).
+    unsafe {
+        check(
+            "cuPointerGetAttribute",
+            sys::cuPointerGetAttribute(
+                (&mut ordinal as *mut i32).cast(),
+                A::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                ptr,
+            ),
+        )?;
+        check(
+            "cuPointerGetAttribute",
+            sys::cuPointerGetAttribute(
+                (&mut start as *mut CUdeviceptr).cast(),
+                A::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+                ptr,
+            ),
+        )?;
+        check(
+            "cuPointerGetAttribute",
+            sys::cuPointerGetAttribute(
+                (&mut size as *mut usize).cast(),
+                A::CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+                ptr,
+            ),
+        )?;
+    }
+    Ok(DeviceRange {
+        ordinal: ordinal.max(0) as u32,
+        start,
+        size,
+    })
+}
+
+/// A module loaded from PTX text (`cuModuleLoadData`, JIT-compiled by the
+/// driver for the current device), unloaded on drop.
+#[derive(Debug)]
+pub struct Module {
+    raw: sys::CUmodule,
+    ctx: CUcontext,
+}
+
+// SAFETY: a module handle may be used from any thread of the process; the
+// wrapper owns it.
+unsafe impl Send for Module {}
+// SAFETY: looking up functions and launching them are thread-safe.
+unsafe impl Sync for Module {}
+
+impl Module {
+    /// Loads `ptx` into ordinal `ordinal`'s primary context.
+    pub fn load_ptx(ordinal: u32, ptx: &str) -> CudaResult<Module> {
+        let ctx = primary_context(ordinal)?;
+        let _g = ContextGuard::push_context(ctx)?;
+        let text = std::ffi::CString::new(ptx).map_err(|_| CudaError::Call {
+            call: "cuModuleLoadData",
+            name: "CUDA_ERROR_INVALID_PTX".into(),
+            description: "the PTX text holds a NUL byte".into(),
+            code: 0,
+        })?;
+        let mut raw = std::ptr::null_mut();
+        // SAFETY: text is NUL-terminated PTX, alive for the call; raw is a
+        // valid out-pointer; the context is current.
+        check("cuModuleLoadData", unsafe {
+            sys::cuModuleLoadData(&mut raw, text.as_ptr().cast())
+        })?;
+        Ok(Module { raw, ctx })
+    }
+
+    /// The kernel named `name` (its `.entry` name).
+    pub fn function(&self, name: &str) -> CudaResult<Function> {
+        let c = std::ffi::CString::new(name).map_err(|_| CudaError::Call {
+            call: "cuModuleGetFunction",
+            name: "CUDA_ERROR_NOT_FOUND".into(),
+            description: "a kernel name holds a NUL byte".into(),
+            code: 0,
+        })?;
+        let mut f = std::ptr::null_mut();
+        // SAFETY: the module is loaded; c is NUL-terminated; f is a valid
+        // out-pointer.
+        check("cuModuleGetFunction", unsafe {
+            sys::cuModuleGetFunction(&mut f, self.raw, c.as_ptr())
+        })?;
+        Ok(Function(f))
+    }
+}
+
+impl Drop for Module {
+    fn drop(&mut self) {
+        let guard = ContextGuard::push_context(self.ctx);
+        // SAFETY: the module is ours; functions taken from it are only
+        // used while it lives (Function borrows nothing, so callers keep
+        // the module alive: see Function).
+        unsafe { sys::cuModuleUnload(self.raw) };
+        drop(guard);
+    }
+}
+
+/// A kernel of a [`Module`]; valid while the module is loaded.
+#[derive(Debug, Clone, Copy)]
+pub struct Function(sys::CUfunction);
+
+// SAFETY: a function handle is an address usable from any thread.
+unsafe impl Send for Function {}
+// SAFETY: as above.
+unsafe impl Sync for Function {}
+
+impl Function {
+    /// Queues the kernel on `stream` with `grid` x `block` threads (one
+    /// dimension) and the given parameters (`cuLaunchKernel`).
+    ///
+    /// # Safety
+    /// The module must still be loaded, `stream` must be a live stream of
+    /// the module's context, and `params` must point to one value of the
+    /// type and size of each kernel parameter, in order; whatever memory
+    /// the kernel touches through them must stay valid until it completes.
+    pub unsafe fn launch(
+        &self,
+        grid: u32,
+        block: u32,
+        stream: CUstream,
+        params: &mut [*mut c_void],
+    ) -> CudaResult<()> {
+        // SAFETY: per the caller's guarantee; params outlives the call
+        // (the driver copies the values when the launch is queued).
+        check("cuLaunchKernel", unsafe {
+            sys::cuLaunchKernel(
+                self.0,
+                grid.max(1),
+                1,
+                1,
+                block.max(1),
+                1,
+                1,
+                0,
+                stream,
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        })
+    }
 }

@@ -52,6 +52,9 @@ pub enum Error {
     /// An arena error (budget, mlock, mbind, registration, placement).
     #[error(transparent)]
     Arena(#[from] crate::arena::ArenaError),
+    /// A loader error (configuration, or a batch that failed).
+    #[error(transparent)]
+    Loader(#[from] crate::loader::LoaderError),
 }
 
 /// `Result` with numapin's [`Error`].
@@ -79,6 +82,7 @@ impl Error {
             Error::Input { .. } | Error::Env { .. } | Error::Usage { .. } => 2,
             Error::System { .. } => 1,
             Error::Arena(e) => e.exit_code(),
+            Error::Loader(e) => e.exit_code(),
         }
     }
 }

@@ -15,6 +15,7 @@ pub mod cuda;
 pub mod doctor;
 pub mod error;
 pub mod isolate;
+pub mod loader;
 pub mod panic_guard;
 pub mod runtime;
 pub mod sys;
@@ -22,5 +23,6 @@ pub mod topology;
 
 pub use cpulist::CpuList;
 pub use error::{Error, Result};
+pub use loader::{Batch, Loader, LoaderConfig, LoaderError, Target};
 pub use runtime::{PinnedBuf, Runtime};
 pub use topology::Topology;

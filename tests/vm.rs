@@ -43,6 +43,8 @@ fn four_node_script() -> String {
         format!("step doctor-json numapin doctor --json --no-cuda --accelerator-pci-id {acc}"),
         format!("step doctor-bound numapin exec --no-cuda --node 0 -- numapin doctor --json --no-cuda --accelerator-pci-id {acc}"),
         format!("step doctor-text numapin doctor --no-cuda --no-pin-probe --accelerator-pci-id {acc}"),
+        // loaders (host mode for the stand-in accelerator)
+        guest_step("guest-loader", "guest::loader_for_the_node_2_accelerator_stays_on_node_2"),
     ]
     .join("\n")
         + "\n"
@@ -308,7 +310,11 @@ fn exec_binds_cpus_and_memory_to_the_accelerators_node() {
     let t = topology(boot, "topo-json");
     for (step, ordinal, node) in [("exec-gpu1", 1, 3u32), ("exec-rank0", 0, 2)] {
         let g = t.gpu_by_cuda_ordinal(ordinal).expect("ordinal");
-        assert_eq!(g.numa_node, Some(node), "CUDA device {ordinal} (PCI order) is the accelerator on node {node}");
+        assert_eq!(
+            g.numa_node,
+            Some(node),
+            "CUDA device {ordinal} (PCI order) is the accelerator on node {node}"
+        );
         let s = boot.ok(step);
         let mut lines = s.stdout.lines();
         let allowed = lines.next().unwrap_or_default();
@@ -319,8 +325,21 @@ fn exec_binds_cpus_and_memory_to_the_accelerators_node() {
             s.stdout
         );
         let bound: u32 = lines.next().unwrap_or("0").trim().parse().unwrap_or(0);
-        assert!(bound > 0, "step {step}: no mapping with policy bind:{node} in numa_maps:\n{}", s.stdout);
+        assert!(
+            bound > 0,
+            "step {step}: no mapping with policy bind:{node} in numa_maps:\n{}",
+            s.stdout
+        );
     }
+}
+
+#[test]
+fn loader_workers_and_slots_stay_on_the_accelerators_node() {
+    let Some(boot) = four_nodes() else { return };
+    boot.guest_test_passed(
+        "guest-loader",
+        "guest::loader_for_the_node_2_accelerator_stays_on_node_2",
+    );
 }
 
 /// The step markers read back exactly what the guest printed.
@@ -463,8 +482,15 @@ mod guest {
         };
         let t = Topology::probe(&opts).unwrap();
         assert_eq!(t.numa_nodes.len(), 4);
-        let memory: Vec<(u32, u64)> = t.numa_nodes.iter().map(|n| (n.os_index, n.memory_bytes)).collect();
-        let cfg = RuntimeConfig { region_bytes: 32 << 20, ..Default::default() };
+        let memory: Vec<(u32, u64)> = t
+            .numa_nodes
+            .iter()
+            .map(|n| (n.os_index, n.memory_bytes))
+            .collect();
+        let cfg = RuntimeConfig {
+            region_bytes: 32 << 20,
+            ..Default::default()
+        };
         let rt = Runtime::new(t, cfg).unwrap();
         const BUF: usize = 8 << 20;
         for (node, mem) in memory {
@@ -472,35 +498,58 @@ mod guest {
             assert_eq!(b.node(), node);
             b.fill(7);
             let page = 4096;
-            let pages: Vec<*mut libc::c_void> =
-                (0..BUF).step_by(page).map(|o| b.as_mut_ptr().wrapping_add(o).cast()).collect();
+            let pages: Vec<*mut libc::c_void> = (0..BUF)
+                .step_by(page)
+                .map(|o| b.as_mut_ptr().wrapping_add(o).cast())
+                .collect();
             let status = raw::query(&pages).unwrap();
-            assert!(status.iter().all(|&s| s == node as i32), "node {node}: pages on {:?}", {
-                let mut c = std::collections::BTreeMap::new();
-                for s in &status {
-                    *c.entry(*s).or_insert(0) += 1;
+            assert!(
+                status.iter().all(|&s| s == node as i32),
+                "node {node}: pages on {:?}",
+                {
+                    let mut c = std::collections::BTreeMap::new();
+                    for s in &status {
+                        *c.entry(*s).or_insert(0) += 1;
+                    }
+                    c
                 }
-                c
-            });
+            );
             let st = rt.stats().into_iter().find(|s| s.node == node).unwrap();
             assert_eq!(st.regions, 1, "node {node}: {st:?}");
             assert_eq!(st.bytes_reserved, 32 << 20, "node {node}: {st:?}");
             assert_eq!(st.bytes_locked, 32 << 20, "node {node}: {st:?}");
             assert_eq!(st.bytes_in_use, BUF as u64, "node {node}: {st:?}");
             assert_eq!(st.pages_off_node, 0, "node {node}: {st:?}");
-            assert!(st.pages_on_node >= (BUF / page) as u64, "node {node}: {st:?}");
-            assert_eq!(st.budget, mem / 2, "node {node}: the default budget is half the node's memory: {st:?}");
+            assert!(
+                st.pages_on_node >= (BUF / page) as u64,
+                "node {node}: {st:?}"
+            );
+            assert_eq!(
+                st.budget,
+                mem / 2,
+                "node {node}: the default budget is half the node's memory: {st:?}"
+            );
             // Over budget: the error names the node and the figures.
             match rt.alloc_on_node(node, (mem / 2) as usize) {
-                Err(numapin::Error::Arena(numapin::arena::ArenaError::BudgetExceeded { node: n, limit, .. })) => {
+                Err(numapin::Error::Arena(numapin::arena::ArenaError::BudgetExceeded {
+                    node: n,
+                    limit,
+                    ..
+                })) => {
                     assert_eq!((n, limit), (node, mem / 2));
                 }
-                other => panic!("node {node}: expected BudgetExceeded, got {:?}", other.map(|b| b.len())),
+                other => panic!(
+                    "node {node}: expected BudgetExceeded, got {:?}",
+                    other.map(|b| b.len())
+                ),
             }
             drop(b);
             let st = rt.stats().into_iter().find(|s| s.node == node).unwrap();
             assert_eq!(st.bytes_in_use, 0, "node {node}: {st:?}");
-            println!("node {node}: {} pages of a {BUF}-byte buffer all on node {node}; stats {st:?}", pages.len());
+            println!(
+                "node {node}: {} pages of a {BUF}-byte buffer all on node {node}; stats {st:?}",
+                pages.len()
+            );
         }
     }
 
@@ -579,6 +628,99 @@ mod guest {
                 "running on CPU {cpu}, outside node 2's CPUs {want}"
             );
         }
+    }
+
+    /// A host-mode loader for the accelerator on node 2 (the stand-in has
+    /// no CUDA ordinal, so it is named by its topology index): its workers
+    /// run only on node 2's CPUs, every batch's slot lies on node 2, and
+    /// everything is given back at the end.
+    #[test]
+    #[ignore = "runs inside the emulated machine; `cargo test --test vm` boots it"]
+    fn loader_for_the_node_2_accelerator_stays_on_node_2() {
+        use numapin::loader::{Loader, LoaderConfig, Target};
+        use numapin::runtime::{Runtime, RuntimeConfig};
+        use numapin::topology::{CudaMode, PciId, ProbeOptions, Topology};
+        use std::collections::BTreeSet;
+        use std::sync::{Arc, Mutex};
+
+        if !in_guest() {
+            return;
+        }
+        let opts = ProbeOptions {
+            cuda: CudaMode::Off,
+            accelerator_ids: vec![PciId::parse(super::TESTDEV_PCI_ID).unwrap()],
+            ..ProbeOptions::from_process()
+        };
+        let topo = Topology::probe(&opts).unwrap();
+        let acc = topo
+            .gpus
+            .iter()
+            .find(|g| g.numa_node == Some(2))
+            .expect("an accelerator on node 2")
+            .index;
+        let rt = Runtime::new(
+            topo,
+            RuntimeConfig {
+                region_bytes: 16 << 20,
+                ..RuntimeConfig::default()
+            },
+        )
+        .unwrap();
+        let want = node_cpus(2);
+        let ran_on = Arc::new(Mutex::new(BTreeSet::new()));
+        let seen = ran_on.clone();
+        let cfg = LoaderConfig {
+            batch_bytes: 1 << 20,
+            workers: 2,
+            total_batches: Some(24),
+            ..LoaderConfig::default()
+        };
+        let loader = Loader::new(&rt, Target::HostForGpu(acc), cfg, move |i, s: &mut [u8]| {
+            seen.lock().unwrap().insert(raw::current_cpu());
+            s.fill(i as u8);
+            Ok::<_, String>(s.len())
+        })
+        .unwrap();
+        assert_eq!(loader.worker_cpus(), &want);
+        assert_eq!(loader.node(), 2);
+        assert!(loader.warnings().is_empty(), "{:?}", loader.warnings());
+        for &tid in loader.worker_tids() {
+            let set = nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(tid)).unwrap();
+            let got: CpuList = (0..nix::sched::CpuSet::count())
+                .filter(|&c| set.is_set(c).unwrap_or(false))
+                .map(|c| c as u32)
+                .collect();
+            assert_eq!(got, want, "worker {tid}");
+        }
+        let mut n = 0;
+        for b in &loader {
+            let b = b.unwrap();
+            assert_eq!(b.index(), n);
+            let buf = b.host_buf().unwrap();
+            assert_eq!(buf.node(), 2);
+            assert!(b.host_bytes().unwrap().iter().all(|&x| x == n as u8));
+            let pages: Vec<*mut libc::c_void> = (0..buf.len())
+                .step_by(4096)
+                .map(|off| buf.as_ptr().wrapping_add(off) as *mut libc::c_void)
+                .collect();
+            let nodes = raw::query(&pages).unwrap();
+            assert!(
+                nodes.iter().all(|&x| x == 2),
+                "batch {n}: pages on {nodes:?}"
+            );
+            n += 1;
+        }
+        assert_eq!(n, 24);
+        let cpus: CpuList = ran_on.lock().unwrap().iter().copied().collect();
+        assert!(
+            cpus.is_subset(&want),
+            "producers ran on {cpus}, outside node 2 ({want})"
+        );
+        drop(loader);
+        for s in rt.stats() {
+            assert_eq!(s.bytes_in_use, 0, "{s:?}");
+        }
+        println!("24 batches, workers on CPUs {cpus}, every slot page on node 2");
     }
 
     /// The raw system calls the checks need (std + libc only).
@@ -681,6 +823,7 @@ mod guest {
             }
         }
 
+        /// The node of each page (`move_pages` with no target nodes).
         pub fn query(pages: &[*mut libc::c_void]) -> io::Result<Vec<i32>> {
             let mut status = vec![i32::MIN; pages.len()];
             // SAFETY: `pages` and `status` both hold `pages.len()` entries;

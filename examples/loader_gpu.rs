@@ -1,0 +1,300 @@
+//! The loader and staged-copy figures of docs/BENCHMARKS.md, all in one
+//! run, with their baselines and ratios:
+//!
+//! ```text
+//! cargo run --release --example loader_gpu -- [--batch-mib 64] [--batches 64]
+//!     [--reps 3] [--staged-mib 1024] [--gpus 0,1,2,3] [--json]
+//! ```
+//!
+//! Prints one table (and with `--json` one JSON object per line after it).
+//! Without a GPU it measures host mode only and says so.
+
+use std::process::ExitCode;
+
+use numapin::loader::measure::{self, Cost, Direction, LoaderBench, Mode, Stats};
+use numapin::loader::StagedOptions;
+use numapin::runtime::{Runtime, RuntimeConfig};
+use numapin::topology::{ProbeOptions, Topology};
+
+struct Args {
+    batch_mib: usize,
+    batches: u64,
+    reps: usize,
+    staged_mib: usize,
+    gpus: Option<Vec<u32>>,
+    json: bool,
+}
+
+fn parse() -> Result<Args, String> {
+    let mut a = Args {
+        batch_mib: 64,
+        batches: 64,
+        reps: 3,
+        staged_mib: 1024,
+        gpus: None,
+        json: false,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(k) = it.next() {
+        let mut val = || it.next().ok_or(format!("{k} needs a value"));
+        let num = |v: String| v.parse::<u64>().map_err(|e| format!("{k} {v}: {e}"));
+        match k.as_str() {
+            "--batch-mib" => a.batch_mib = num(val()?)? as usize,
+            "--batches" => a.batches = num(val()?)?,
+            "--reps" => a.reps = num(val()?)? as usize,
+            "--staged-mib" => a.staged_mib = num(val()?)? as usize,
+            "--gpus" => {
+                a.gpus = Some(
+                    val()?
+                        .split(',')
+                        .map(|g| g.trim().parse().map_err(|e| format!("--gpus {g}: {e}")))
+                        .collect::<Result<_, _>>()?,
+                )
+            }
+            "--json" => a.json = true,
+            _ => return Err(format!("unknown argument {k}")),
+        }
+    }
+    if a.batch_mib == 0 || a.batches == 0 || a.reps == 0 || a.staged_mib == 0 {
+        return Err("sizes, batches and reps must be at least 1".into());
+    }
+    Ok(a)
+}
+
+/// Rows of cells, printed with each column padded to its widest cell.
+struct Table(Vec<Vec<String>>);
+
+impl Table {
+    fn new<const N: usize>(header: [&str; N]) -> Self {
+        Table(vec![header.iter().map(|s| s.to_string()).collect()])
+    }
+    fn row<const N: usize>(&mut self, cells: [String; N]) {
+        self.0.push(cells.to_vec());
+    }
+    fn render(&self) -> String {
+        let n = self.0.iter().map(Vec::len).max().unwrap_or(0);
+        let w: Vec<usize> = (0..n)
+            .map(|i| {
+                self.0
+                    .iter()
+                    .filter_map(|r| r.get(i))
+                    .map(|c| c.chars().count())
+                    .max()
+                    .unwrap_or(0)
+            })
+            .collect();
+        self.0
+            .iter()
+            .map(|r| {
+                let line: Vec<String> = r
+                    .iter()
+                    .enumerate()
+                    .map(|(i, c)| format!("{c:<0$}", w[i]))
+                    .collect();
+                line.join("  ").trim_end().to_string()
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+}
+
+fn f(x: f64) -> String {
+    format!("{x:.1}")
+}
+
+struct Report {
+    table: Table,
+    json: Vec<serde_json::Value>,
+}
+
+impl Report {
+    fn row(&mut self, what: &str, unit: &str, s: &Stats, ratio: Option<(f64, &str)>, note: &str) {
+        let r = ratio
+            .map(|(r, of)| format!("{r:.2}x {of}"))
+            .unwrap_or_default();
+        self.table.row([
+            what.to_string(),
+            unit.to_string(),
+            f(s.median),
+            f(s.min),
+            f(s.max),
+            r.clone(),
+            note.to_string(),
+        ]);
+        self.json.push(serde_json::json!({
+            "name": what, "unit": unit, "median": s.median, "min": s.min, "max": s.max,
+            "ratio": ratio.map(|(r, _)| r), "ratio_of": ratio.map(|(_, o)| o), "note": note,
+        }));
+    }
+}
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("loader_gpu: {e}");
+            ExitCode::from(if e.exit_code() == 2 { 2 } else { 1 })
+        }
+    }
+}
+
+fn run() -> numapin::Result<()> {
+    let args = parse().map_err(|problem| numapin::Error::Usage {
+        problem,
+        fix: "see the usage at the top of examples/loader_gpu.rs".into(),
+    })?;
+    let topo = Topology::probe(&ProbeOptions::from_process())?;
+    let all: Vec<u32> = topo.gpus.iter().filter_map(|g| g.cuda_ordinal).collect();
+    let rt = Runtime::new(topo, RuntimeConfig::default())?;
+    let mib = 1usize << 20;
+    let batch_bytes = args.batch_mib * mib;
+    let bench = LoaderBench {
+        batch_bytes,
+        batches: args.batches,
+        reps: args.reps,
+        ..LoaderBench::default()
+    };
+    let mut rep = Report {
+        table: Table::new([
+            "measurement",
+            "unit",
+            "median",
+            "min",
+            "max",
+            "ratio",
+            "note",
+        ]),
+        json: Vec::new(),
+    };
+    let verified = |v: bool| if v { "verified" } else { "NOT VERIFIED" };
+    if !numapin::cuda::available() || all.is_empty() {
+        println!("no CUDA GPU here: host mode only");
+        let host = measure::loader_gbps(&rt, Mode::Host, &bench)?;
+        rep.row(
+            "loader, host mode",
+            "GB/s",
+            &host.gbps,
+            None,
+            verified(host.verified),
+        );
+        println!("{}", rep.table.render());
+        return Ok(());
+    }
+    let gpus = args.gpus.clone().unwrap_or(all);
+    let g = gpus[0];
+    // The pageable buffers of the copy baselines are made by this thread:
+    // put it on GPU g's CPUs so that they are local, as the staged copy's
+    // slots are.
+    if let Some(gpu) = rt.topology().gpu_by_cuda_ordinal(g) {
+        let cpus = gpu.local_cpus.intersection(&rt.topology().allowed.cpus);
+        if !cpus.is_empty() {
+            numapin::affinity::bind_current_thread(&cpus)?;
+        }
+    }
+    let bare = measure::pinned_copy_gbps(&rt, g, batch_bytes, args.reps.max(5))?;
+    rep.row(
+        &format!("bare cuMemcpyHtoDAsync loop, GPU {g}"),
+        "GB/s",
+        &bare,
+        None,
+        &format!("{} MiB copies from an arena buffer", args.batch_mib),
+    );
+    let plain = measure::loader_gbps(&rt, Mode::Gpu(g), &bench)?;
+    rep.row(
+        &format!("loader, GPU {g}, fill producer"),
+        "GB/s",
+        &plain.gbps,
+        Some((plain.gbps.median / bare.median, "bare")),
+        &format!("{} workers, {}", plain.workers, verified(plain.verified)),
+    );
+    let busy = measure::loader_gbps(
+        &rt,
+        Mode::Gpu(g),
+        &LoaderBench {
+            spin_kernel: true,
+            ..bench.clone()
+        },
+    )?;
+    rep.row(
+        &format!("loader, GPU {g}, kernel on another stream"),
+        "GB/s",
+        &busy.gbps,
+        Some((busy.gbps.median / bare.median, "bare")),
+        verified(busy.verified),
+    );
+    let alone = measure::spin_kernel_ms(g, 20)?;
+    rep.row("busy kernel alone", "ms", &alone, None, "");
+    if let Some(with) = &busy.kernel_ms {
+        rep.row(
+            "busy kernel with the loader running",
+            "ms",
+            with,
+            Some((with.median / alone.median, "alone")),
+            "1.00x = copies fully hidden",
+        );
+    }
+    let agg = measure::loader_gbps_all(&rt, &gpus, &bench)?;
+    rep.row(
+        &format!("loaders on {} GPU(s) at once, aggregate", gpus.len()),
+        "GB/s",
+        &agg.gbps,
+        Some((agg.gbps.median / 151.0, "torch 151 GB/s (issue)")),
+        &format!(
+            "{}; run benches/baselines/torch_pinned_copy.py for the same-run baseline",
+            verified(agg.verified)
+        ),
+    );
+    let scaling = LoaderBench {
+        batches: args.batches.min(32),
+        cost: Cost::Busy {
+            ns_per_mib: 100_000,
+        },
+        ..bench.clone()
+    };
+    let mut one = None;
+    for w in [1usize, 2, 4, 8] {
+        let s = measure::loader_gbps(
+            &rt,
+            Mode::Gpu(g),
+            &LoaderBench {
+                workers: w,
+                ..scaling.clone()
+            },
+        )?;
+        let base = *one.get_or_insert(s.gbps.median);
+        rep.row(
+            &format!("producer-bound (100 us/MiB), {w} worker(s)"),
+            "GB/s",
+            &s.gbps,
+            Some((s.gbps.median / base, "1 worker")),
+            verified(s.verified),
+        );
+    }
+    let bytes = args.staged_mib * mib;
+    for (dir, name) in [(Direction::ToDevice, "H2D"), (Direction::FromDevice, "D2H")] {
+        let page = measure::pageable_gbps(g, bytes, args.reps, dir)?;
+        let staged =
+            measure::staged_gbps(&rt, g, bytes, args.reps, dir, &StagedOptions::default())?;
+        rep.row(
+            &format!("driver pageable copy {name}, {} MiB Vec", args.staged_mib),
+            "GB/s",
+            &page.gbps,
+            None,
+            verified(page.verified),
+        );
+        rep.row(
+            &format!("staged copy {name}"),
+            "GB/s",
+            &staged.gbps,
+            Some((staged.gbps.median / page.gbps.median, "pageable")),
+            verified(staged.verified),
+        );
+    }
+    println!("{}", rep.table.render());
+    if args.json {
+        for j in &rep.json {
+            println!("{j}");
+        }
+    }
+    Ok(())
+}
