@@ -547,8 +547,11 @@ mod guest {
             let st = rt.stats().into_iter().find(|s| s.node == node).unwrap();
             assert_eq!(st.bytes_in_use, 0, "node {node}: {st:?}");
             println!(
-                "node {node}: {} pages of a {BUF}-byte buffer all on node {node}; stats {st:?}",
-                pages.len()
+                "node {node}: {} pages of a {BUF}-byte buffer all on node {node}; {} region(s), {} bytes locked, budget {}",
+                pages.len(),
+                st.regions,
+                st.bytes_locked,
+                st.budget
             );
         }
     }

@@ -320,16 +320,85 @@ pub fn run(
 mod extra {
     //! Measurements of the loader and the staged copy.
     use super::*;
+    use crate::loader::measure::{self as lm, Direction, LoaderBench, Mode};
+    use crate::loader::StagedOptions;
 
     pub(super) fn run(
-        _rt: &Runtime,
-        _opts: &BenchOptions,
-        _ordinals: &[u32],
-        _gpu_ok: bool,
-        _report: &mut BenchReport,
-        _progress: &mut dyn FnMut(&str),
+        rt: &Runtime,
+        opts: &BenchOptions,
+        ordinals: &[u32],
+        gpu_ok: bool,
+        report: &mut BenchReport,
+        progress: &mut dyn FnMut(&str),
     ) -> Result<()> {
+        let has = |m: Measure| opts.measures.contains(&m);
+        if gpu_ok && has(Measure::Staged) {
+            for &g in ordinals {
+                for (dir, name) in [(Direction::ToDevice, "h2d"), (Direction::FromDevice, "d2h")] {
+                    progress(&format!("GPU {g}: staged {name}"));
+                    let f = lm::staged_gbps(
+                        rt,
+                        g,
+                        opts.copy_bytes,
+                        opts.reps,
+                        dir,
+                        &StagedOptions::default(),
+                    )?;
+                    report.results.push(
+                        BenchResult::new(name, "GB/s", &f.gbps)
+                            .with("gpu", g)
+                            .with("memory", "staged")
+                            .with("bytes", opts.copy_bytes)
+                            .with("verified", f.verified),
+                    );
+                }
+            }
+        }
+        if has(Measure::Loader) {
+            let reps = opts.reps.clamp(1, 5);
+            let b = LoaderBench {
+                reps,
+                ..LoaderBench::default()
+            };
+            if gpu_ok {
+                for &g in ordinals {
+                    progress(&format!("GPU {g}: loader"));
+                    let f = lm::loader_gbps(rt, Mode::Gpu(g), &b)?;
+                    report
+                        .results
+                        .push(loader_result(&f, &b).with("gpu", g).with("gpus", 1));
+                }
+                if ordinals.len() > 1 {
+                    progress("loaders on all GPUs at once");
+                    let f = lm::loader_gbps_all(rt, ordinals, &b)?;
+                    report.results.push(
+                        BenchResult::new("loader", "GB/s", &f.gbps)
+                            .with("mode", "gpu")
+                            .with("gpus", ordinals.len())
+                            .with("batch_bytes", b.batch_bytes)
+                            .with("verified", f.verified),
+                    );
+                }
+            } else {
+                progress("host-mode loader");
+                let hb = LoaderBench {
+                    batch_bytes: 16 << 20,
+                    batches: 32,
+                    ..b
+                };
+                let f = lm::loader_gbps(rt, Mode::Host, &hb)?;
+                report.results.push(loader_result(&f, &hb).with("gpus", 0));
+            }
+        }
         Ok(())
+    }
+
+    fn loader_result(f: &lm::LoaderFigure, b: &LoaderBench) -> BenchResult {
+        BenchResult::new("loader", "GB/s", &f.gbps)
+            .with("mode", f.mode)
+            .with("workers", f.workers)
+            .with("batch_bytes", b.batch_bytes)
+            .with("verified", f.verified)
     }
 }
 
