@@ -35,27 +35,30 @@ fn alloc_free(c: &mut Criterion) {
     g.bench_function("malloc_1_thread", |b| {
         b.iter(|| black_box(Vec::<u8>::with_capacity(black_box(SIZE))))
     });
-    // Per-thread latency with 8 threads doing it at once.
-    g.bench_function("arena_8_threads", |b| {
-        b.iter_custom(|iters| {
-            let barrier = std::sync::Barrier::new(8);
-            std::thread::scope(|s| {
-                let hs: Vec<_> = (0..8)
-                    .map(|_| {
-                        s.spawn(|| {
-                            barrier.wait();
-                            let t = Instant::now();
-                            for _ in 0..iters {
-                                black_box(rt.alloc_on_node(node, black_box(SIZE)).unwrap());
-                            }
-                            t.elapsed()
+    // Per-thread latency with 2 and 8 threads doing it at once: the wall
+    // time of the slowest thread over its pairs (each thread does `iters`).
+    for threads in [2usize, 8] {
+        g.bench_function(format!("arena_{threads}_threads"), |b| {
+            b.iter_custom(|iters| {
+                let barrier = std::sync::Barrier::new(threads);
+                std::thread::scope(|s| {
+                    let hs: Vec<_> = (0..threads)
+                        .map(|_| {
+                            s.spawn(|| {
+                                barrier.wait();
+                                let t = Instant::now();
+                                for _ in 0..iters {
+                                    black_box(rt.alloc_on_node(node, black_box(SIZE)).unwrap());
+                                }
+                                t.elapsed()
+                            })
                         })
-                    })
-                    .collect();
-                hs.into_iter().map(|h| h.join().unwrap()).max().unwrap()
+                        .collect();
+                    hs.into_iter().map(|h| h.join().unwrap()).max().unwrap()
+                })
             })
-        })
-    });
+        });
+    }
     if numapin::cuda::available() && numapin::cuda::set_device(0).is_ok() {
         g.bench_function("cuMemAllocHost_1_thread", |b| {
             b.iter(|| black_box(numapin::cuda::HostAlloc::new(SIZE).unwrap()))
