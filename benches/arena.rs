@@ -1,5 +1,6 @@
-//! Arena benchmarks: alloc+free latency (one thread and 8 at once, against
-//! malloc/free and, with a GPU, cuMemAllocHost/cuMemFreeHost), and region
+//! Arena benchmarks: alloc+free latency (one thread, 2 and 8 at once, with
+//! and without the thread caches, against malloc/free and, with a GPU,
+//! cuMemAllocHost/cuMemFreeHost), and region
 //! creation per GiB (serial and parallel populate, against mmap+mlock).
 //!
 //! `cargo bench --bench arena`; results are recorded in docs/BENCHMARKS.md.
@@ -9,53 +10,100 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use numapin::arena::measure;
+use numapin::arena::{measure, CacheLimits};
 use numapin::runtime::{Runtime, RuntimeConfig};
 use numapin::topology::{ProbeOptions, Topology};
 
 const SIZE: usize = 64 << 10;
 
-fn runtime() -> Arc<Runtime> {
+fn runtime_with(cfg: RuntimeConfig) -> Arc<Runtime> {
     let t = Topology::probe(&ProbeOptions::from_process()).expect("probe this machine");
-    Arc::new(Runtime::new(t, RuntimeConfig::default()).expect("runtime"))
+    Arc::new(Runtime::new(t, cfg).expect("runtime"))
+}
+
+fn runtime() -> Arc<Runtime> {
+    runtime_with(RuntimeConfig::default())
 }
 
 fn node(rt: &Runtime) -> u32 {
     rt.stats().first().expect("a node with memory").node
 }
 
+/// CPU time of the calling thread: unlike wall time, not inflated when a
+/// shared machine has fewer free cores than threads, but still charged for
+/// lock hand-offs and cache lines bouncing between cores.
+fn thread_cpu_time() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec, which ts is.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    assert_eq!(rc, 0, "clock_gettime(CLOCK_THREAD_CPUTIME_ID)");
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+/// `threads` threads, started together, each do `iters` alloc+free pairs;
+/// the slowest thread's wall time (or, with `cpu`, the largest CPU time).
+fn threads_at_once(rt: &Runtime, node: u32, threads: usize, iters: u64, cpu: bool) -> Duration {
+    let barrier = std::sync::Barrier::new(threads);
+    let clock = || {
+        if cpu {
+            thread_cpu_time()
+        } else {
+            Instant::now().duration_since(*START)
+        }
+    };
+    std::thread::scope(|s| {
+        let hs: Vec<_> = (0..threads)
+            .map(|_| {
+                s.spawn(|| {
+                    barrier.wait();
+                    let t = clock();
+                    for _ in 0..iters {
+                        black_box(rt.alloc_on_node(node, black_box(SIZE)).unwrap());
+                    }
+                    clock() - t
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).max().unwrap()
+    })
+}
+
+static START: std::sync::LazyLock<Instant> = std::sync::LazyLock::new(Instant::now);
+
 fn alloc_free(c: &mut Criterion) {
     let rt = runtime();
     let node = node(&rt);
     drop(rt.alloc_on_node(node, SIZE).unwrap());
-    let mut g = c.benchmark_group("alloc_free_64KiB");
-    g.bench_function("arena_1_thread", |b| {
-        b.iter(|| black_box(rt.alloc_on_node(node, black_box(SIZE)).unwrap()))
+    // Same-run baseline: the arena with its thread caches off (every alloc
+    // and free through the node's lock).
+    let locked = runtime_with(RuntimeConfig {
+        thread_cache: CacheLimits::off(),
+        ..RuntimeConfig::default()
     });
+    drop(locked.alloc_on_node(node, SIZE).unwrap());
+    let mut g = c.benchmark_group("alloc_free_64KiB");
+    for (name, rt) in [("arena", &rt), ("arena_nocache", &locked)] {
+        g.bench_function(format!("{name}_1_thread"), |b| {
+            b.iter(|| black_box(rt.alloc_on_node(node, black_box(SIZE)).unwrap()))
+        });
+    }
     g.bench_function("malloc_1_thread", |b| {
         b.iter(|| black_box(Vec::<u8>::with_capacity(black_box(SIZE))))
     });
-    // Per-thread latency with 8 threads doing it at once.
-    g.bench_function("arena_8_threads", |b| {
-        b.iter_custom(|iters| {
-            let barrier = std::sync::Barrier::new(8);
-            std::thread::scope(|s| {
-                let hs: Vec<_> = (0..8)
-                    .map(|_| {
-                        s.spawn(|| {
-                            barrier.wait();
-                            let t = Instant::now();
-                            for _ in 0..iters {
-                                black_box(rt.alloc_on_node(node, black_box(SIZE)).unwrap());
-                            }
-                            t.elapsed()
-                        })
-                    })
-                    .collect();
-                hs.into_iter().map(|h| h.join().unwrap()).max().unwrap()
-            })
-        })
-    });
+    // Per-thread latency with 2 and 8 threads doing it at once: the wall
+    // time (and CPU time) of the slowest thread over its pairs.
+    for threads in [2usize, 8] {
+        for (name, rt) in [("arena", &rt), ("arena_nocache", &locked)] {
+            for (clock, cpu) in [("", false), ("_cpu_time", true)] {
+                g.bench_function(format!("{name}_{threads}_threads{clock}"), |b| {
+                    b.iter_custom(|iters| threads_at_once(rt, node, threads, iters, cpu))
+                });
+            }
+        }
+    }
     if numapin::cuda::available() && numapin::cuda::set_device(0).is_ok() {
         g.bench_function("cuMemAllocHost_1_thread", |b| {
             b.iter(|| black_box(numapin::cuda::HostAlloc::new(SIZE).unwrap()))

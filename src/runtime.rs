@@ -44,6 +44,10 @@ pub struct RuntimeConfig {
     pub register: bool,
     /// What a page found off its node means (default an error).
     pub placement: Placement,
+    /// Bounds of each thread's cache of freed blocks, per node (default
+    /// 64 blocks, 16 MiB, blocks up to 4 MiB; [`arena::CacheLimits::off`]
+    /// turns caching off).
+    pub thread_cache: arena::CacheLimits,
     /// How long [`Runtime::alloc_on_node`] and [`Runtime::alloc_for_gpu`]
     /// wait for frees when over budget (default `None`: fail at once).
     pub budget_wait: Option<Duration>,
@@ -66,6 +70,7 @@ impl Default for RuntimeConfig {
             populate_threads: 0,
             register: true,
             placement: Placement::Strict,
+            thread_cache: arena::CacheLimits::default(),
             budget_wait: None,
             fail_after: None,
             skip_memlock_check: false,
@@ -156,6 +161,7 @@ impl Runtime {
                         cpus,
                         register: config.register,
                         placement: config.placement,
+                        cache: config.thread_cache,
                         memlock_applies,
                         fail_after: config.fail_after,
                     },
@@ -300,7 +306,8 @@ impl Runtime {
     }
 
     /// Gives every empty region back to the system (unregister, unlock,
-    /// unmap); returns the bytes still reserved over all nodes.
+    /// unmap), after taking back the blocks threads keep in their caches;
+    /// returns the bytes still reserved over all nodes.
     pub fn trim(&self) -> u64 {
         self.arenas.iter().map(|a| a.trim()).sum()
     }
@@ -337,5 +344,15 @@ impl Runtime {
         let mut p =
             crate::affinity::plan(t, &[index], mode, &crate::affinity::PlanOptions::default())?;
         Ok(p.ranks.remove(0))
+    }
+}
+
+impl Drop for Runtime {
+    /// Closes the threads' caches, so that each arena is freed as soon as
+    /// its last buffer is (cached blocks would keep it alive).
+    fn drop(&mut self) {
+        for a in &self.arenas {
+            a.close_thread_caches();
+        }
     }
 }

@@ -654,3 +654,455 @@ fn gpu_h2d_bandwidth_matches_cuda_pinned_memory() {
         "arena {arena_gbs:.2} GB/s vs cuMemAllocHost {host_gbs:.2} GB/s"
     );
 }
+
+// ---- Thread caches -------------------------------------------------------
+
+use numapin::arena::measure::Rng;
+use numapin::arena::{CacheLimits, NodeStats};
+use numapin::PinnedBuf;
+
+fn with_cache(limits: CacheLimits) -> RuntimeConfig {
+    RuntimeConfig {
+        thread_cache: limits,
+        ..small()
+    }
+}
+
+fn node_stats(rt: &Runtime) -> NodeStats {
+    rt.stats().into_iter().next().expect("a node with memory")
+}
+
+/// Bytes of the live buffers (what `bytes_in_use` must say).
+fn capacity_of(live: &[(PinnedBuf, u8)]) -> u64 {
+    live.iter().map(|(b, _)| b.capacity() as u64).sum()
+}
+
+fn fill(mut buf: PinnedBuf, tag: u8) -> (PinnedBuf, u8) {
+    buf.fill(tag);
+    (buf, tag)
+}
+
+fn check_tag((buf, tag): &(PinnedBuf, u8)) {
+    assert!(
+        buf.iter().all(|b| b == tag),
+        "a buffer of {} bytes at {:p} was overwritten",
+        buf.len(),
+        buf.as_ptr()
+    );
+}
+
+/// One thread allocating and freeing a dozen sizes (more than a cache has
+/// bins, some over its block cap): the cache never holds more blocks or
+/// bytes than its bounds, bytes in use are exactly the live buffers', and
+/// it is used (hits) at all.
+#[test]
+fn a_thread_cache_stays_within_its_bounds() {
+    let _g = serial();
+    let lim = CacheLimits {
+        max_blocks: 8,
+        max_bytes: 256 << 10,
+        max_block_bytes: 64 << 10,
+    };
+    let rt = runtime(with_cache(lim));
+    let node = first_node(&rt);
+    let mut rng = Rng::new(11);
+    let mut live = Vec::new();
+    let mut most_cached = 0;
+    for round in 0..300u32 {
+        for _ in 0..rng.next_u64() % 12 {
+            // 20 sizes in 4 KiB steps: 4..80 KiB, 16 of them cached (more
+            // than a cache has bins), the last four over the cap.
+            let size = (1 + rng.next_u64() % 20) as usize * 4096 - (rng.next_u64() % 3000) as usize;
+            let buf = rt.alloc_on_node(node, size).unwrap();
+            live.push(fill(buf, round as u8));
+        }
+        let keep = (rng.next_u64() % 6) as usize;
+        while live.len() > keep {
+            let b = live.swap_remove(rng.next_u64() as usize % live.len());
+            check_tag(&b);
+            drop(b);
+            let s = node_stats(&rt);
+            assert!(s.blocks_cached <= 8, "{s:?}");
+            assert!(s.bytes_cached <= 256 << 10, "{s:?}");
+            assert_eq!(s.bytes_in_use, capacity_of(&live), "{s:?}");
+            most_cached = most_cached.max(s.blocks_cached);
+        }
+    }
+    live.iter().for_each(check_tag);
+    drop(live);
+    let s = node_stats(&rt);
+    assert_eq!(s.bytes_in_use, 0);
+    assert_eq!(s.allocations, s.frees);
+    assert!(most_cached >= 4, "the cache was barely used: {most_cached}");
+    assert!(s.cache_hits > s.allocations / 10, "{s:?}");
+}
+
+/// With the cache off, nothing is ever cached.
+#[test]
+fn a_cache_can_be_turned_off() {
+    let _g = serial();
+    let rt = runtime(with_cache(CacheLimits::off()));
+    let node = first_node(&rt);
+    for _ in 0..10 {
+        drop(rt.alloc_on_node(node, 4096).unwrap());
+    }
+    let s = node_stats(&rt);
+    assert_eq!((s.blocks_cached, s.cache_hits, s.frees), (0, 0, 10));
+}
+
+/// The loader's pattern: buffers allocated on one thread, dropped on
+/// another. The freeing thread's cache stays bounded while it runs, and its
+/// exit gives everything back.
+#[test]
+fn buffers_freed_on_another_thread_and_thread_exit() {
+    let _g = serial();
+    let lim = CacheLimits {
+        max_blocks: 6,
+        ..CacheLimits::default()
+    };
+    let rt = Arc::new(runtime(with_cache(lim)));
+    let node = first_node(&rt);
+    let (to_consumer, inbox) = std::sync::mpsc::channel::<Option<(PinnedBuf, u8)>>();
+    let (to_main, from_consumer) = std::sync::mpsc::channel::<()>();
+    let consumer = {
+        let rt = rt.clone();
+        std::thread::spawn(move || {
+            while let Some(b) = inbox.recv().unwrap() {
+                check_tag(&b);
+                drop(b);
+                let s = node_stats(&rt);
+                assert!(s.blocks_cached <= 6, "{s:?}");
+                to_main.send(()).unwrap();
+            }
+            // Parked with a full cache until told to go.
+            assert!(node_stats(&rt).blocks_cached > 0);
+            to_main.send(()).unwrap();
+            assert!(inbox.recv().unwrap().is_none());
+        })
+    };
+    for i in 0..100u32 {
+        let buf = rt.alloc_on_node(node, 64 << 10).unwrap();
+        to_consumer.send(Some(fill(buf, i as u8))).unwrap();
+        from_consumer.recv().unwrap();
+    }
+    to_consumer.send(None).unwrap();
+    from_consumer.recv().unwrap();
+    let s = node_stats(&rt);
+    assert!((1..=6).contains(&s.blocks_cached), "{s:?}");
+    assert_eq!(s.bytes_in_use, 0);
+    assert_eq!(s.bytes_cached, s.blocks_cached * (64 << 10));
+    // This thread's cache is empty: none of them is its.
+    assert_eq!(rt.arena(node).unwrap().flush_thread_cache(), 0);
+    to_consumer.send(None).unwrap();
+    consumer.join().unwrap();
+    let s = node_stats(&rt);
+    assert_eq!((s.blocks_cached, s.bytes_cached, s.bytes_in_use), (0, 0, 0));
+    assert_eq!((s.allocations, s.frees), (100, 100));
+    assert_eq!(rt.trim(), 0, "no block is left in the region");
+}
+
+/// flush_thread_cache gives back the caller's blocks; trim gives back every
+/// thread's, even one that is alive and idle, then the empty region.
+#[test]
+fn flush_and_trim_return_cached_blocks() {
+    let _g = serial();
+    let rt = Arc::new(runtime(small()));
+    let node = first_node(&rt);
+    let arena = rt.arena(node).unwrap().clone();
+    let bufs: Vec<_> = (0..5)
+        .map(|_| rt.alloc_on_node(node, 8192).unwrap())
+        .collect();
+    drop(bufs);
+    assert_eq!(node_stats(&rt).blocks_cached, 5);
+    assert_eq!(arena.flush_thread_cache(), 5);
+    let s = node_stats(&rt);
+    assert_eq!((s.blocks_cached, s.bytes_cached, s.bytes_in_use), (0, 0, 0));
+    // Reused from the cache: the same block again.
+    let a = rt.alloc_on_node(node, 8192).unwrap();
+    let p = a.as_ptr();
+    drop(a);
+    let b = rt.alloc_on_node(node, 8000).unwrap();
+    assert_eq!(b.as_ptr(), p);
+    assert_eq!(node_stats(&rt).cache_hits, 1);
+    drop(b);
+    // Another thread caches blocks and stays alive.
+    let (go, wait) = std::sync::mpsc::channel::<()>();
+    let (done, cached) = std::sync::mpsc::channel::<()>();
+    let other = {
+        let rt = rt.clone();
+        std::thread::spawn(move || {
+            let bufs: Vec<_> = (0..3)
+                .map(|_| rt.alloc_on_node(node, 1 << 20).unwrap())
+                .collect();
+            drop(bufs);
+            done.send(()).unwrap();
+            wait.recv().unwrap();
+            // Its cache was emptied under it; it still works.
+            drop(rt.alloc_on_node(node, 1 << 20).unwrap());
+        })
+    };
+    cached.recv().unwrap();
+    let s = node_stats(&rt);
+    assert_eq!(s.blocks_cached, 4, "{s:?}");
+    assert_eq!(s.bytes_cached, 3 << 20 | 8192);
+    assert_eq!(rt.trim(), 0, "every region given back");
+    let s = node_stats(&rt);
+    assert_eq!((s.blocks_cached, s.regions), (0, 0), "{s:?}");
+    go.send(()).unwrap();
+    other.join().unwrap();
+    let s = node_stats(&rt);
+    assert_eq!((s.bytes_in_use, s.blocks_cached), (0, 0));
+    assert_eq!(s.allocations, s.frees);
+}
+
+/// The budget: blocks sitting in threads' caches (the allocating thread's
+/// own, or another's) are given back before a request is refused or waits.
+#[test]
+fn budget_counts_on_cached_blocks() {
+    let _g = serial();
+    let rt = Arc::new(runtime(RuntimeConfig {
+        budget_bytes: Some(16 * MIB as u64),
+        ..small()
+    }));
+    let node = first_node(&rt);
+    // The one region the budget allows, filled with 4 MiB buffers.
+    let mut bufs: Vec<_> = (0..4)
+        .map(|_| rt.alloc_on_node(node, 4 * MIB).unwrap())
+        .collect();
+    assert!(rt.alloc_on_node(node, 4096).is_err());
+    // One goes to this thread's cache; a 3 MiB request (another size)
+    // waits for the budget and is served from it.
+    drop(bufs.pop());
+    assert_eq!(node_stats(&rt).blocks_cached, 1);
+    let c = rt
+        .alloc_on_node_timeout(node, 3 * MIB, Duration::from_secs(10))
+        .unwrap();
+    let s = node_stats(&rt);
+    assert_eq!((s.blocks_cached, s.regions), (0, 1), "{s:?}");
+    drop(c);
+    drop(bufs.pop());
+    // Without waiting, too.
+    let d = rt.alloc_on_node(node, 6 * MIB).unwrap();
+    // Another thread's cache: an idle thread caches a block, the request
+    // is served at once.
+    let b = bufs.pop().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let (go, wait) = std::sync::mpsc::channel::<()>();
+    let other = std::thread::spawn(move || {
+        drop(b);
+        tx.send(()).unwrap();
+        wait.recv().unwrap();
+    });
+    rx.recv().unwrap();
+    assert!(node_stats(&rt).blocks_cached >= 1);
+    let e = rt.alloc_on_node(node, 3 * MIB).unwrap();
+    go.send(()).unwrap();
+    other.join().unwrap();
+    // A free while a thread waits wakes it (not cached): the last 4 MiB
+    // buffer is dropped by another thread while this one waits for 4 MiB
+    // (no other hole is that large).
+    let last = bufs.pop().unwrap();
+    let freer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(50));
+        drop(last);
+    });
+    let t = Instant::now();
+    let f = rt
+        .alloc_on_node_timeout(node, 4 * MIB, Duration::from_secs(10))
+        .unwrap();
+    freer.join().unwrap();
+    assert!(t.elapsed() < Duration::from_secs(5));
+    drop((d, e, f));
+    let s = node_stats(&rt);
+    assert_eq!(s.bytes_in_use, 0);
+    assert!(s.bytes_reserved <= 16 * MIB as u64);
+}
+
+/// Dropping the runtime frees its memory at once, even when an idle
+/// thread still holds cached blocks of it.
+#[test]
+fn dropping_the_runtime_takes_back_every_cache() {
+    let _g = serial();
+    let before = locked_bytes();
+    let rt = Arc::new(runtime(small()));
+    let node = first_node(&rt);
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let (go, wait) = std::sync::mpsc::channel::<()>();
+    let other = {
+        let rt = rt.clone();
+        std::thread::spawn(move || {
+            let bufs: Vec<_> = (0..4)
+                .map(|_| rt.alloc_on_node(node, 4096).unwrap())
+                .collect();
+            drop(bufs);
+            drop(rt);
+            tx.send(()).unwrap();
+            wait.recv().unwrap();
+        })
+    };
+    rx.recv().unwrap();
+    assert_eq!(node_stats(&rt).blocks_cached, 4);
+    drop(Arc::into_inner(rt).expect("the other thread dropped its handle"));
+    assert_eq!(locked_bytes(), before, "the arena was freed");
+    go.send(()).unwrap();
+    other.join().unwrap();
+}
+
+/// Threads allocating a few sizes (so most come from caches), handing some
+/// buffers to a neighbour to drop, while trims drain the caches under them:
+/// no block is ever lent twice (a set of live addresses, and each buffer's
+/// pattern checked before it is dropped), and the counts add up.
+#[test]
+fn concurrent_cache_stress_never_lends_a_block_twice() {
+    let _g = serial();
+    let lim = CacheLimits {
+        max_blocks: 6,
+        max_bytes: 512 << 10,
+        max_block_bytes: 256 << 10,
+    };
+    let rt = Arc::new(runtime(RuntimeConfig {
+        region_bytes: 32 * MIB,
+        ..with_cache(lim)
+    }));
+    let node = first_node(&rt);
+    let live = Arc::new(Mutex::new(std::collections::HashSet::<usize>::new()));
+    let threads = 6u64;
+    let (senders, receivers): (Vec<_>, Vec<_>) = (0..threads)
+        .map(|_| std::sync::mpsc::channel::<(PinnedBuf, u8)>())
+        .unzip();
+    let handles: Vec<_> = receivers
+        .into_iter()
+        .enumerate()
+        .map(|(t, inbox)| {
+            let rt = rt.clone();
+            let live = live.clone();
+            let neighbour = senders[(t + 1) % threads as usize].clone();
+            std::thread::spawn(move || {
+                let mut rng = Rng::new(t as u64 + 7);
+                let mut mine: Vec<(PinnedBuf, u8)> = Vec::new();
+                let release = |b: (PinnedBuf, u8)| {
+                    check_tag(&b);
+                    assert!(live.lock().unwrap().remove(&(b.0.as_ptr() as usize)));
+                    drop(b);
+                };
+                for i in 0..4000u32 {
+                    while let Ok(b) = inbox.try_recv() {
+                        release(b);
+                    }
+                    if mine.len() > 8 || (!mine.is_empty() && rng.next_u64() % 2 == 0) {
+                        let b = mine.swap_remove(rng.next_u64() as usize % mine.len());
+                        if rng.next_u64() % 4 == 0 {
+                            check_tag(&b);
+                            // The receiver may have exited: drop it here then.
+                            if let Err(e) = neighbour.send(b) {
+                                release(e.0);
+                            }
+                        } else {
+                            release(b);
+                        }
+                    }
+                    let size =
+                        [4096, 8192, 60_000, 65_536, 200_000, 300_000][rng.next_u64() as usize % 6];
+                    let buf = rt.alloc_on_node(node, size).unwrap();
+                    assert!(
+                        live.lock().unwrap().insert(buf.as_ptr() as usize),
+                        "block {:p} lent twice",
+                        buf.as_ptr()
+                    );
+                    mine.push(fill(buf, (t as u32 * 37 + i) as u8));
+                    if t == 0 && i % 500 == 0 {
+                        rt.trim();
+                    }
+                }
+                drop(neighbour);
+                mine.into_iter().for_each(&release);
+                while let Ok(b) = inbox.recv() {
+                    release(b);
+                }
+            })
+        })
+        .collect();
+    drop(senders);
+    for h in handles {
+        h.join().unwrap();
+    }
+    assert!(live.lock().unwrap().is_empty());
+    let s = node_stats(&rt);
+    assert_eq!((s.bytes_in_use, s.blocks_cached), (0, 0), "{s:?}");
+    assert_eq!(s.allocations, threads * 4000);
+    assert_eq!(s.allocations, s.frees);
+    assert!(s.cache_hits > 0);
+    assert_eq!(rt.trim(), 0);
+}
+
+mod cache_model {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Alloc(usize),
+        Drop(usize),
+        Flush,
+        Trim,
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            5 => (1usize..160_000).prop_map(Op::Alloc),
+            4 => any::<usize>().prop_map(Op::Drop),
+            1 => Just(Op::Flush),
+            1 => Just(Op::Trim),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(24))]
+        /// Against a model: live buffers never overlap and keep their
+        /// bytes, bytes in use are exactly theirs, the cache stays within
+        /// its bounds, and flush/trim empty it.
+        #[test]
+        fn cache_behaves_like_the_model(ops in proptest::collection::vec(op(), 1..120)) {
+            let _g = serial();
+            let lim = CacheLimits { max_blocks: 5, max_bytes: 200 << 10, max_block_bytes: 100 << 10 };
+            let rt = runtime(with_cache(lim));
+            let node = first_node(&rt);
+            let arena = rt.arena(node).unwrap().clone();
+            let mut live: Vec<(PinnedBuf, u8)> = Vec::new();
+            for (i, op) in ops.into_iter().enumerate() {
+                match op {
+                    Op::Alloc(n) => {
+                        let b = fill(rt.alloc_on_node(node, n).unwrap(), i as u8);
+                        let (p, c) = (b.0.as_ptr() as usize, b.0.capacity());
+                        for (o, _) in &live {
+                            let q = o.as_ptr() as usize;
+                            prop_assert!(p + c <= q || q + o.capacity() <= p, "overlap");
+                        }
+                        live.push(b);
+                    }
+                    Op::Drop(k) if !live.is_empty() => {
+                        let b = live.swap_remove(k % live.len());
+                        check_tag(&b);
+                    }
+                    Op::Drop(_) => {}
+                    Op::Flush => {
+                        arena.flush_thread_cache();
+                        prop_assert_eq!(node_stats(&rt).blocks_cached, 0);
+                    }
+                    Op::Trim => {
+                        rt.trim();
+                        prop_assert_eq!(node_stats(&rt).blocks_cached, 0);
+                    }
+                }
+                let s = node_stats(&rt);
+                prop_assert_eq!(s.bytes_in_use, capacity_of(&live));
+                prop_assert!(s.blocks_cached <= 5 && s.bytes_cached <= 200 << 10, "{:?}", s);
+                prop_assert!(s.bytes_in_use + s.bytes_cached <= s.bytes_reserved);
+            }
+            live.iter().for_each(check_tag);
+            drop(live);
+            let s = node_stats(&rt);
+            prop_assert_eq!((s.bytes_in_use, s.allocations), (0, s.frees));
+        }
+    }
+}

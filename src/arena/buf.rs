@@ -1,9 +1,10 @@
 //! [`PinnedBuf`]: a buffer lent by a node's arena, and its async copies.
 
-use std::mem::{align_of, size_of};
+use std::mem::{align_of, size_of, ManuallyDrop};
 use std::ops::{Deref, DerefMut};
 use std::sync::{Arc, Mutex};
 
+use super::cache::Cached;
 use super::{lock, ArenaError, Lease, NodeArena};
 use crate::cuda::{self, CUdeviceptr, CUstream, Event};
 
@@ -38,7 +39,9 @@ pub struct PinnedBuf {
     len: usize,
     registered: bool,
     lease: Lease,
-    arena: Arc<NodeArena>,
+    // Taken out by Drop (moved into a thread's cache or back to the arena,
+    // so the hot path does no reference counting).
+    arena: ManuallyDrop<Arc<NodeArena>>,
     events: Mutex<Vec<Event>>,
 }
 
@@ -73,7 +76,7 @@ impl PinnedBuf {
             len,
             registered,
             lease,
-            arena,
+            arena: ManuallyDrop::new(arena),
             events: Mutex::new(Vec::new()),
         }
     }
@@ -267,6 +270,16 @@ impl DerefMut for PinnedBuf {
 impl Drop for PinnedBuf {
     fn drop(&mut self) {
         let events = std::mem::take(self.events.get_mut().unwrap_or_else(|p| p.into_inner()));
-        self.arena.give_back(self.lease, events);
+        // SAFETY: drop runs once, and nothing touches the field after this.
+        let arena = unsafe { ManuallyDrop::take(&mut self.arena) };
+        NodeArena::give_back(
+            Cached {
+                ptr: self.ptr,
+                lease: self.lease,
+                registered: self.registered,
+                arena,
+            },
+            events,
+        );
     }
 }

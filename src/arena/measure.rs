@@ -83,8 +83,14 @@ fn alloc_free_samples(
     Ok(samples)
 }
 
+/// Pairs each thread does per round of [`alloc_free_ns_threads`].
+const ROUND: u32 = 1024;
+
 /// As [`alloc_free_ns`] with `threads` threads doing it at once on the same
-/// node; the samples of all threads together.
+/// node, measured as `benches/arena.rs` does: each of `reps` samples is one
+/// round in which the threads, started together, each do [`ROUND`] pairs;
+/// the sample is the slowest thread's time per pair (per-pair latency per
+/// thread, waits for the lock and for a CPU included).
 pub fn alloc_free_ns_threads(
     rt: &Runtime,
     node: u32,
@@ -93,13 +99,34 @@ pub fn alloc_free_ns_threads(
     reps: usize,
 ) -> crate::Result<Stats> {
     drop(rt.alloc_on_node(node, bytes)?);
+    let threads = threads.max(1);
     let barrier = std::sync::Barrier::new(threads);
-    let results: Vec<crate::Result<Vec<f64>>> = std::thread::scope(|s| {
+    let per_thread: Vec<crate::Result<Vec<Duration>>> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..threads)
             .map(|_| {
                 s.spawn(|| {
-                    barrier.wait();
-                    alloc_free_samples(rt, node, bytes, reps)
+                    let mut times = Vec::with_capacity(reps);
+                    let mut failed = None;
+                    for _ in 0..reps {
+                        // Every thread takes part in every round, even after
+                        // a failure, so that none waits forever.
+                        barrier.wait();
+                        if failed.is_some() {
+                            continue;
+                        }
+                        let t = Instant::now();
+                        for _ in 0..ROUND {
+                            match rt.alloc_on_node(node, bytes) {
+                                Ok(b) => drop(black_box(b)),
+                                Err(e) => {
+                                    failed = Some(e);
+                                    break;
+                                }
+                            }
+                        }
+                        times.push(t.elapsed());
+                    }
+                    failed.map_or(Ok(times), Err)
                 })
             })
             .collect();
@@ -108,11 +135,18 @@ pub fn alloc_free_ns_threads(
             .map(|h| h.join().expect("measurement thread panicked"))
             .collect()
     });
-    let mut all = Vec::new();
-    for r in results {
-        all.extend(r?);
+    let mut rounds = vec![Duration::ZERO; reps];
+    for times in per_thread {
+        for (r, t) in rounds.iter_mut().zip(times?) {
+            *r = (*r).max(t);
+        }
     }
-    Ok(Stats::of(all))
+    Ok(Stats::of(
+        rounds
+            .into_iter()
+            .map(|d| d.as_nanos() as f64 / f64::from(ROUND))
+            .collect(),
+    ))
 }
 
 /// Baseline: nanoseconds per `malloc(bytes)` + `free` (a `Vec` with that

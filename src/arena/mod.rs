@@ -19,18 +19,24 @@
 //!   copy's CUDA event has completed: dropping it with a copy in flight
 //!   puts it on a deferred list, looked at on later calls and by
 //!   [`NodeArena::reclaim`].
+//! * Freed blocks up to 4 MiB are kept in small per-thread caches
+//!   ([`cache`]), so that alloc and free of common sizes take no shared
+//!   lock; the caches are bounded and drained on thread exit, trim, the
+//!   budget path and when the runtime is dropped.
 
 pub mod alloc;
 mod buf;
+pub mod cache;
 pub mod measure;
 pub mod numa_sys;
 pub mod region;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
 pub use buf::{PinnedBuf, Pod};
+pub use cache::CacheLimits;
 pub use region::{Region, RegionOptions, Registration, Step};
 
 use crate::cpulist::CpuList;
@@ -263,14 +269,22 @@ pub struct NodeStats {
     /// Bytes registered with CUDA.
     pub bytes_registered: u64,
     /// Bytes in buffers handed out (rounded to the alignment), including
-    /// buffers dropped with a copy still in flight.
+    /// buffers dropped with a copy still in flight; not blocks in threads'
+    /// caches.
     pub bytes_in_use: u64,
-    /// Highest `bytes_in_use` seen.
+    /// Bytes of freed blocks kept in threads' caches for reuse (not in
+    /// use, not free for other sizes until given back).
+    pub bytes_cached: u64,
+    /// Blocks kept in threads' caches.
+    pub blocks_cached: u64,
+    /// Highest bytes taken from the regions (in use plus cached) seen.
     pub bytes_peak: u64,
     /// The budget of pinned bytes.
     pub budget: u64,
     /// Allocations served.
     pub allocations: u64,
+    /// Of those, allocations served from a thread's cache.
+    pub cache_hits: u64,
     /// Buffers taken back.
     pub frees: u64,
     /// Allocations refused.
@@ -305,6 +319,8 @@ pub struct ArenaConfig {
     pub placement: Placement,
     /// Whether RLIMIT_MEMLOCK applies (false with CAP_IPC_LOCK).
     pub memlock_applies: bool,
+    /// Bounds of each thread's cache of freed blocks.
+    pub cache: CacheLimits,
     /// Test hook: fail region creation right after this step.
     #[doc(hidden)]
     pub fail_after: Option<Step>,
@@ -330,6 +346,7 @@ struct Slot {
 #[derive(Default)]
 struct Counters {
     allocations: u64,
+    cache_hits: u64,
     frees: u64,
     failures: u64,
     peak: u64,
@@ -343,14 +360,44 @@ struct State {
     registration: Option<Registration>,
 }
 
-/// The pinned memory of one NUMA node (see the module docs).
-pub struct NodeArena {
-    node: u32,
-    cfg: ArenaConfig,
-    state: Mutex<State>,
+/// Keeps a value on cache lines of its own, so that writes to it do not
+/// slow down readers of its neighbours.
+#[repr(align(128))]
+struct Padded<T>(T);
+
+impl<T> std::ops::Deref for Padded<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
+impl<T> std::ops::DerefMut for Padded<T> {
+    fn deref_mut(&mut self) -> &mut T {
+        &mut self.0
+    }
+}
+
+struct Slow {
     grow: Mutex<()>,
     freed: Condvar,
+}
+
+/// The pinned memory of one NUMA node (see the module docs).
+pub struct NodeArena {
+    // Read on every alloc and free, written rarely (waiters: only while a
+    // thread waits for the budget).
+    node: u32,
+    id: u64,
+    cache_max: u64,
+    caching: AtomicBool,
     waiters: AtomicUsize,
+    cfg: ArenaConfig,
+    // Written on every locked operation.
+    state: Padded<Mutex<State>>,
+    // Threads' caches, written when a thread first caches a block here.
+    shelves: Padded<Mutex<Vec<Weak<cache::Shelf>>>>,
+    slow: Padded<Slow>,
 }
 
 impl std::fmt::Debug for NodeArena {
@@ -378,19 +425,26 @@ impl NodeArena {
     /// An arena for `node`; no memory is touched until the first
     /// allocation.
     pub fn new(node: u32, cfg: ArenaConfig) -> Arc<NodeArena> {
+        static NEXT_ID: AtomicU64 = AtomicU64::new(0);
         Arc::new(NodeArena {
             node,
-            state: Mutex::new(State {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            cache_max: cfg.cache.largest_cached(cfg.region_bytes),
+            caching: AtomicBool::new(true),
+            waiters: AtomicUsize::new(0),
+            state: Padded(Mutex::new(State {
                 tlsf: alloc::Tlsf::new(cfg.alignment),
                 slots: Vec::new(),
                 deferred: Vec::new(),
                 counters: Counters::default(),
                 registration: None,
+            })),
+            shelves: Padded(Mutex::new(Vec::new())),
+            slow: Padded(Slow {
+                grow: Mutex::new(()),
+                freed: Condvar::new(),
             }),
             cfg,
-            grow: Mutex::new(()),
-            freed: Condvar::new(),
-            waiters: AtomicUsize::new(0),
         })
     }
 
@@ -424,14 +478,17 @@ impl NodeArena {
         loop {
             match self.alloc_inner(bytes) {
                 Err(ArenaError::BudgetExceeded { .. }) if Instant::now() < deadline => {
+                    // While a thread waits, frees bypass the threads' caches
+                    // and wake it.
                     self.waiters.fetch_add(1, Ordering::SeqCst);
                     let g = lock(&self.state);
                     // Short slices: deferred buffers become free when their
-                    // events complete, which nothing signals.
+                    // events complete, which nothing signals, and a free
+                    // that raced with the count above signals no one.
                     let slice = deadline
                         .saturating_duration_since(Instant::now())
                         .min(Duration::from_millis(2));
-                    let _ = self.freed.wait_timeout(g, slice);
+                    let _ = self.slow.freed.wait_timeout(g, slice);
                     self.waiters.fetch_sub(1, Ordering::SeqCst);
                 }
                 r => {
@@ -457,6 +514,12 @@ impl NodeArena {
         if bytes as u64 > u64::MAX / 4 || bytes > isize::MAX as usize / 2 {
             return Err(bad("larger than any address space"));
         }
+        if bytes as u64 <= self.cache_max {
+            let size = alloc::round_up(bytes as u64, self.cfg.alignment);
+            if let Some(buf) = self.cache_pop(size, bytes) {
+                return Ok(buf);
+            }
+        }
         {
             let mut st = lock(&self.state);
             if let Some(buf) = self.try_alloc(&mut st, bytes) {
@@ -465,7 +528,7 @@ impl NodeArena {
         }
         // Slow path: one thread grows the arena at a time; the others wait
         // here and then find room in what it added.
-        let _grow = lock(&self.grow);
+        let _grow = lock(&self.slow.grow);
         let reserved = {
             let mut st = lock(&self.state);
             if let Some(buf) = self.try_alloc(&mut st, bytes) {
@@ -473,6 +536,14 @@ impl NodeArena {
             }
             st.tlsf.region_bytes()
         };
+        // Blocks in threads' caches may make room: give them back before
+        // growing (rare, and cheap next to making a region).
+        if self.flush_all_caches() > 0 {
+            let mut st = lock(&self.state);
+            if let Some(buf) = self.try_alloc(&mut st, bytes) {
+                return Ok(buf);
+            }
+        }
         let (mut size, dedicated) = alloc::region_size_for(bytes as u64, self.cfg.region_bytes);
         let fitted = alloc::round_up(bytes as u64, region::HUGE_PAGE as u64);
         let mut reserved = reserved;
@@ -548,37 +619,64 @@ impl NodeArena {
         ))
     }
 
-    /// Takes back a block; with copies in flight, defers it.
+    /// Takes back the block of a dropped buffer: into the dropping
+    /// thread's cache when it may go there, else into the bookkeeping;
+    /// with copies in flight, onto the deferred list.
     #[inline]
-    fn give_back(&self, lease: Lease, events: Vec<Event>) {
+    fn give_back(c: cache::Cached, events: Vec<Event>) {
+        let pending = !events.is_empty() && !all_done(&events);
+        let a = &c.arena;
+        let c = if !pending
+            && c.lease.size <= a.cache_max
+            && a.waiters.load(Ordering::Relaxed) == 0
+            && a.caching.load(Ordering::Relaxed)
+        {
+            match Self::cache_push(c) {
+                Ok(()) => return,
+                Err(c) => c,
+            }
+        } else {
+            c
+        };
+        c.arena.give_back_locked(c.lease, events, pending);
+    }
+
+    fn give_back_locked(&self, lease: Lease, events: Vec<Event>, pending: bool) {
         let mut released = None;
         {
             let mut st = lock(&self.state);
-            if !events.is_empty() && !all_done(&events) {
+            if pending {
                 st.deferred.push(Deferred { lease, events });
                 return;
             }
             if !st.deferred.is_empty() {
                 Self::reclaim_locked(&mut st);
             }
-            if let Some(r) = Self::free_locked(&mut st, lease) {
+            if let Some(r) = Self::free_locked(&mut st, lease, true) {
                 released = Some(r);
             }
         }
-        if self.waiters.load(Ordering::SeqCst) > 0 {
-            self.freed.notify_all();
-        }
+        self.notify_waiters();
         // A dedicated region is torn down outside the lock.
         drop(released);
     }
 
-    /// Frees a block; returns its region when it was dedicated and is now
-    /// empty (to be dropped by the caller, outside the lock).
+    /// Wakes threads waiting for the budget, if any.
     #[inline]
-    fn free_locked(st: &mut State, lease: Lease) -> Option<Region> {
+    fn notify_waiters(&self) {
+        if self.waiters.load(Ordering::Relaxed) > 0 {
+            self.slow.freed.notify_all();
+        }
+    }
+
+    /// Frees a block (`count`: as a buffer taken back, not a block leaving
+    /// a thread's cache); returns its region when it was dedicated and is
+    /// now empty (to be dropped by the caller, outside the lock).
+    #[inline]
+    fn free_locked(st: &mut State, lease: Lease, count: bool) -> Option<Region> {
         let region = st.tlsf.block_region(lease.id);
         st.tlsf.free(lease.id);
-        st.counters.frees += 1;
+        st.counters.frees += u64::from(count);
         if st.slots[region as usize]
             .as_ref()
             .is_some_and(|s| s.dedicated)
@@ -595,7 +693,7 @@ impl NodeArena {
         while i < st.deferred.len() {
             if all_done(&st.deferred[i].events) {
                 let d = st.deferred.swap_remove(i);
-                released.extend(Self::free_locked(st, d.lease));
+                released.extend(Self::free_locked(st, d.lease, true));
             } else {
                 i += 1;
             }
@@ -612,15 +710,14 @@ impl NodeArena {
             (r, st.deferred.len())
         };
         drop(released);
-        if self.waiters.load(Ordering::SeqCst) > 0 {
-            self.freed.notify_all();
-        }
+        self.notify_waiters();
         left
     }
 
-    /// Gives empty regions back to the system; returns the bytes still
-    /// reserved.
+    /// Gives the blocks in threads' caches back, then empty regions back to
+    /// the system; returns the bytes still reserved.
     pub fn trim(&self) -> u64 {
+        self.flush_all_caches();
         let (released, left) = {
             let mut st = lock(&self.state);
             Self::reclaim_locked(&mut st);
@@ -638,16 +735,32 @@ impl NodeArena {
 
     /// The node's counters.
     pub fn stats(&self) -> NodeStats {
+        // Every shelf locked, then the state: one consistent snapshot (a
+        // block moves between a shelf and the bookkeeping only under both
+        // locks).
+        let shelves = self.live_shelves();
+        let guards: Vec<_> = shelves.iter().map(|s| lock(&s.state)).collect();
+        let (mut hits, mut frees, mut blocks, mut cached) = (0, 0, 0, 0);
+        for g in &guards {
+            hits += g.hits;
+            frees += g.frees;
+            blocks += g.blocks() as u64;
+            cached += g.bytes();
+        }
         let st = lock(&self.state);
+        drop(guards);
         let regions = st.slots.iter().flatten();
         let mut s = NodeStats {
             node: self.node,
             bytes_reserved: st.tlsf.region_bytes(),
-            bytes_in_use: st.tlsf.used_bytes(),
+            bytes_in_use: st.tlsf.used_bytes() - cached,
+            bytes_cached: cached,
+            blocks_cached: blocks,
             bytes_peak: st.counters.peak,
             budget: self.cfg.budget,
-            allocations: st.counters.allocations,
-            frees: st.counters.frees,
+            allocations: st.counters.allocations + hits,
+            cache_hits: st.counters.cache_hits + hits,
+            frees: st.counters.frees + frees,
             failures: st.counters.failures,
             deferred: st.deferred.len() as u64,
             registration: match &st.registration {
