@@ -232,6 +232,18 @@ pub fn run(
                 .with("bytes", 64 << 10)
                 .with("threads", 1),
         );
+        let threads = rt.topology().allowed.cpus.len().clamp(2, 8);
+        progress(&format!(
+            "arena alloc+free latency, {threads} threads at once"
+        ));
+        let s =
+            measure::alloc_free_ns_threads(rt, node0, 64 << 10, threads, 2_000 * opts.reps.max(1))?;
+        report.results.push(
+            BenchResult::new("arena_alloc_free", "ns", &s)
+                .with("node", node0)
+                .with("bytes", 64 << 10)
+                .with("threads", threads),
+        );
         let base = measure::malloc_free_ns(64 << 10, 20_000 * opts.reps.max(1));
         report
             .results
