@@ -622,11 +622,12 @@ pub fn ratios(results: &[BenchResult]) -> Vec<(String, f64)> {
     };
     let mut out = Vec::new();
     let gpus: Vec<Value> = {
-        let mut g: Vec<Value> = results
-            .iter()
-            .filter_map(|r| r.param("gpu").cloned())
-            .collect();
-        g.dedup();
+        let mut g: Vec<Value> = Vec::new();
+        for v in results.iter().filter_map(|r| r.param("gpu")) {
+            if !g.contains(v) {
+                g.push(v.clone());
+            }
+        }
         g
     };
     for g in &gpus {

@@ -187,6 +187,22 @@ pub fn batch_key(index: u64) -> u32 {
 /// a tail shorter than a word are the low bytes of the next such word. A
 /// memory-bound producer: one store per word.
 pub fn fill_pattern(key: u32, buf: &mut [u8]) {
+    // SAFETY: any byte pattern is a valid u32; align_to_mut only splits the
+    // slice at alignment boundaries.
+    let (head, words, _) = unsafe { buf.align_to_mut::<u32>() };
+    if head.is_empty() {
+        // The usual case (slots are page-aligned): one vectorisable loop of
+        // aligned word stores, several times faster than byte copies.
+        let n = words.len();
+        for (j, w) in words.iter_mut().enumerate() {
+            *w = (j as u32).wrapping_add(key).to_le();
+        }
+        let tail = &mut buf[n * 4..];
+        let next = (n as u32).wrapping_add(key).to_le_bytes();
+        let t = tail.len();
+        tail.copy_from_slice(&next[..t]);
+        return;
+    }
     let mut chunks = buf.chunks_exact_mut(4);
     let mut j = 0u32;
     for c in &mut chunks {
@@ -223,6 +239,40 @@ pub fn pattern_tail_ok(key: u32, words: u64, tail: &[u8]) -> bool {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn fill_pattern_is_the_same_aligned_or_not() {
+        let reference = |key: u32, n: usize| -> Vec<u8> {
+            (0..n)
+                .map(|b| ((b / 4) as u32).wrapping_add(key).to_le_bytes()[b % 4])
+                .collect()
+        };
+        let mut backing = vec![0u32; 1030];
+        for (off, n) in [
+            (0usize, 4096usize),
+            (0, 4095),
+            (1, 4001),
+            (3, 7),
+            (0, 0),
+            (2, 2),
+        ] {
+            let bytes: &mut [u8] = unsafe_bytes(&mut backing);
+            let buf = &mut bytes[off..off + n];
+            fill_pattern(0xdead_beef, buf);
+            assert_eq!(
+                buf,
+                &reference(0xdead_beef, n)[..],
+                "offset {off}, {n} bytes"
+            );
+        }
+    }
+
+    fn unsafe_bytes(v: &mut [u32]) -> &mut [u8] {
+        // SAFETY: u8 has no alignment or validity requirement; the length
+        // covers exactly the words' bytes.
+        unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr().cast(), v.len() * 4) }
+    }
+
     use super::*;
     use proptest::prelude::*;
 

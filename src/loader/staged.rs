@@ -152,7 +152,9 @@ fn prepare(
     let chunk = opts.chunk_bytes.min(len);
     let n_chunks = len.div_ceil(chunk);
     let threads = match opts.threads {
-        0 => place.cpus.len().clamp(1, MAX_AUTO_WORKERS),
+        // memcpy from pageable memory is the bottleneck (a few GB/s per
+        // thread), so the staged copy uses up to twice the loader's workers.
+        0 => place.cpus.len().clamp(1, 2 * MAX_AUTO_WORKERS),
         t => t,
     }
     .min(n_chunks);
