@@ -23,6 +23,7 @@ struct Args {
     staged_mib: usize,
     gpus: Option<Vec<u32>>,
     json: bool,
+    workers: usize,
 }
 
 fn parse() -> Result<Args, String> {
@@ -33,6 +34,7 @@ fn parse() -> Result<Args, String> {
         staged_mib: 1024,
         gpus: None,
         json: false,
+        workers: 0,
     };
     let mut it = std::env::args().skip(1);
     while let Some(k) = it.next() {
@@ -52,6 +54,7 @@ fn parse() -> Result<Args, String> {
                 )
             }
             "--json" => a.json = true,
+            "--workers" => a.workers = num(val()?)? as usize,
             _ => return Err(format!("unknown argument {k}")),
         }
     }
@@ -152,6 +155,7 @@ fn run() -> numapin::Result<()> {
         batch_bytes,
         batches: args.batches,
         reps: args.reps,
+        workers: args.workers,
         ..LoaderBench::default()
     };
     let mut rep = Report {

@@ -191,10 +191,10 @@ pub fn fill_pattern(key: u32, buf: &mut [u8]) {
     // slice at alignment boundaries.
     let (head, words, _) = unsafe { buf.align_to_mut::<u32>() };
     if head.is_empty() {
-        // The usual case (slots are page-aligned): one vectorisable loop of
-        // aligned word stores, several times faster than byte copies.
+        // The usual case (slots are page-aligned).
         let n = words.len();
-        for (j, w) in words.iter_mut().enumerate() {
+        let done = fill_words_streaming(key, words);
+        for (j, w) in words.iter_mut().enumerate().skip(done) {
             *w = (j as u32).wrapping_add(key).to_le();
         }
         let tail = &mut buf[n * 4..];
@@ -213,6 +213,44 @@ pub fn fill_pattern(key: u32, buf: &mut [u8]) {
     let next = j.wrapping_add(key).to_le_bytes();
     let n = tail.len();
     tail.copy_from_slice(&next[..n]);
+}
+
+/// Fills the leading 16-byte-aligned part of `words` (when large) with
+/// non-temporal stores: the data is bound for DMA, not for this core's
+/// cache, and streaming stores skip the read-for-ownership that ordinary
+/// stores cost, halving the memory traffic of a fill. Returns how many words
+/// it wrote (0 when it did not apply).
+#[cfg(target_arch = "x86_64")]
+fn fill_words_streaming(key: u32, words: &mut [u32]) -> usize {
+    use std::arch::x86_64::{
+        _mm_add_epi32, _mm_set1_epi32, _mm_set_epi32, _mm_sfence, _mm_stream_si128,
+    };
+    const MIN_WORDS: usize = 64 << 10; // 256 KiB: below that, caches win
+    if words.len() < MIN_WORDS || words.as_ptr() as usize % 16 != 0 {
+        return 0;
+    }
+    let n = words.len() / 4 * 4;
+    let k = key as i32;
+    // SAFETY: SSE2 is part of x86_64; the pointer is 16-byte aligned (checked
+    // above) and every store stays inside words[..n]; the sfence orders the
+    // streaming stores before anything this thread does next (handing the
+    // slot to the copy engine).
+    unsafe {
+        let mut v = _mm_set_epi32(k.wrapping_add(3), k.wrapping_add(2), k.wrapping_add(1), k);
+        let step = _mm_set1_epi32(4);
+        let p = words.as_mut_ptr().cast::<std::arch::x86_64::__m128i>();
+        for i in 0..n / 4 {
+            _mm_stream_si128(p.add(i), v);
+            v = _mm_add_epi32(v, step);
+        }
+        _mm_sfence();
+    }
+    n
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn fill_words_streaming(_key: u32, _words: &mut [u32]) -> usize {
+    0
 }
 
 /// The checksum of `words` words filled by [`fill_pattern`] with `key`
@@ -247,8 +285,10 @@ mod tests {
                 .map(|b| ((b / 4) as u32).wrapping_add(key).to_le_bytes()[b % 4])
                 .collect()
         };
-        let mut backing = vec![0u32; 1030];
+        let mut backing = vec![0u32; 300_000];
         for (off, n) in [
+            (0, 1_000_003),
+            (4, 1_100_000),
             (0usize, 4096usize),
             (0, 4095),
             (1, 4001),

@@ -252,12 +252,9 @@ fn find_root(dir: &Path) -> Option<PathBuf> {
         .filter(|p| p.is_dir() && !p.is_symlink())
         .collect();
     subdirs.sort();
-    for d in subdirs {
-        if d.join("sys/devices/system").is_dir() {
-            return Some(d);
-        }
-    }
-    None
+    subdirs
+        .into_iter()
+        .find(|d| d.join("sys/devices/system").is_dir())
 }
 
 fn cpus_of(set: Option<impl std::ops::Deref<Target = hwlocality::cpu::cpuset::CpuSet>>) -> CpuList {
@@ -465,7 +462,7 @@ fn extract(topo: &Hw, opts: &ProbeOptions, sysfs_root: Option<&Path>) -> Result<
         Some(ObjectAttributes::PCIDevice(a)) => {
             (a.domain(), a.bus_id(), a.bus_device(), a.function())
         }
-        _ => (u16::MAX.into(), 0, 0, 0),
+        _ => (u16::MAX, 0, 0, 0),
     });
     for obj in pcis {
         let Some(ObjectAttributes::PCIDevice(a)) = obj.attributes() else {

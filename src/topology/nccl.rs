@@ -33,7 +33,9 @@ pub(crate) fn parse(text: &str, source: &str, opts: &ProbeOptions) -> Result<Raw
     reader.config_mut().trim_text(true);
     let mut raw = RawTopology::default();
     // Stack of open elements: for each, the node (numaid, cpus) it is in.
-    let mut stack: Vec<(Vec<u8>, Option<(u32, CpuList)>)> = Vec::new();
+    // Open elements, each with the node (numaid, CPUs) it sits in.
+    type Open = (Vec<u8>, Option<(u32, CpuList)>);
+    let mut stack: Vec<Open> = Vec::new();
     let mut seen_system = false;
     let mut elements = 0usize;
     loop {
