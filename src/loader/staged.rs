@@ -347,17 +347,17 @@ fn from_device<'a>(
             Some((k, part)) => {
                 let s = i % slots.len();
                 i += 1;
-                // SAFETY: the slot is pinned, holds part.len() bytes and is
-                // not read before its event completes (below); with two or
-                // more slots, the slot's previous chunk was copied out in
-                // an earlier turn (with one, `pending` is drained first);
-                // the device range was checked; the context is current.
                 if slots.len() == 1 {
                     if let Some((ps, out)) = pending.take() {
                         events[ps].synchronize()?;
                         out.copy_from_slice(&slots[ps][..out.len()]);
                     }
                 }
+                // SAFETY: the slot is pinned, holds part.len() bytes and is
+                // not read before its event completes (below); with two or
+                // more slots, the slot's previous chunk was copied out in
+                // an earlier turn (with one, `pending` was drained above);
+                // the device range was checked; the context is current.
                 unsafe {
                     cuda::memcpy_dtoh_async(
                         slots[s].as_mut_ptr().cast(),
