@@ -7,6 +7,10 @@ use std::process::{Command, Output};
 use numapin::topology::{ProbeOptions, Topology};
 use numapin::CpuList;
 
+/// Keeps the timing test and the many-thread test apart (both use the
+/// process-wide hwloc lock).
+static TIMING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn numapin() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_numapin"));
     c.env_remove("CUDA_VISIBLE_DEVICES")
@@ -266,6 +270,7 @@ fn export_writes_xml_that_reads_back() {
 
 #[test]
 fn probe_is_fast_without_cuda() {
+    let _quiet = TIMING.lock().unwrap_or_else(|p| p.into_inner());
     // hwloc discovery without CUDA: under 100 ms on this machine (median of 5).
     let mut times = Vec::new();
     for _ in 0..5 {
@@ -283,5 +288,36 @@ fn probe_is_fast_without_cuda() {
     assert!(
         median < std::time::Duration::from_millis(if cfg!(debug_assertions) { 400 } else { 100 }),
         "{median:?}"
+    );
+}
+
+#[test]
+fn file_reads_and_live_probes_mix_across_threads() {
+    let _quiet = TIMING.lock().unwrap_or_else(|p| p.into_inner());
+    // A file read forks a child; a live probe in another thread must never
+    // leave hwloc's own mutex locked in that child (it would hang until the
+    // reader's deadline and fail).
+    let t0 = std::time::Instant::now();
+    std::thread::scope(|s| {
+        for k in 0..4 {
+            s.spawn(move || {
+                for i in 0..12 {
+                    if (i + k) % 2 == 0 {
+                        Topology::probe(&ProbeOptions {
+                            cuda: numapin::topology::CudaMode::Off,
+                            ..Default::default()
+                        })
+                        .unwrap();
+                    } else {
+                        Topology::load(&fixture("dgx-h100.xml"), &ProbeOptions::default()).unwrap();
+                    }
+                }
+            });
+        }
+    });
+    assert!(
+        t0.elapsed() < std::time::Duration::from_secs(60),
+        "{:?}",
+        t0.elapsed()
     );
 }

@@ -69,13 +69,19 @@ fn guarded<T>(input: Option<&Path>, f: impl FnOnce() -> Result<T>) -> Result<T> 
 
 /// This machine, with I/O objects, restricted to what this process may use.
 pub(crate) fn discover_live(opts: &ProbeOptions) -> Result<RawTopology> {
-    let topo = {
+    // The lock covers the whole life of the hwloc topology, its destruction
+    // included: hwloc takes a process-wide mutex in init and destroy, and a
+    // file reader forks (crate::isolate) only while holding this lock, so
+    // the child never inherits that mutex locked.
+    let mut raw = {
         let _g = lock();
-        guarded(None, || {
+        let topo = guarded(None, || {
             builder(None)?.build().map_err(|e| hw_err("build", None, e))
-        })?
+        })?;
+        let raw = guarded(None, || extract(&topo, opts, Some(Path::new("/"))))?;
+        drop(topo);
+        raw
     };
-    let mut raw = guarded(None, || extract(&topo, opts, Some(Path::new("/"))))?;
     let affinity = crate::sys::sched_getaffinity_self().map_err(|e| Error::System {
         what: "sched_getaffinity".into(),
         problem: e.to_string(),
@@ -599,12 +605,11 @@ pub(crate) fn gen_of_speed(s: &str) -> Option<u8> {
 
 /// Writes this machine's hwloc XML (with I/O objects) to `path`.
 pub fn export_live_xml(path: &Path) -> Result<()> {
-    let topo = {
-        let _g = lock();
-        guarded(None, || {
-            builder(None)?.build().map_err(|e| hw_err("build", None, e))
-        })?
-    };
+    // Held until the topology is gone (see discover_live).
+    let _g = lock();
+    let topo = guarded(None, || {
+        builder(None)?.build().map_err(|e| hw_err("build", None, e))
+    })?;
     topo.export_xml_file(
         Some(path),
         hwlocality::topology::export::xml::XMLExportFlags::empty(),
