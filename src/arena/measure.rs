@@ -59,7 +59,7 @@ fn per_op_ns(d: Duration) -> f64 {
 }
 
 /// Nanoseconds per `alloc_on_node(node, bytes)` + drop, once the node has
-/// a region: `reps` samples of [`BATCH`] pairs each.
+/// a region: `reps` samples of 64 pairs each.
 pub fn alloc_free_ns(rt: &Runtime, node: u32, bytes: usize, reps: usize) -> crate::Result<Stats> {
     drop(rt.alloc_on_node(node, bytes)?);
     Ok(Stats::of(alloc_free_samples(rt, node, bytes, reps)?))
@@ -88,7 +88,7 @@ const ROUND: u32 = 1024;
 
 /// As [`alloc_free_ns`] with `threads` threads doing it at once on the same
 /// node, measured as `benches/arena.rs` does: each of `reps` samples is one
-/// round in which the threads, started together, each do [`ROUND`] pairs;
+/// round in which the threads, started together, each do a fixed number of pairs;
 /// the sample is the slowest thread's time per pair (per-pair latency per
 /// thread, waits for the lock and for a CPU included).
 pub fn alloc_free_ns_threads(
