@@ -23,7 +23,11 @@ use crate::cuda::{self, CUdeviceptr, CudaError, Event, Stream};
 use crate::error::{Error, Result};
 use crate::runtime::{PinnedBuf, Runtime};
 
-use super::{placement, Target, MAX_AUTO_WORKERS};
+use super::{placement, Target};
+
+/// Most threads a staged copy starts by default (the node's allowed CPUs,
+/// at most this many): memcpy from pageable memory is its bottleneck.
+pub const MAX_STAGED_THREADS: usize = 16;
 
 /// How a staged copy runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -152,9 +156,7 @@ fn prepare(
     let chunk = opts.chunk_bytes.min(len);
     let n_chunks = len.div_ceil(chunk);
     let threads = match opts.threads {
-        // memcpy from pageable memory is the bottleneck (a few GB/s per
-        // thread), so the staged copy uses up to twice the loader's workers.
-        0 => place.cpus.len().clamp(1, 2 * MAX_AUTO_WORKERS),
+        0 => place.cpus.len().clamp(1, MAX_STAGED_THREADS),
         t => t,
     }
     .min(n_chunks);
