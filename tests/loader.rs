@@ -121,11 +121,24 @@ fn cfg(batch: usize, workers: usize, total: Option<u64>) -> LoaderConfig {
     }
 }
 
+/// The threads of `tids` still alive. A joined thread can linger in
+/// /proc/self/task for a moment after `pthread_join` returns (the kernel
+/// wakes the joiner before it has finished tearing the task down), so a
+/// thread counts as alive only if it is still there after up to 1 s.
 fn threads_alive(tids: &[i32]) -> Vec<i32> {
-    tids.iter()
-        .copied()
-        .filter(|t| std::path::Path::new(&format!("/proc/self/task/{t}")).exists())
-        .collect()
+    let alive = || -> Vec<i32> {
+        tids.iter()
+            .copied()
+            .filter(|t| std::path::Path::new(&format!("/proc/self/task/{t}")).exists())
+            .collect()
+    };
+    for _ in 0..100 {
+        if alive().is_empty() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    alive()
 }
 
 #[test]
