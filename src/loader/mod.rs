@@ -43,6 +43,7 @@ pub mod kernels;
 pub mod measure;
 mod placement;
 pub mod staged;
+pub mod stream_copy;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};

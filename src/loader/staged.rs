@@ -308,7 +308,7 @@ fn to_device<'a>(
             // The slot's last DMA must be done before it is overwritten.
             events[s].synchronize()?;
         }
-        slots[s][..part.len()].copy_from_slice(part);
+        super::stream_copy::copy(&mut slots[s][..part.len()], part);
         // SAFETY: the slot is pinned and holds part.len() bytes, untouched
         // until its event (recorded next) completes or the stream is
         // synchronised (run does that before the slots go back); the
@@ -352,7 +352,7 @@ fn from_device<'a>(
                 if slots.len() == 1 {
                     if let Some((ps, out)) = pending.take() {
                         events[ps].synchronize()?;
-                        out.copy_from_slice(&slots[ps][..out.len()]);
+                        super::stream_copy::copy(out, &slots[ps][..out.len()]);
                     }
                 }
                 // SAFETY: the slot is pinned, holds part.len() bytes and is
@@ -375,7 +375,7 @@ fn from_device<'a>(
         };
         if let Some((ps, out)) = pending.take() {
             events[ps].synchronize()?;
-            out.copy_from_slice(&slots[ps][..out.len()]);
+            super::stream_copy::copy(out, &slots[ps][..out.len()]);
         }
         pending = issued;
         if pending.is_none() {
