@@ -24,6 +24,7 @@ struct Args {
     gpus: Option<Vec<u32>>,
     json: bool,
     workers: usize,
+    empty: bool,
 }
 
 fn parse() -> Result<Args, String> {
@@ -35,6 +36,7 @@ fn parse() -> Result<Args, String> {
         gpus: None,
         json: false,
         workers: 0,
+        empty: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(k) = it.next() {
@@ -55,6 +57,7 @@ fn parse() -> Result<Args, String> {
             }
             "--json" => a.json = true,
             "--workers" => a.workers = num(val()?)? as usize,
+            "--empty-producer" => a.empty = true,
             _ => return Err(format!("unknown argument {k}")),
         }
     }
@@ -156,6 +159,11 @@ fn run() -> numapin::Result<()> {
         batches: args.batches,
         reps: args.reps,
         workers: args.workers,
+        cost: if args.empty {
+            Cost::Nothing
+        } else {
+            Cost::Fill
+        },
         ..LoaderBench::default()
     };
     let mut rep = Report {
@@ -205,7 +213,10 @@ fn run() -> numapin::Result<()> {
     );
     let plain = measure::loader_gbps(&rt, Mode::Gpu(g), &bench)?;
     rep.row(
-        &format!("loader, GPU {g}, fill producer"),
+        &format!(
+            "loader, GPU {g}, {} producer",
+            if args.empty { "empty" } else { "fill" }
+        ),
         "GB/s",
         &plain.gbps,
         Some((plain.gbps.median / bare.median, "bare")),

@@ -64,6 +64,9 @@ pub enum Cost {
     /// 4 bytes.
     #[default]
     Fill,
+    /// Write nothing (the slot keeps what it held): the pipeline's own
+    /// ceiling, with no producer cost. Such a run is never `verified`.
+    Nothing,
     /// Fill, then keep the CPU busy this many nanoseconds per MiB (a
     /// producer that decodes or augments).
     Busy {
@@ -181,6 +184,9 @@ fn producer(
     cost: Cost,
 ) -> impl Fn(u64, &mut [u8]) -> std::result::Result<usize, String> + Send + Sync {
     move |i, s| {
+        if cost == Cost::Nothing {
+            return Ok(s.len());
+        }
         fill_pattern(batch_key(i), s);
         if let Cost::Busy { ns_per_mib } = cost {
             busy(Duration::from_nanos(
