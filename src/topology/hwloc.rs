@@ -210,12 +210,16 @@ fn unpack(archive: &Path, dest: &Path) -> Result<()> {
         fix: "give a .tar.gz or .tar.bz2 made by hwloc-gather-topology, or the unpacked folder"
             .into(),
     };
-    let f = std::fs::File::open(archive).map_err(|e| Error::io_input(archive, e))?;
+    // Read the magic bytes, then rewind the same file for the decoder.
+    let mut f = std::fs::File::open(archive).map_err(|e| Error::io_input(archive, e))?;
     let mut head = [0u8; 3];
     {
-        use std::io::Read;
-        let mut f2 = std::fs::File::open(archive).map_err(|e| Error::io_input(archive, e))?;
-        let _ = f2.read(&mut head);
+        use std::io::{Read, Seek};
+        let n = f.read(&mut head).map_err(|e| Error::io_input(archive, e))?;
+        if n < head.len() {
+            head = [0; 3];
+        }
+        f.rewind().map_err(|e| Error::io_input(archive, e))?;
     }
     let reader: Box<dyn std::io::Read> = if head.starts_with(b"BZh") {
         Box::new(bzip2::read::BzDecoder::new(f))
