@@ -7,6 +7,8 @@
 //! `NUMAPIN_ARENA_CHILD` set; those child tests are `#[ignore]`d and do
 //! nothing unless that variable names them.
 
+mod common;
+
 use std::process::Command;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -68,7 +70,10 @@ fn run_child(
     pre: impl FnMut() -> std::io::Result<()> + Send + Sync + 'static,
 ) -> Option<std::process::Output> {
     use std::os::unix::process::CommandExt;
-    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    // A copy any user can run: the child may drop to user `nobody`.
+    let (_dir, exe) = common::runnable_by_everyone(&std::env::current_exe().unwrap());
+    let mut cmd = Command::new(&exe);
+    cmd.current_dir("/");
     cmd.args([
         "--exact",
         name,

@@ -218,9 +218,15 @@ fn unprivileged_user_below_the_memlock_need_fails_with_the_fix() {
         eprintln!("skipped: needs root to run numapin as user nobody");
         return;
     }
+    let (_dir, exe) =
+        common::runnable_by_everyone(std::path::Path::new(env!("CARGO_BIN_EXE_numapin")));
     let as_nobody = |args: &[&str]| {
-        let mut c = numapin(args);
-        c.env("HOME", "/");
+        let mut c = Command::new(&exe);
+        c.args(args)
+            .env_remove("CUDA_VISIBLE_DEVICES")
+            .env_remove("CUDA_DEVICE_ORDER")
+            .current_dir("/")
+            .env("HOME", "/");
         // SAFETY: only system calls (setrlimit, setgroups, setgid, setuid)
         // run between fork and exec.
         unsafe {

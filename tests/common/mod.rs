@@ -159,3 +159,20 @@ pub fn write_json(t: &Topology) -> tempfile::TempPath {
     std::io::Write::write_all(&mut f, t.to_json().as_bytes()).unwrap();
     f.into_temp_path()
 }
+
+/// A copy of the executable `exe` that any user can run: the build folder
+/// may sit below a directory only its owner can enter (a `mktemp -d`
+/// checkout), and tests run some binaries as user `nobody`. Keep the
+/// returned folder alive while the copy runs.
+pub fn runnable_by_everyone(exe: &std::path::Path) -> (tempfile::TempDir, std::path::PathBuf) {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::Builder::new()
+        .prefix("numapin-exe")
+        .tempdir_in("/tmp")
+        .expect("a folder in /tmp");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let copy = dir.path().join(exe.file_name().expect("a file name"));
+    std::fs::copy(exe, &copy).expect("copy the executable");
+    std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755)).unwrap();
+    (dir, copy)
+}
