@@ -31,7 +31,7 @@ case "$cmd" in
     ;;
   topo)
     install_pkgs "${BUILD_PKGS[@]}"
-    cargo build --release --quiet
+    cargo build --release --quiet -p numapin-cli
     exec ./target/release/numapin topo "$@"
     ;;
   test)
@@ -39,8 +39,8 @@ case "$cmd" in
     if [ -f tests/vm/harness.sh ] && grep -qi debian /etc/os-release; then
       install_pkgs "${VM_PKGS[@]}" || echo "dev.sh: VM packages unavailable; the VM tests will skip" >&2
     fi
-    cargo build --release --quiet --bins
-    cargo test --release "$@"
+    cargo build --release --quiet --workspace --bins
+    cargo test --release --workspace "$@"
     ;;
   *)
     echo "usage: ./dev.sh topo [ARGS...] | ./dev.sh test [CARGO TEST ARGS...] | ./dev.sh deps" >&2

@@ -10,7 +10,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use numapin::arena::{measure, CacheLimits};
+use numapin::internals::arena_measure as measure;
+use numapin::runtime::CacheLimits;
 use numapin::runtime::{Runtime, RuntimeConfig};
 use numapin::topology::{ProbeOptions, Topology};
 
@@ -79,10 +80,7 @@ fn alloc_free(c: &mut Criterion) {
     drop(rt.alloc_on_node(node, SIZE).unwrap());
     // Same-run baseline: the arena with its thread caches off (every alloc
     // and free through the node's lock).
-    let locked = runtime_with(RuntimeConfig {
-        thread_cache: CacheLimits::off(),
-        ..RuntimeConfig::default()
-    });
+    let locked = runtime_with(RuntimeConfig::default().with_thread_cache(CacheLimits::off()));
     drop(locked.alloc_on_node(node, SIZE).unwrap());
     let mut g = c.benchmark_group("alloc_free_64KiB");
     for (name, rt) in [("arena", &rt), ("arena_nocache", &locked)] {
@@ -104,9 +102,9 @@ fn alloc_free(c: &mut Criterion) {
             }
         }
     }
-    if numapin::cuda::available() && numapin::cuda::set_device(0).is_ok() {
+    if numapin::internals::cuda::available() && numapin::internals::cuda::set_device(0).is_ok() {
         g.bench_function("cuMemAllocHost_1_thread", |b| {
-            b.iter(|| black_box(numapin::cuda::HostAlloc::new(SIZE).unwrap()))
+            b.iter(|| black_box(numapin::internals::cuda::HostAlloc::new(SIZE).unwrap()))
         });
     }
     g.finish();
@@ -146,12 +144,12 @@ fn region_create(c: &mut Criterion) {
             Duration::from_secs_f64(per.median / 1e3 * iters as f64 / 4.0)
         })
     });
-    if numapin::cuda::available() && numapin::cuda::set_device(0).is_ok() {
+    if numapin::internals::cuda::available() && numapin::internals::cuda::set_device(0).is_ok() {
         g.bench_function("cuMemAllocHost", |b| {
             b.iter_custom(|iters| {
                 let t = Instant::now();
                 for _ in 0..iters {
-                    drop(numapin::cuda::HostAlloc::new(bytes).unwrap());
+                    drop(numapin::internals::cuda::HostAlloc::new(bytes).unwrap());
                 }
                 t.elapsed()
             })

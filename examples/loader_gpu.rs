@@ -11,17 +11,20 @@
 
 use std::process::ExitCode;
 
-use numapin::loader::measure::{self, Cost, Direction, LoaderBench, Mode, Stats};
-use numapin::loader::StagedOptions;
+use numapin::internals::loader_measure::{
+    self as measure, Cost, Direction, LoaderBench, Mode, Stats,
+};
 use numapin::runtime::{Runtime, RuntimeConfig};
+use numapin::staged::StagedOptions;
 use numapin::topology::{ProbeOptions, Topology};
+use numapin::CudaOrdinal;
 
 struct Args {
     batch_mib: usize,
     batches: u64,
     reps: usize,
     staged_mib: usize,
-    gpus: Option<Vec<u32>>,
+    gpus: Option<Vec<CudaOrdinal>>,
     json: bool,
     workers: usize,
     empty: bool,
@@ -51,7 +54,12 @@ fn parse() -> Result<Args, String> {
                 a.gpus = Some(
                     val()?
                         .split(',')
-                        .map(|g| g.trim().parse().map_err(|e| format!("--gpus {g}: {e}")))
+                        .map(|g| {
+                            g.trim()
+                                .parse()
+                                .map(CudaOrdinal)
+                                .map_err(|e| format!("--gpus {g}: {e}"))
+                        })
                         .collect::<Result<_, _>>()?,
                 )
             }
@@ -139,18 +147,27 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("loader_gpu: {e}");
-            ExitCode::from(if e.exit_code() == 2 { 2 } else { 1 })
+            ExitCode::from(if e.kind() == numapin::ErrorKind::Input {
+                2
+            } else {
+                1
+            })
         }
     }
 }
 
 fn run() -> numapin::Result<()> {
-    let args = parse().map_err(|problem| numapin::Error::Usage {
-        problem,
-        fix: "see the usage at the top of examples/loader_gpu.rs".into(),
-    })?;
+    let args = match parse() {
+        Ok(a) => a,
+        Err(problem) => {
+            eprintln!(
+                "loader_gpu: {problem}\n  fix: see the usage at the top of examples/loader_gpu.rs"
+            );
+            std::process::exit(2);
+        }
+    };
     let topo = Topology::probe(&ProbeOptions::from_process())?;
-    let all: Vec<u32> = topo.gpus.iter().filter_map(|g| g.cuda_ordinal).collect();
+    let all: Vec<CudaOrdinal> = topo.gpus.iter().filter_map(|g| g.cuda_ordinal).collect();
     let rt = Runtime::new(topo, RuntimeConfig::default())?;
     let mib = 1usize << 20;
     let batch_bytes = args.batch_mib * mib;
@@ -179,7 +196,7 @@ fn run() -> numapin::Result<()> {
         json: Vec::new(),
     };
     let verified = |v: bool| if v { "verified" } else { "NOT VERIFIED" };
-    if !numapin::cuda::available() || all.is_empty() {
+    if !numapin::internals::cuda::available() || all.is_empty() {
         println!("no CUDA GPU here: host mode only");
         let host = measure::loader_gbps(&rt, Mode::Host, &bench)?;
         rep.row(
@@ -197,7 +214,7 @@ fn run() -> numapin::Result<()> {
     // The pageable buffers of the copy baselines are made by this thread:
     // put it on GPU g's CPUs so that they are local, as the staged copy's
     // slots are.
-    if let Some(gpu) = rt.topology().gpu_by_cuda_ordinal(g) {
+    if let Some(gpu) = rt.topology().gpu_by_ordinal(g) {
         let cpus = gpu.local_cpus.intersection(&rt.topology().allowed.cpus);
         if !cpus.is_empty() {
             numapin::affinity::bind_current_thread(&cpus)?;

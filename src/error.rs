@@ -1,88 +1,89 @@
-//! Errors that name the input, the problem and the fix.
+//! Errors for code and for people.
 //!
-//! Every error numapin reports to a person says what it read (a file, an
-//! environment variable, a limit, a device), what is wrong with it, and what
-//! to do. [`Error::exit_code`] maps usage and input errors to exit code 2.
+//! Each domain has its own error enum ([`TopologyError`], [`AffinityError`],
+//! [`ArenaError`], [`LoaderError`]). Every one of them:
+//!
+//! * says in its message what it read (a file, an environment variable, a
+//!   node, a GPU) and what is wrong with it;
+//! * keeps the cause it came from ([`std::io::Error`], a
+//!   [`CudaError`](crate::gpu::CudaError)) as its
+//!   [`source`](std::error::Error::source), never as text only;
+//! * tells what to do through `fix()`, and what kind of failure it is
+//!   through `kind()` ([`ErrorKind`]), so a program can tell bad input from
+//!   a refused limit from a system failure without reading the text.
+//!
+//! [`Error`] holds any of them, for callers that use `?` across domains.
 
-use std::path::Path;
+pub use crate::report::{with_causes, ErrorKind};
 
-/// numapin's error type.
+pub use crate::affinity::AffinityError;
+pub use crate::arena::ArenaError;
+pub use crate::loader::LoaderError;
+pub use crate::topology::TopologyError;
+
+/// Any numapin error.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
-    /// A file or other input that cannot be used.
-    #[error("{input}: {problem}\n  fix: {fix}")]
-    Input {
-        /// The file, folder or value that was read.
-        input: String,
-        /// What is wrong with it.
-        problem: String,
-        /// What to do.
-        fix: String,
-    },
-    /// An environment variable with a value numapin cannot use.
-    #[error("{variable}={value:?}: {problem}\n  fix: {fix}")]
-    Env {
-        /// The variable's name.
-        variable: String,
-        /// Its value.
-        value: String,
-        /// What is wrong with it.
-        problem: String,
-        /// What to do.
-        fix: String,
-    },
-    /// A command-line request that cannot be met (a GPU out of range, ...).
-    #[error("{problem}\n  fix: {fix}")]
-    Usage {
-        /// What is wrong.
-        problem: String,
-        /// What to do.
-        fix: String,
-    },
-    /// The system refused something (hwloc, a system call, the CUDA driver).
-    #[error("{what}: {problem}\n  fix: {fix}")]
-    System {
-        /// What was attempted.
-        what: String,
-        /// What went wrong, with the system's own error.
-        problem: String,
-        /// What to do.
-        fix: String,
-    },
-    /// An arena error (budget, mlock, mbind, registration, placement).
+    /// Reading a machine's topology failed.
     #[error(transparent)]
-    Arena(#[from] crate::arena::ArenaError),
-    /// A loader error (configuration, or a batch that failed).
+    Topology(#[from] TopologyError),
+    /// Planning or applying a binding failed.
     #[error(transparent)]
-    Loader(#[from] crate::loader::LoaderError),
+    Affinity(#[from] AffinityError),
+    /// A pinned arena failed.
+    #[error(transparent)]
+    Arena(#[from] ArenaError),
+    /// A loader or a staged copy failed.
+    #[error(transparent)]
+    Loader(#[from] LoaderError),
 }
 
 /// `Result` with numapin's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
-    /// An I/O error while reading an input file.
-    pub fn io_input(path: &Path, e: std::io::Error) -> Self {
-        let fix = match e.kind() {
-            std::io::ErrorKind::NotFound => "check the path",
-            std::io::ErrorKind::PermissionDenied => "make the file readable by this user",
-            _ => "check the file",
-        };
-        Error::Input {
-            input: path.display().to_string(),
-            problem: format!("cannot read it: {e}"),
-            fix: fix.into(),
+    /// What kind of failure this is.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Error::Topology(e) => e.kind(),
+            Error::Affinity(e) => e.kind(),
+            Error::Arena(e) => e.kind(),
+            Error::Loader(e) => e.kind(),
         }
     }
 
-    /// The process exit code for this error: 2 for usage and input errors,
-    /// 1 otherwise.
-    pub fn exit_code(&self) -> i32 {
+    /// What to do about it, when numapin knows.
+    pub fn fix(&self) -> Option<String> {
         match self {
-            Error::Input { .. } | Error::Env { .. } | Error::Usage { .. } => 2,
-            Error::System { .. } => 1,
-            Error::Arena(e) => e.exit_code(),
-            Error::Loader(e) => e.exit_code(),
+            Error::Topology(e) => e.fix(),
+            Error::Affinity(e) => e.fix(),
+            Error::Arena(e) => e.fix(),
+            Error::Loader(e) => e.fix(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn causes_follow_the_message_once() {
+        let io = std::io::Error::from_raw_os_error(libc::ENOENT);
+        let e = Error::from(TopologyError::Input {
+            input: "/x.xml".into(),
+            problem: "cannot read it".into(),
+            fix: "check the path".into(),
+            source: Some(io.into()),
+        });
+        let text = with_causes(&e);
+        assert!(text.starts_with("/x.xml: cannot read it: "), "{text}");
+        assert_eq!(text.matches("No such file").count(), 1, "{text}");
+        assert_eq!(e.kind(), ErrorKind::Input);
+        assert_eq!(e.fix().as_deref(), Some("check the path"));
+        assert!(std::error::Error::source(&e)
+            .and_then(|s| s.downcast_ref::<std::io::Error>())
+            .is_some());
     }
 }

@@ -2,27 +2,70 @@
 //!
 //! On a multi-socket, multi-GPU server every GPU hangs off one socket's PCIe
 //! root. numapin finds out which ([`topology`]), keeps pinned host memory on
-//! the GPU's own NUMA node ([`arena`]), and binds the threads and processes
-//! that feed each GPU to that node's CPUs.
-#![warn(missing_docs)]
+//! the GPU's own NUMA node ([`Runtime`], [`PinnedBuf`]), feeds each GPU from
+//! threads on that node ([`Loader`], [`staged`] copies), and binds the
+//! threads and processes that feed each GPU to that node's CPUs
+//! ([`affinity`]).
+//!
+//! ```no_run
+//! use numapin::{CudaOrdinal, Runtime, RuntimeConfig, Topology};
+//! use numapin::topology::ProbeOptions;
+//!
+//! let topo = Topology::probe(&ProbeOptions::from_process())?;
+//! let rt = Runtime::new(topo, RuntimeConfig::default())?;
+//! let gpu = CudaOrdinal(0);
+//! rt.bind_current_thread(gpu)?;               // this thread onto GPU 0's CPUs
+//! let mut buf = rt.alloc_for_gpu(gpu, 64 << 20)?; // pinned, on GPU 0's node
+//! buf.fill(1);
+//! # Ok::<(), numapin::Error>(())
+//! ```
+//!
+//! GPUs are named two ways, as two types: a [`CudaOrdinal`] is the number
+//! CUDA gives a device in this process (after `CUDA_VISIBLE_DEVICES`), a
+//! [`GpuIndex`] its position in [`Topology::gpus`] (PCI bus order). The
+//! [`Topology`] converts between them.
+//!
+//! Every error type says what it read, what is wrong, and (through its
+//! `fix()` method) what to do; [`Error`] holds any of them.
+
+/// `with_*` setters for a configuration struct's public fields, so that a
+/// `#[non_exhaustive]` config can be built in one expression:
+/// `RuntimeConfig::default().with_budget_bytes(Some(8 << 30))`.
+macro_rules! with_setters {
+    ($t:ty { $($with:ident => $field:ident: $ty:ty),* $(,)? }) => {
+        impl $t {
+            $(
+                #[doc = concat!("Sets [`", stringify!($field), "`](Self::", stringify!($field), ").")]
+                #[must_use]
+                pub fn $with(mut self, value: $ty) -> Self {
+                    self.$field = value;
+                    self
+                }
+            )*
+        }
+    };
+}
 
 pub mod affinity;
-pub mod arena;
-pub mod bench;
-pub mod cli;
+mod arena;
 pub mod cpulist;
-pub mod cuda;
-pub mod doctor;
 pub mod error;
-pub mod isolate;
+pub mod gpu;
 pub mod loader;
-pub mod panic_guard;
 pub mod runtime;
-pub mod sys;
+pub mod staged;
 pub mod topology;
 
+mod measure;
+mod platform;
+mod report;
+
+#[doc(hidden)]
+pub mod internals;
+
 pub use cpulist::CpuList;
-pub use error::{Error, Result};
+pub use error::{Error, ErrorKind, Result};
+pub use gpu::{CudaOrdinal, GpuIndex};
 pub use loader::{Batch, Loader, LoaderConfig, LoaderError, Target};
-pub use runtime::{PinnedBuf, Runtime};
+pub use runtime::{PinnedBuf, Runtime, RuntimeConfig};
 pub use topology::Topology;

@@ -4,25 +4,49 @@
 //! ```no_run
 //! use numapin::runtime::{Runtime, RuntimeConfig};
 //! use numapin::topology::{ProbeOptions, Topology};
+//! use numapin::CudaOrdinal;
 //!
 //! let topo = Topology::probe(&ProbeOptions::from_process())?;
-//! let rt = std::sync::Arc::new(Runtime::new(topo, RuntimeConfig::default())?);
-//! let mut buf = rt.alloc_for_gpu(0, 64 << 20)?; // on GPU 0's node
+//! let mut config = RuntimeConfig::default();
+//! config.budget_bytes = Some(8 << 30);
+//! let rt = std::sync::Arc::new(Runtime::new(topo, config)?);
+//! let mut buf = rt.alloc_for_gpu(CudaOrdinal(0), 64 << 20)?; // on GPU 0's node
 //! buf.as_mut_slice_of::<f32>().fill(1.0);
 //! # Ok::<(), numapin::Error>(())
 //! ```
+//!
+//! The arenas themselves (regions, the TLSF sub-allocator, the threads'
+//! caches) are described in `docs/arena.md`.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::arena::{self, ArenaConfig, ArenaError, NodeArena, NodeStats, Placement};
-use crate::error::Result;
+use crate::affinity::{AffinityError, Mode, RankPlan};
+use crate::arena::{self, ArenaConfig, NodeArena};
+use crate::gpu::CudaOrdinal;
 use crate::topology::{NodeKind, Topology};
 
-pub use crate::arena::{PinnedBuf, Pod};
+pub use crate::arena::{
+    ArenaError, CacheLimits, NodeStats, PinnedBuf, Placement, Step, DEFAULT_ALIGNMENT,
+    DEFAULT_BUDGET_FRACTION, DEFAULT_REGION_BYTES, MAX_ALIGNMENT,
+};
 
-/// How a [`Runtime`] builds and limits its arenas.
+/// Hooks numapin's own tests set through [`crate::internals`]; never set
+/// in normal use.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct TestHooks {
+    /// Fail region creation right after this step.
+    pub(crate) fail_after: Option<Step>,
+    /// Skip the RLIMIT_MEMLOCK check before mlock (to exercise a real
+    /// mlock failure).
+    pub(crate) skip_memlock_check: bool,
+}
+
+/// How a [`Runtime`] builds and limits its arenas. Start from
+/// `RuntimeConfig::default()` and set the fields you need (new fields may
+/// be added, so it cannot be built field by field).
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct RuntimeConfig {
     /// Standard region size in bytes, rounded up to 2 MiB (default
     /// 256 MiB). Larger means fewer registrations, smaller means less held
@@ -51,13 +75,7 @@ pub struct RuntimeConfig {
     /// How long [`Runtime::alloc_on_node`] and [`Runtime::alloc_for_gpu`]
     /// wait for frees when over budget (default `None`: fail at once).
     pub budget_wait: Option<Duration>,
-    /// Test hook: fail region creation right after this step.
-    #[doc(hidden)]
-    pub fail_after: Option<arena::Step>,
-    /// Test hook: skip the RLIMIT_MEMLOCK check before mlock (to exercise
-    /// a real mlock failure).
-    #[doc(hidden)]
-    pub skip_memlock_check: bool,
+    pub(crate) hooks: TestHooks,
 }
 
 impl Default for RuntimeConfig {
@@ -72,11 +90,22 @@ impl Default for RuntimeConfig {
             placement: Placement::Strict,
             thread_cache: arena::CacheLimits::default(),
             budget_wait: None,
-            fail_after: None,
-            skip_memlock_check: false,
+            hooks: TestHooks::default(),
         }
     }
 }
+
+with_setters!(RuntimeConfig {
+    with_region_bytes => region_bytes: usize,
+    with_alignment => alignment: usize,
+    with_budget_fraction => budget_fraction: f64,
+    with_budget_bytes => budget_bytes: Option<u64>,
+    with_populate_threads => populate_threads: usize,
+    with_register => register: bool,
+    with_placement => placement: Placement,
+    with_thread_cache => thread_cache: CacheLimits,
+    with_budget_wait => budget_wait: Option<Duration>,
+});
 
 /// One arena per NUMA node with memory (see the module docs). `Send +
 /// Sync`: share it with an `Arc`.
@@ -99,7 +128,7 @@ fn config_error(setting: &'static str, value: String, problem: &str, fix: &str) 
 impl Runtime {
     /// A runtime over `topology` (normally [`Topology::probe`] of this
     /// machine). Makes no region yet: the first allocation on a node does.
-    pub fn new(topology: Topology, config: RuntimeConfig) -> Result<Runtime> {
+    pub fn new(topology: Topology, config: RuntimeConfig) -> Result<Runtime, ArenaError> {
         let a = config.alignment;
         if !a.is_power_of_two() || !(arena::DEFAULT_ALIGNMENT..=arena::MAX_ALIGNMENT).contains(&a) {
             return Err(config_error(
@@ -107,8 +136,7 @@ impl Runtime {
                 a.to_string(),
                 "not a power of two from 4096 to 2097152",
                 "use 4096 (4 KiB) up to 2097152 (2 MiB)",
-            )
-            .into());
+            ));
         }
         if config.region_bytes == 0 || config.region_bytes > isize::MAX as usize / 4 {
             return Err(config_error(
@@ -116,8 +144,7 @@ impl Runtime {
                 config.region_bytes.to_string(),
                 "out of range",
                 "use a size such as 268435456 (256 MiB)",
-            )
-            .into());
+            ));
         }
         let f = config.budget_fraction;
         if !(f > 0.0 && f <= 1.0) {
@@ -126,12 +153,12 @@ impl Runtime {
                 f.to_string(),
                 "not in (0, 1]",
                 "use a fraction such as 0.5",
-            )
-            .into());
+            ));
         }
         let region_bytes =
             arena::alloc::round_up(config.region_bytes as u64, arena::region::HUGE_PAGE as u64);
-        let memlock_applies = !crate::sys::has_cap_ipc_lock() && !config.skip_memlock_check;
+        let memlock_applies =
+            !crate::platform::sys::has_cap_ipc_lock() && !config.hooks.skip_memlock_check;
         let threads = if config.populate_threads == 0 {
             4
         } else {
@@ -163,7 +190,7 @@ impl Runtime {
                         placement: config.placement,
                         cache: config.thread_cache,
                         memlock_applies,
-                        fail_after: config.fail_after,
+                        fail_after: config.hooks.fail_after,
                     },
                 )
             })
@@ -208,18 +235,19 @@ impl Runtime {
                 } else {
                     "the topology gives it no memory".into()
                 },
+                source: None,
             }),
         }
     }
 
     /// Lends `bytes` of pinned memory on `node` (waiting for frees up to
     /// [`RuntimeConfig::budget_wait`] when over budget).
-    pub fn alloc_on_node(&self, node: u32, bytes: usize) -> Result<PinnedBuf> {
+    pub fn alloc_on_node(&self, node: u32, bytes: usize) -> Result<PinnedBuf, ArenaError> {
         let a = self.arena(node)?;
-        Ok(match self.config.budget_wait {
-            Some(t) => a.alloc_timeout(bytes, t)?,
-            None => a.alloc(bytes)?,
-        })
+        match self.config.budget_wait {
+            Some(t) => a.alloc_timeout(bytes, t),
+            None => a.alloc(bytes),
+        }
     }
 
     /// Lends `bytes` on `node`, waiting up to `timeout` for other buffers to
@@ -229,17 +257,17 @@ impl Runtime {
         node: u32,
         bytes: usize,
         timeout: Duration,
-    ) -> Result<PinnedBuf> {
-        Ok(self.arena(node)?.alloc_timeout(bytes, timeout)?)
+    ) -> Result<PinnedBuf, ArenaError> {
+        self.arena(node)?.alloc_timeout(bytes, timeout)
     }
 
-    /// The node buffers for GPU `gpu` (a CUDA ordinal, as given to
-    /// `cuda::set_device`) go on: the GPU's own node, or, when its
-    /// locality is unknown, the node of the CPU the calling thread runs on.
-    pub fn node_for_gpu(&self, gpu: u32) -> Result<u32, ArenaError> {
+    /// The node buffers for CUDA device `gpu` go on: the GPU's own node,
+    /// or, when its locality is unknown, the node of the CPU the calling
+    /// thread runs on.
+    pub fn node_for_gpu(&self, gpu: CudaOrdinal) -> Result<u32, ArenaError> {
         let g = self
             .topology
-            .gpu_by_cuda_ordinal(gpu)
+            .gpu_by_ordinal(gpu)
             .ok_or_else(|| ArenaError::UnknownGpu {
                 gpu,
                 known: self
@@ -258,7 +286,7 @@ impl Runtime {
     /// The node of the CPU the calling thread runs on (`getcpu`), or the
     /// nearest node with memory when that node has none.
     pub fn calling_thread_node(&self) -> u32 {
-        let here = arena::numa_sys::current_node().unwrap_or(0);
+        let here = crate::platform::numa::current_node().unwrap_or(0);
         if self.arenas.iter().any(|a| a.node() == here) {
             return here;
         }
@@ -287,9 +315,9 @@ impl Runtime {
             .unwrap_or(here)
     }
 
-    /// Lends `bytes` on the node of GPU `gpu` (a CUDA ordinal; see
+    /// Lends `bytes` on the node of CUDA device `gpu` (see
     /// [`Runtime::node_for_gpu`]).
-    pub fn alloc_for_gpu(&self, gpu: u32, bytes: usize) -> Result<PinnedBuf> {
+    pub fn alloc_for_gpu(&self, gpu: CudaOrdinal, bytes: usize) -> Result<PinnedBuf, ArenaError> {
         let node = self.node_for_gpu(gpu)?;
         self.alloc_on_node(node, bytes)
     }
@@ -315,8 +343,8 @@ impl Runtime {
     /// Binds the calling thread to the CPUs near CUDA device `gpu` (its
     /// node's allowed CPUs; with unknown locality, the allowed CPUs, with a
     /// warning in the returned plan). Loader workers call this.
-    pub fn bind_current_thread(&self, gpu: u32) -> Result<crate::affinity::RankPlan> {
-        let plan = self.gpu_plan(gpu, crate::affinity::Mode::Node)?;
+    pub fn bind_current_thread(&self, gpu: CudaOrdinal) -> Result<RankPlan, AffinityError> {
+        let plan = self.gpu_plan(gpu, Mode::Node)?;
         crate::affinity::bind_current_thread(&plan.cpus)?;
         Ok(plan)
     }
@@ -325,20 +353,16 @@ impl Runtime {
     /// CUDA device `gpu` as `mode` plans it, the way `numapin exec` does.
     pub fn bind_current_process(
         &self,
-        gpu: u32,
-        mode: crate::affinity::Mode,
-    ) -> Result<crate::affinity::RankPlan> {
+        gpu: CudaOrdinal,
+        mode: Mode,
+    ) -> Result<RankPlan, AffinityError> {
         let plan = self.gpu_plan(gpu, mode)?;
         crate::affinity::bind_current_process(&plan, crate::affinity::MemPolicy::Bind)?;
         Ok(plan)
     }
 
     /// The plan for CUDA device `gpu` alone, as `numapin affinity` computes it.
-    pub fn gpu_plan(
-        &self,
-        gpu: u32,
-        mode: crate::affinity::Mode,
-    ) -> Result<crate::affinity::RankPlan> {
+    pub fn gpu_plan(&self, gpu: CudaOrdinal, mode: Mode) -> Result<RankPlan, AffinityError> {
         let t = self.topology();
         let index = crate::affinity::launcher::gpu_of_ordinal(t, gpu, "the runtime")?;
         let mut p =

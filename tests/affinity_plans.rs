@@ -21,8 +21,8 @@ const MODES: [Mode; 5] = [
     Mode::Core,
 ];
 
-fn all_gpus(t: &Topology) -> Vec<u32> {
-    (0..t.gpus.len() as u32).collect()
+fn all_gpus(t: &Topology) -> Vec<numapin::GpuIndex> {
+    (0..t.gpus.len() as u32).map(numapin::GpuIndex).collect()
 }
 
 fn run(t: &Topology, mode: Mode) -> Plan {
@@ -98,8 +98,8 @@ fn torch_exclusive_refuses_fewer_cores_than_gpus() {
     let msg = e.to_string();
     assert!(msg.contains("NUMA node 0 has 1 physical core"), "{msg}");
     assert!(msg.contains("2 ranks"), "{msg}");
-    assert!(msg.contains("fix:"), "{msg}");
-    assert_eq!(e.exit_code(), 2);
+    assert!(e.fix().is_some_and(|f| f.contains("--mode node")), "{msg}");
+    assert_eq!(e.kind(), numapin::ErrorKind::Input);
 }
 
 #[test]
@@ -204,7 +204,13 @@ fn exclusive_gives_ranks_without_a_node_what_the_others_leave() {
         [cpus_of(&p, 0), cpus_of(&p, 1), cpus_of(&p, 2)],
         ["0-3", "4-7", "8-11"]
     );
-    let q = plan(&t, &[0, 1], Mode::Exclusive, &PlanOptions::default()).unwrap();
+    let q = plan(
+        &t,
+        &[0, 1].map(numapin::GpuIndex),
+        Mode::Exclusive,
+        &PlanOptions::default(),
+    )
+    .unwrap();
     assert_eq!([cpus_of(&q, 0), cpus_of(&q, 1)], ["0-3", "4-11"]);
     assert_warned(&q, 1, "left to them");
 }
@@ -214,7 +220,13 @@ fn exclusive_leaves_gpus_without_a_rank_out() {
     // torchrun divides a node among all of its GPUs; numapin among the ranks
     // of the plan, so two ranks on an 8-GPU node get half each.
     let t = Shape::new(1, 1, 8, 1, 8).build();
-    let p = plan(&t, &[0, 1], Mode::Exclusive, &PlanOptions::default()).unwrap();
+    let p = plan(
+        &t,
+        &[0, 1].map(numapin::GpuIndex),
+        Mode::Exclusive,
+        &PlanOptions::default(),
+    )
+    .unwrap();
     assert_eq!(cpus_of(&p, 0), "0-7");
     assert_eq!(cpus_of(&p, 1), "8-15");
 }
@@ -261,7 +273,13 @@ fn core_mode_with_and_without_siblings() {
         [cpus_of(&with, 0), cpus_of(&with, 1), cpus_of(&with, 2)],
         ["0-1", "2-3", "4-5"]
     );
-    let without = plan(&t, &all_gpus(&t), Mode::Core, &PlanOptions { smt: false }).unwrap();
+    let without = plan(
+        &t,
+        &all_gpus(&t),
+        Mode::Core,
+        &PlanOptions::default().with_smt(false),
+    )
+    .unwrap();
     assert_eq!(
         [
             cpus_of(&without, 0),
@@ -288,7 +306,13 @@ fn interleaved_siblings_are_kept_together() {
     let ex = run(&t, Mode::Exclusive);
     assert_eq!(cpus_of(&ex, 0), "0-1,4-5");
     assert_eq!(cpus_of(&ex, 1), "2-3,6-7");
-    let core = plan(&t, &[0, 1], Mode::Core, &PlanOptions { smt: false }).unwrap();
+    let core = plan(
+        &t,
+        &[0, 1].map(numapin::GpuIndex),
+        Mode::Core,
+        &PlanOptions::default().with_smt(false),
+    )
+    .unwrap();
     assert_eq!([cpus_of(&core, 0), cpus_of(&core, 1)], ["0", "1"]);
 }
 
@@ -309,10 +333,22 @@ fn restricted_cpus_shrink_the_sets_and_say_so() {
     assert_eq!(cpus_of(&node, 2), "8-9");
     // Exclusive divides what is allowed: core 0-1 is gone, 2-3 and 4-5 and
     // 6-7 remain; the first rank takes two of them.
-    let ex = plan(&t, &[0, 1], Mode::Exclusive, &PlanOptions::default()).unwrap();
+    let ex = plan(
+        &t,
+        &[0, 1].map(numapin::GpuIndex),
+        Mode::Exclusive,
+        &PlanOptions::default(),
+    )
+    .unwrap();
     assert_eq!(cpus_of(&ex, 0), "2-5");
     assert_eq!(cpus_of(&ex, 1), "6-7");
-    let e = plan(&t, &[2, 3], Mode::Exclusive, &PlanOptions::default()).unwrap_err();
+    let e = plan(
+        &t,
+        &[2, 3].map(numapin::GpuIndex),
+        Mode::Exclusive,
+        &PlanOptions::default(),
+    )
+    .unwrap_err();
     assert!(
         e.to_string().contains("NUMA node 1 has 1 physical core"),
         "{e}"
@@ -405,15 +441,27 @@ fn no_core_or_cache_information_nccl_style() {
 #[test]
 fn gpus_out_of_range_and_empty_lists() {
     let t = Shape::new(1, 1, 2, 1, 2).build();
-    let e = plan(&t, &[0, 2], Mode::Node, &PlanOptions::default()).unwrap_err();
-    assert_eq!(e.exit_code(), 2);
+    let e = plan(
+        &t,
+        &[0, 2].map(numapin::GpuIndex),
+        Mode::Node,
+        &PlanOptions::default(),
+    )
+    .unwrap_err();
+    assert_eq!(e.kind(), numapin::ErrorKind::Input);
     assert!(e.to_string().contains("GPU 2"), "{e}");
     assert!(plan(&t, &[], Mode::Exclusive, &PlanOptions::default())
         .unwrap()
         .ranks
         .is_empty());
     // A GPU listed twice is two ranks: exclusive gives each its own share.
-    let p = plan(&t, &[1, 1], Mode::Exclusive, &PlanOptions::default()).unwrap();
+    let p = plan(
+        &t,
+        &[1, 1].map(numapin::GpuIndex),
+        Mode::Exclusive,
+        &PlanOptions::default(),
+    )
+    .unwrap();
     assert!(p.ranks[0].cpus.is_disjoint(&p.ranks[1].cpus));
 }
 
@@ -429,7 +477,7 @@ fn node_plans() {
     t.allowed.cpus = cpus("0-3");
     let e = plan_node(&t, 1).unwrap_err();
     assert!(e.to_string().contains("no CPU this process may use"), "{e}");
-    assert_eq!(e.exit_code(), 2);
+    assert_eq!(e.kind(), numapin::ErrorKind::Input);
     t.allowed.cpus = cpus("0-5");
     t.allowed.numa_nodes = vec![0];
     assert!(plan_node(&t, 1)
@@ -501,7 +549,7 @@ fn check(t: &Topology, p: &Plan, what: &str) {
     }
     if p.mode == Mode::Exclusive {
         // The shares leave nothing of the ranks' nodes unused.
-        let gpus: Vec<u32> = p.ranks.iter().map(|r| r.gpu.unwrap()).collect();
+        let gpus: Vec<numapin::GpuIndex> = p.ranks.iter().map(|r| r.gpu.unwrap()).collect();
         let node = plan(t, &gpus, Mode::Node, &PlanOptions::default()).unwrap();
         let homes = node
             .ranks
@@ -643,7 +691,7 @@ proptest! {
             }
         }
         for mode in MODES {
-            match plan(&t, &all_gpus(&t), mode, &PlanOptions { smt }) {
+            match plan(&t, &all_gpus(&t), mode, &PlanOptions::default().with_smt(smt)) {
                 Ok(p) => {
                     prop_assert_eq!(p.ranks.len(), t.gpus.len());
                     check(&t, &p, &format!("{mode}"));

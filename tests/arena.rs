@@ -13,11 +13,11 @@ use std::process::Command;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use numapin::arena::numa_sys::is_mapped;
-use numapin::arena::region::last_mapped_addr;
-use numapin::arena::{ArenaError, Step};
+use numapin::internals::last_mapped_addr;
+use numapin::internals::numa::is_mapped;
+use numapin::internals::sys::locked_bytes;
+use numapin::runtime::{ArenaError, Step};
 use numapin::runtime::{Runtime, RuntimeConfig};
-use numapin::sys::locked_bytes;
 use numapin::topology::{CudaMode, ProbeOptions, Topology};
 use numapin::Error;
 
@@ -29,10 +29,7 @@ fn serial() -> MutexGuard<'static, ()> {
 }
 
 fn topology() -> Topology {
-    let opts = ProbeOptions {
-        cuda: CudaMode::Off,
-        ..ProbeOptions::from_process()
-    };
+    let opts = ProbeOptions::from_process().with_cuda(CudaMode::Off);
     Topology::probe(&opts).expect("probe this machine")
 }
 
@@ -41,10 +38,7 @@ fn runtime(cfg: RuntimeConfig) -> Runtime {
 }
 
 fn small() -> RuntimeConfig {
-    RuntimeConfig {
-        region_bytes: 16 * MIB,
-        ..RuntimeConfig::default()
-    }
+    RuntimeConfig::default().with_region_bytes(16 * MIB)
 }
 
 /// The first node the runtime has an arena for.
@@ -52,8 +46,8 @@ fn first_node(rt: &Runtime) -> u32 {
     rt.stats().first().expect("a node with memory").node
 }
 
-fn arena_err(e: Error) -> ArenaError {
-    match e {
+fn arena_err(e: impl Into<Error>) -> ArenaError {
+    match e.into() {
         Error::Arena(a) => a,
         other => panic!("expected an arena error, got {other}"),
     }
@@ -146,7 +140,7 @@ fn region_is_on_its_node_and_locked() {
 #[test]
 fn registration_is_reported_as_skipped_without_a_driver() {
     let _g = serial();
-    if numapin::cuda::available() {
+    if numapin::internals::cuda::available() {
         eprintln!("skipped: a CUDA driver is present (see the GPU tests)");
         return;
     }
@@ -214,10 +208,9 @@ fn a_failed_region_leaves_nothing_behind() {
         Step::Register,
         Step::Verify,
     ] {
-        let rt = runtime(RuntimeConfig {
-            fail_after: Some(step),
-            ..small()
-        });
+        let mut cfg = small();
+        numapin::internals::fail_after(&mut cfg, Some(step));
+        let rt = runtime(cfg);
         let node = first_node(&rt);
         let before = locked_bytes();
         let e = arena_err(rt.alloc_on_node(node, MIB).unwrap_err());
@@ -247,25 +240,23 @@ fn unknown_node_and_gpu_are_input_errors() {
         matches!(e, ArenaError::UnknownNode { node: 999, .. }),
         "{e}"
     );
-    assert_eq!(e.exit_code(), 2);
-    assert!(e.to_string().contains("numapin topo"));
-    let e = rt.alloc_for_gpu(999, 4096).unwrap_err();
-    assert_eq!(e.exit_code(), 2);
+    assert_eq!(e.kind(), numapin::ErrorKind::Input);
+    assert!(e.fix().is_some_and(|f| f.contains("numapin topo")));
+    let e = rt
+        .alloc_for_gpu(numapin::CudaOrdinal(999), 4096)
+        .unwrap_err();
+    assert_eq!(e.kind(), numapin::ErrorKind::Input);
     assert!(matches!(
         arena_err(e),
-        ArenaError::UnknownGpu { gpu: 999, .. }
+        ArenaError::UnknownGpu {
+            gpu: numapin::CudaOrdinal(999),
+            ..
+        }
     ));
     let e = arena_err(rt.alloc_on_node(first_node(&rt), 0).unwrap_err());
     assert!(matches!(e, ArenaError::BadRequest { .. }), "{e}");
-    let bad = Runtime::new(
-        topology(),
-        RuntimeConfig {
-            alignment: 3000,
-            ..small()
-        },
-    )
-    .unwrap_err();
-    assert_eq!(bad.exit_code(), 2);
+    let bad = Runtime::new(topology(), small().with_alignment(3000)).unwrap_err();
+    assert_eq!(bad.kind(), numapin::ErrorKind::Input);
     assert!(bad.to_string().contains("alignment"), "{bad}");
 }
 
@@ -290,10 +281,7 @@ fn binding_to_a_node_without_memory_fails_cleanly() {
 #[test]
 fn budget_is_enforced_and_waited_for() {
     let _g = serial();
-    let rt = Arc::new(runtime(RuntimeConfig {
-        budget_bytes: Some(64 * MIB as u64),
-        ..small()
-    }));
+    let rt = Arc::new(runtime(small().with_budget_bytes(Some(64 * MIB as u64))));
     let node = first_node(&rt);
     // 40 MiB > half a region: a region of its own size.
     let a = rt.alloc_on_node(node, 40 * MIB).unwrap();
@@ -380,17 +368,16 @@ fn typed_views_share_the_bytes() {
 #[test]
 fn concurrent_stress_keeps_buffers_apart() {
     let _g = serial();
-    let rt = Arc::new(runtime(RuntimeConfig {
-        region_bytes: 32 * MIB,
-        ..RuntimeConfig::default()
-    }));
+    let rt = Arc::new(runtime(
+        RuntimeConfig::default().with_region_bytes(32 * MIB),
+    ));
     let node = first_node(&rt);
     let threads = 8;
     let handles: Vec<_> = (0..threads)
         .map(|t| {
             let rt = rt.clone();
             std::thread::spawn(move || {
-                let mut rng = numapin::arena::measure::Rng::new(t + 100);
+                let mut rng = numapin::internals::arena_measure::Rng::new(t + 100);
                 let mut live: Vec<(numapin::PinnedBuf, u8)> = Vec::new();
                 for i in 0..3000u32 {
                     if live.len() > 12 || (!live.is_empty() && rng.next_u64() % 3 == 0) {
@@ -465,17 +452,21 @@ fn child_unprivileged() {
     if !in_child("child_unprivileged") {
         return;
     }
-    assert!(!numapin::sys::has_cap_ipc_lock());
-    assert_eq!(numapin::sys::memlock_limit().unwrap().0, 8 << 20);
+    assert!(!numapin::internals::sys::has_cap_ipc_lock());
+    assert_eq!(numapin::internals::sys::memlock_limit().unwrap().0, 8 << 20);
     let rt = runtime(small());
     let node = first_node(&rt);
     let before = locked_bytes();
     // Checked before anything is mapped.
     let e = arena_err(rt.alloc_on_node(node, 64 * MIB).unwrap_err());
-    let msg = e.to_string();
+    let msg = format!(
+        "{}\n  fix: {}",
+        numapin::error::with_causes(&e),
+        e.fix().unwrap()
+    );
     println!("{msg}");
     assert!(
-        matches!(e, ArenaError::Memlock { node: n, limit, error: None, .. } if n == node && limit == 8 << 20),
+        matches!(e, ArenaError::Memlock { node: n, limit, source: None, .. } if n == node && limit == 8 << 20),
         "{e}"
     );
     for fix in [
@@ -487,16 +478,13 @@ fn child_unprivileged() {
     ] {
         assert!(msg.contains(fix), "message lacks {fix:?}: {msg}");
     }
-    assert_eq!(e.exit_code(), 1);
+    assert_ne!(e.kind(), numapin::ErrorKind::Input);
     assert_eq!(locked_bytes(), before);
     assert_eq!(rt.stats()[0].failures, 1);
     assert_eq!(rt.stats()[0].bytes_reserved, 0);
 
     // Within the limit it works: one 4 MiB region.
-    let rt4 = runtime(RuntimeConfig {
-        region_bytes: 4 * MIB,
-        ..RuntimeConfig::default()
-    });
+    let rt4 = runtime(RuntimeConfig::default().with_region_bytes(4 * MIB));
     let buf = rt4.alloc_on_node(node, MIB).unwrap();
     assert_eq!(locked_bytes() - before, 4 * MIB as u64);
     drop(buf);
@@ -505,14 +493,19 @@ fn child_unprivileged() {
 
     // mlock itself failing (the check skipped) is the same error, with the
     // system's reason, and the region is gone.
-    let rt = runtime(RuntimeConfig {
-        skip_memlock_check: true,
-        ..small()
-    });
+    let mut cfg = small();
+    numapin::internals::skip_memlock_check(&mut cfg, true);
+    let rt = runtime(cfg);
     let e = arena_err(rt.alloc_on_node(node, 64 * MIB).unwrap_err());
     println!("{e}");
     assert!(
-        matches!(e, ArenaError::Memlock { error: Some(_), .. }),
+        matches!(
+            e,
+            ArenaError::Memlock {
+                source: Some(_),
+                ..
+            }
+        ),
         "{e}"
     );
     assert_eq!(locked_bytes(), before);
@@ -524,14 +517,14 @@ fn child_unprivileged() {
 
 // ---- GPU tests: run with --ignored on a machine with a CUDA GPU. ----
 
-fn gpu_runtime() -> Option<(Runtime, u32)> {
-    if !numapin::cuda::available() {
+fn gpu_runtime() -> Option<(Runtime, numapin::CudaOrdinal)> {
+    if !numapin::internals::cuda::available() {
         eprintln!("skipped: no CUDA driver");
         return None;
     }
     let t = Topology::probe(&ProbeOptions::from_process()).unwrap();
     let ordinal = t.gpus.iter().find_map(|g| g.cuda_ordinal)?;
-    numapin::cuda::set_device(ordinal).unwrap();
+    numapin::internals::cuda::set_device(ordinal.get()).unwrap();
     Some((Runtime::new(t, RuntimeConfig::default()).unwrap(), ordinal))
 }
 
@@ -544,14 +537,14 @@ fn gpu_registration_agrees_with_the_driver() {
     };
     let buf = rt.alloc_for_gpu(gpu, 8 * MIB).unwrap();
     assert!(buf.is_registered());
-    let flags = numapin::cuda::host_get_flags(buf.as_ptr().cast()).unwrap();
+    let flags = numapin::internals::cuda::host_get_flags(buf.as_ptr().cast()).unwrap();
     assert_ne!(
-        flags & numapin::cuda::HOST_REGISTER_PORTABLE,
+        flags & numapin::internals::cuda::HOST_REGISTER_PORTABLE,
         0,
         "flags {flags:#x}"
     );
     assert_eq!(
-        numapin::cuda::host_device_pointer(buf.as_ptr().cast()).unwrap(),
+        numapin::internals::cuda::host_device_pointer(buf.as_ptr().cast()).unwrap(),
         buf.device_ptr().unwrap()
     );
     let s = rt
@@ -571,8 +564,8 @@ fn gpu_async_round_trip() {
         return;
     };
     let n = 16 * MIB;
-    let stream = numapin::cuda::Stream::new().unwrap();
-    let dev = numapin::cuda::DeviceBuffer::new(n).unwrap();
+    let stream = numapin::internals::cuda::Stream::new().unwrap();
+    let dev = numapin::internals::cuda::DeviceBuffer::new(n).unwrap();
     let mut src = rt.alloc_for_gpu(gpu, n).unwrap();
     src.as_mut_slice_of::<u32>()
         .iter_mut()
@@ -621,14 +614,14 @@ fn gpu_h2d_bandwidth_matches_cuda_pinned_memory() {
         return;
     };
     let n = 256 * MIB;
-    let stream = numapin::cuda::Stream::new().unwrap();
-    let dev = numapin::cuda::DeviceBuffer::new(n).unwrap();
+    let stream = numapin::internals::cuda::Stream::new().unwrap();
+    let dev = numapin::internals::cuda::DeviceBuffer::new(n).unwrap();
     let arena = rt.alloc_for_gpu(gpu, n).unwrap();
-    let host = numapin::cuda::HostAlloc::new(n).unwrap();
+    let host = numapin::internals::cuda::HostAlloc::new(n).unwrap();
     let time = |src: *const std::ffi::c_void| -> f64 {
         let (a, b) = (
-            numapin::cuda::Event::new(true).unwrap(),
-            numapin::cuda::Event::new(true).unwrap(),
+            numapin::internals::cuda::Event::new(true).unwrap(),
+            numapin::internals::cuda::Event::new(true).unwrap(),
         );
         let mut best = f64::MAX;
         for _ in 0..10 {
@@ -636,7 +629,8 @@ fn gpu_h2d_bandwidth_matches_cuda_pinned_memory() {
             // which are waited for before the next iteration.
             unsafe {
                 a.record(stream.raw()).unwrap();
-                numapin::cuda::memcpy_htod_async(dev.ptr(), src, n, stream.raw()).unwrap();
+                numapin::internals::cuda::memcpy_htod_async(dev.ptr(), src, n, stream.raw())
+                    .unwrap();
                 b.record(stream.raw()).unwrap();
             }
             b.synchronize().unwrap();
@@ -662,15 +656,12 @@ fn gpu_h2d_bandwidth_matches_cuda_pinned_memory() {
 
 // ---- Thread caches -------------------------------------------------------
 
-use numapin::arena::measure::Rng;
-use numapin::arena::{CacheLimits, NodeStats};
+use numapin::internals::arena_measure::Rng;
+use numapin::runtime::{CacheLimits, NodeStats};
 use numapin::PinnedBuf;
 
 fn with_cache(limits: CacheLimits) -> RuntimeConfig {
-    RuntimeConfig {
-        thread_cache: limits,
-        ..small()
-    }
+    small().with_thread_cache(limits)
 }
 
 fn node_stats(rt: &Runtime) -> NodeStats {
@@ -865,10 +856,7 @@ fn flush_and_trim_return_cached_blocks() {
 #[test]
 fn budget_counts_on_cached_blocks() {
     let _g = serial();
-    let rt = Arc::new(runtime(RuntimeConfig {
-        budget_bytes: Some(16 * MIB as u64),
-        ..small()
-    }));
+    let rt = Arc::new(runtime(small().with_budget_bytes(Some(16 * MIB as u64))));
     let node = first_node(&rt);
     // The one region the budget allows, filled with 4 MiB buffers.
     let mut bufs: Vec<_> = (0..4)
@@ -965,10 +953,7 @@ fn concurrent_cache_stress_never_lends_a_block_twice() {
         max_bytes: 512 << 10,
         max_block_bytes: 256 << 10,
     };
-    let rt = Arc::new(runtime(RuntimeConfig {
-        region_bytes: 32 * MIB,
-        ..with_cache(lim)
-    }));
+    let rt = Arc::new(runtime(with_cache(lim).with_region_bytes(32 * MIB)));
     let node = first_node(&rt);
     let live = Arc::new(Mutex::new(std::collections::HashSet::<usize>::new()));
     let threads = 6u64;

@@ -17,14 +17,11 @@ fn load(name: &str) -> Topology {
 }
 
 fn load_env(name: &str, cvd: Option<&str>, order: Option<&str>) -> numapin::Result<Topology> {
-    let opts = ProbeOptions {
-        env: ProbeEnv {
-            cuda_visible_devices: cvd.map(Into::into),
-            cuda_device_order: order.map(Into::into),
-        },
-        ..Default::default()
-    };
-    Topology::load(&fixture(name), &opts)
+    let opts = ProbeOptions::default().with_env(ProbeEnv {
+        cuda_visible_devices: cvd.map(Into::into),
+        cuda_device_order: order.map(Into::into),
+    });
+    Ok(Topology::load(&fixture(name), &opts)?)
 }
 
 fn nodes(t: &Topology) -> Vec<Option<u32>> {
@@ -142,10 +139,13 @@ fn memoryless_node_is_reported() {
 fn cuda_visible_devices_picks_and_reorders() {
     let t = load_env("dgx-h100.xml", Some("4,0"), Some("PCI_BUS_ID")).unwrap();
     assert_eq!(t.cuda.ordinals.len(), 2);
-    assert_eq!(t.gpus[4].cuda_ordinal, Some(0));
-    assert_eq!(t.gpus[0].cuda_ordinal, Some(1));
+    assert_eq!(t.gpus[4].cuda_ordinal, Some(numapin::CudaOrdinal(0)));
+    assert_eq!(t.gpus[0].cuda_ordinal, Some(numapin::CudaOrdinal(1)));
     assert_eq!(t.gpus[1].cuda_ordinal, None, "hidden GPUs have no ordinal");
-    assert_eq!(t.gpu_by_cuda_ordinal(0).unwrap().numa_node, Some(1));
+    assert_eq!(
+        t.gpu_by_ordinal(numapin::CudaOrdinal(0)).unwrap().numa_node,
+        Some(1)
+    );
     assert_eq!(t.cuda.device_order, "PCI_BUS_ID");
 }
 
@@ -164,7 +164,7 @@ fn cuda_visible_devices_empty_hides_everything() {
 fn cuda_visible_devices_garbage_is_an_error_naming_it() {
     for bad in ["0,banana", "8", "0,0", "GPU-zz"] {
         let e = load_env("dgx-h100.xml", Some(bad), None).unwrap_err();
-        assert_eq!(e.exit_code(), 2);
+        assert_eq!(e.kind(), numapin::ErrorKind::Input);
         assert!(e.to_string().contains("CUDA_VISIBLE_DEVICES"), "{bad}: {e}");
     }
     let e = load_env("dgx-h100.xml", None, Some("SLOWEST_FIRST")).unwrap_err();

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
-use numapin::loader::kernels::{batch_key, fill_pattern, pattern_checksum, pattern_tail_ok};
+use numapin::internals::kernels::{batch_key, fill_pattern, pattern_checksum, pattern_tail_ok};
 use numapin::loader::{Loader, LoaderConfig, LoaderError, Order, Target};
 use numapin::runtime::{Runtime, RuntimeConfig};
 use numapin::topology::{CudaMode, Gpu, ProbeOptions, Topology};
@@ -48,18 +48,12 @@ fn scenario<T: Send + 'static>(name: &str, f: impl FnOnce() -> T + Send + 'stati
 }
 
 fn topology() -> Topology {
-    let opts = ProbeOptions {
-        cuda: CudaMode::Off,
-        ..ProbeOptions::from_process()
-    };
+    let opts = ProbeOptions::from_process().with_cuda(CudaMode::Off);
     Topology::probe(&opts).expect("probe this machine")
 }
 
 fn runtime_of(t: Topology) -> Arc<Runtime> {
-    let cfg = RuntimeConfig {
-        region_bytes: 16 * MIB,
-        ..RuntimeConfig::default()
-    };
+    let cfg = RuntimeConfig::default().with_region_bytes(16 * MIB);
     Arc::new(Runtime::new(t, cfg).expect("runtime"))
 }
 
@@ -113,12 +107,10 @@ fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
 }
 
 fn cfg(batch: usize, workers: usize, total: Option<u64>) -> LoaderConfig {
-    LoaderConfig {
-        batch_bytes: batch,
-        workers,
-        total_batches: total,
-        ..LoaderConfig::default()
-    }
+    LoaderConfig::default()
+        .with_batch_bytes(batch)
+        .with_workers(workers)
+        .with_total_batches(total)
 }
 
 /// The threads of `tids` still alive. A joined thread can linger in
@@ -179,10 +171,7 @@ fn index_order_delivers_every_batch_once_in_order() {
 fn completion_order_does_not_wait_for_a_slow_batch() {
     scenario("completion order", || {
         let rt = runtime();
-        let c = LoaderConfig {
-            order: Order::Completion,
-            ..cfg(16 * KIB, 3, Some(30))
-        };
+        let c = cfg(16 * KIB, 3, Some(30)).with_order(Order::Completion);
         let loader = Loader::new(&rt, Target::Host, c, |i, s: &mut [u8]| {
             if i == 0 {
                 std::thread::sleep(Duration::from_millis(400));
@@ -213,10 +202,7 @@ fn producers_block_when_every_slot_is_full() {
         let rt = runtime();
         let calls = Arc::new(AtomicU64::new(0));
         let c2 = calls.clone();
-        let c = LoaderConfig {
-            depth: 5,
-            ..cfg(8 * KIB, 3, None)
-        };
+        let c = cfg(8 * KIB, 3, None).with_depth(5);
         let loader = Loader::new(&rt, Target::Host, c, move |i, s: &mut [u8]| {
             c2.fetch_add(1, Ordering::SeqCst);
             Ok::<_, String>(marked(i, s))
@@ -272,10 +258,7 @@ fn producers_block_when_every_slot_is_full() {
 
 fn run_until_error(order: Order, fail_at: u64, panic: bool) -> (Vec<u64>, LoaderError) {
     let rt = runtime();
-    let c = LoaderConfig {
-        order,
-        ..cfg(4 * KIB, 4, None)
-    };
+    let c = cfg(4 * KIB, 4, None).with_order(order);
     let loader = Loader::new(&rt, Target::Host, c, move |i, s: &mut [u8]| {
         jitter(i);
         if i == fail_at {
@@ -312,8 +295,7 @@ fn producer_error_arrives_at_its_position_and_ends_the_stream() {
         assert_eq!(e.index(), Some(7));
         assert!(matches!(e, LoaderError::Producer { index: 7, .. }), "{e:?}");
         assert!(
-            e.to_string()
-                .contains("batch 7: the producer failed: bad record 7"),
+            numapin::error::with_causes(&e).contains("batch 7: the producer failed: bad record 7"),
             "{e}"
         );
         // Completion order: the error comes when it happens, then the end.
@@ -447,7 +429,7 @@ fn restricted_topology(cpus: &CpuList, gpu_cpus: &CpuList) -> (Topology, u32) {
     let node = t.numa_nodes[0].os_index;
     t.numa_nodes[0].cpus = cpus.clone();
     let gpu = |index: u32, numa_node: Option<u32>, local: &CpuList| Gpu {
-        index,
+        index: numapin::GpuIndex(index),
         cuda_ordinal: None,
         pci_bus_id: format!("0000:{:02x}:00.0", 0x40 + index),
         name: None,
@@ -485,7 +467,7 @@ fn affinity_of(tid: i32) -> CpuList {
 #[test]
 fn every_worker_runs_on_exactly_the_planned_cpus() {
     scenario("affinity", || {
-        let allowed = numapin::sys::sched_getaffinity_self().unwrap();
+        let allowed = numapin::internals::sys::sched_getaffinity_self().unwrap();
         let first = CpuList::from_iter_unsorted([allowed.first().unwrap()]);
         let last = CpuList::from_iter_unsorted([*allowed.as_slice().last().unwrap()]);
         let (t, node) = restricted_topology(&first, &last);
@@ -493,8 +475,8 @@ fn every_worker_runs_on_exactly_the_planned_cpus() {
         let produce = |i: u64, s: &mut [u8]| Ok::<_, String>(marked(i, s));
         for (target, want) in [
             (Target::HostNode(node), first.clone()),
-            (Target::HostForGpu(0), last.clone()),
-            (Target::HostForGpu(1), allowed.clone()),
+            (Target::HostForGpu(numapin::GpuIndex(0)), last.clone()),
+            (Target::HostForGpu(numapin::GpuIndex(1)), allowed.clone()),
             (Target::Host, allowed.clone()),
         ] {
             let l = Loader::new(&rt, target, cfg(4 * KIB, 3, None), produce).unwrap();
@@ -508,7 +490,7 @@ fn every_worker_runs_on_exactly_the_planned_cpus() {
             let b = l.next_batch().unwrap().unwrap();
             assert_eq!(b.host_buf().unwrap().node(), node);
             drop(b);
-            if target == Target::HostForGpu(1) {
+            if target == Target::HostForGpu(numapin::GpuIndex(1)) {
                 assert_eq!(l.warnings().len(), 1, "{:?}", l.warnings());
                 assert!(
                     l.warnings()[0].contains("NUMA node is unknown"),
@@ -525,7 +507,13 @@ fn every_worker_runs_on_exactly_the_planned_cpus() {
         let (mut one, _) = restricted_topology(&first, &last);
         one.numa_nodes.truncate(1);
         let rt1 = runtime_of(one);
-        let l = Loader::new(&rt1, Target::HostForGpu(1), cfg(4 * KIB, 1, None), produce).unwrap();
+        let l = Loader::new(
+            &rt1,
+            Target::HostForGpu(numapin::GpuIndex(1)),
+            cfg(4 * KIB, 1, None),
+            produce,
+        )
+        .unwrap();
         assert_eq!(l.worker_cpus(), &allowed);
         assert!(l.warnings().is_empty(), "{:?}", l.warnings());
     });
@@ -561,7 +549,7 @@ fn many_loaders_run_at_once() {
                         let bytes = b.host_bytes().unwrap();
                         let key = batch_key(b.index() ^ (k << 32));
                         assert_eq!(
-                            numapin::loader::kernels::checksum_host(bytes),
+                            numapin::internals::kernels::checksum_host(bytes),
                             pattern_checksum(key, (bytes.len() / 4) as u64)
                         );
                         assert_eq!(b.index(), n);
@@ -584,21 +572,21 @@ fn bad_configuration_and_targets_are_input_errors() {
         assert!(
             matches!(
                 e,
-                Error::Loader(LoaderError::Config {
+                LoaderError::Config {
                     setting: "batch_bytes",
                     ..
-                })
+                }
             ),
             "{e:?}"
         );
-        assert_eq!(e.exit_code(), 2);
+        assert_eq!(e.kind(), numapin::ErrorKind::Input);
         for (target, says) in [
             (
-                Target::Gpu(97),
+                Target::Gpu(numapin::CudaOrdinal(97)),
                 "GPU 97 (CUDA ordinal) is not in the topology",
             ),
             (
-                Target::HostForGpu(97),
+                Target::HostForGpu(numapin::GpuIndex(97)),
                 "GPU index 97 is not in the topology",
             ),
             (
@@ -608,24 +596,19 @@ fn bad_configuration_and_targets_are_input_errors() {
         ] {
             let e = Loader::new(&rt, target, cfg(4096, 1, None), produce).unwrap_err();
             assert!(e.to_string().contains(says), "{target:?}: {e}");
-            assert_eq!(e.exit_code(), 2, "{target:?}");
+            assert_eq!(e.kind(), numapin::ErrorKind::Input, "{target:?}");
         }
         // Over the node's budget: the slots are refused up front.
         let tight = Arc::new(
             Runtime::new(
                 topology(),
-                RuntimeConfig {
-                    region_bytes: 2 * MIB,
-                    budget_bytes: Some(4 * MIB as u64),
-                    ..RuntimeConfig::default()
-                },
+                RuntimeConfig::default()
+                    .with_region_bytes(2 * MIB)
+                    .with_budget_bytes(Some(4 * MIB as u64)),
             )
             .unwrap(),
         );
-        let c = LoaderConfig {
-            depth: 3,
-            ..cfg(2 * MIB, 1, None)
-        };
+        let c = cfg(2 * MIB, 1, None).with_depth(3);
         let e = Loader::new(&tight, Target::Host, c, produce).unwrap_err();
         assert!(e.to_string().contains("budget"), "{e}");
         assert_no_leak(&tight);
@@ -638,15 +621,17 @@ fn staged_copy_refuses_unknown_gpus_without_touching_memory() {
     scenario("staged errors", || {
         let rt = runtime();
         let mut buf = vec![0u8; 1000];
-        let e = rt.copy_to_device(&buf, 0x1000, 42).unwrap_err();
+        let e = numapin::staged::copy_to_device(&rt, &buf, 0x1000, numapin::CudaOrdinal(42))
+            .unwrap_err();
         assert!(
             e.to_string()
                 .contains("GPU 42 (CUDA ordinal) is not in the topology"),
             "{e}"
         );
-        assert_eq!(e.exit_code(), 2);
-        let e = rt.copy_from_device(0x1000, &mut buf, 42).unwrap_err();
-        assert_eq!(e.exit_code(), 2);
+        assert_eq!(e.kind(), numapin::ErrorKind::Input);
+        let e = numapin::staged::copy_from_device(&rt, 0x1000, &mut buf, numapin::CudaOrdinal(42))
+            .unwrap_err();
+        assert_eq!(e.kind(), numapin::ErrorKind::Input);
         assert_no_leak(&rt);
     });
 }
@@ -654,17 +639,18 @@ fn staged_copy_refuses_unknown_gpus_without_touching_memory() {
 /// GPU tests: need a CUDA GPU; they skip (pass with a message) without one.
 mod gpu {
     use super::*;
-    use numapin::cuda::{self, ContextGuard, DeviceBuffer, Stream};
-    use numapin::loader::kernels::Kernels;
-    use numapin::loader::measure::{self, Cost, Direction, LoaderBench, Mode};
+    use numapin::internals::cuda::{self, ContextGuard, DeviceBuffer, Stream};
+    use numapin::internals::kernels::Kernels;
+    use numapin::internals::loader_measure::{self as measure, Cost, Direction, LoaderBench, Mode};
 
-    fn gpu_runtime() -> Option<(Arc<Runtime>, Vec<u32>)> {
+    fn gpu_runtime() -> Option<(Arc<Runtime>, Vec<numapin::CudaOrdinal>)> {
         if !cuda::available() {
             eprintln!("skipped: no CUDA driver");
             return None;
         }
         let t = Topology::probe(&ProbeOptions::from_process()).unwrap();
-        let gpus: Vec<u32> = t.gpus.iter().filter_map(|g| g.cuda_ordinal).collect();
+        let gpus: Vec<numapin::CudaOrdinal> =
+            t.gpus.iter().filter_map(|g| g.cuda_ordinal).collect();
         if gpus.is_empty() {
             eprintln!("skipped: no CUDA GPU visible");
             return None;
@@ -677,7 +663,10 @@ mod gpu {
 
     /// Runs `f` as a [`scenario`] with a runtime and the CUDA ordinals;
     /// skips (passes with a message) without a GPU.
-    fn gpu_scenario(name: &str, f: impl FnOnce(Arc<Runtime>, Vec<u32>) + Send + 'static) {
+    fn gpu_scenario(
+        name: &str,
+        f: impl FnOnce(Arc<Runtime>, Vec<numapin::CudaOrdinal>) + Send + 'static,
+    ) {
         let Some((rt, gpus)) = gpu_runtime() else {
             return;
         };
@@ -686,17 +675,20 @@ mod gpu {
 
     /// Runs a loader of `total` batches on `gpu` with lengths that vary
     /// (odd ones included) and checks every delivered byte on the device.
-    fn check_every_byte(rt: &Runtime, gpu: u32, total: u64, batch: usize, order: Order) {
+    fn check_every_byte(
+        rt: &Runtime,
+        gpu: numapin::CudaOrdinal,
+        total: u64,
+        batch: usize,
+        order: Order,
+    ) {
         let kernels = Kernels::load(gpu).unwrap();
-        let _ctx = ContextGuard::push(gpu).unwrap();
+        let _ctx = ContextGuard::push(gpu.0).unwrap();
         let stream = Stream::new().unwrap();
         let sums = DeviceBuffer::new(total as usize * 8).unwrap();
         sums.memset(0).unwrap();
         let len_of = move |i: u64| batch - (i as usize * 4099) % (batch / 2);
-        let c = LoaderConfig {
-            order,
-            ..cfg(batch, 4, Some(total))
-        };
+        let c = cfg(batch, 4, Some(total)).with_order(order);
         let loader = Loader::new(rt, Target::Gpu(gpu), c, move |i, s: &mut [u8]| {
             let n = len_of(i);
             fill_pattern(batch_key(i), &mut s[..n]);
@@ -705,7 +697,7 @@ mod gpu {
         .unwrap();
         let known = rt
             .topology()
-            .gpu_by_cuda_ordinal(gpu)
+            .gpu_by_ordinal(gpu)
             .unwrap()
             .numa_node
             .is_some();
@@ -804,7 +796,7 @@ mod gpu {
         gpu_scenario("gpu drop", move |rt, gpus| {
             let g = gpus[0];
             let kernels = Kernels::load(g).unwrap();
-            let _ctx = ContextGuard::push(g).unwrap();
+            let _ctx = ContextGuard::push(g.0).unwrap();
             let stream = Stream::new().unwrap();
             for held in [0usize, 1, 3] {
                 let l = Loader::new(
@@ -841,19 +833,17 @@ mod gpu {
     fn gpu_staged_copy_round_trips_odd_sizes() {
         gpu_scenario("gpu staged", move |rt, gpus| {
             let g = gpus[0];
-            let _ctx = ContextGuard::push(g).unwrap();
+            let _ctx = ContextGuard::push(g.0).unwrap();
             let options = [
-                numapin::loader::StagedOptions::default(),
-                numapin::loader::StagedOptions {
-                    chunk_bytes: 1 << 20,
-                    threads: 3,
-                    slots_per_thread: 1,
-                },
-                numapin::loader::StagedOptions {
-                    chunk_bytes: 4096 + 17,
-                    threads: 2,
-                    slots_per_thread: 3,
-                },
+                numapin::staged::StagedOptions::default(),
+                numapin::staged::StagedOptions::default()
+                    .with_chunk_bytes(1 << 20)
+                    .with_threads(3)
+                    .with_slots_per_thread(1),
+                numapin::staged::StagedOptions::default()
+                    .with_chunk_bytes(4096 + 17)
+                    .with_threads(2)
+                    .with_slots_per_thread(3),
             ];
             for len in [1usize, 3, 4095, 8 * MIB + 3, 100 * MIB + 7] {
                 let dev = DeviceBuffer::new(len + 64).unwrap();
@@ -861,7 +851,7 @@ mod gpu {
                     let mut src = vec![0u8; len];
                     fill_pattern(batch_key(len as u64), &mut src);
                     dev.memset(0xEE).unwrap();
-                    rt.copy_to_device_with(&src, dev.ptr() + 32, g, o).unwrap();
+                    numapin::staged::copy_to_device_with(&rt, &src, dev.ptr() + 32, g, o).unwrap();
                     // The bytes around the range were not touched.
                     let mut all = vec![0u8; len + 64];
                     dev.read(&mut all).unwrap();
@@ -872,23 +862,25 @@ mod gpu {
                     );
                     assert!(all[32..32 + len] == src[..], "H2D len {len} {o:?}");
                     let mut back = vec![0u8; len];
-                    rt.copy_from_device_with(dev.ptr() + 32, &mut back, g, o)
+                    numapin::staged::copy_from_device_with(&rt, dev.ptr() + 32, &mut back, g, o)
                         .unwrap();
                     assert!(back == src, "D2H len {len} {o:?}");
                 }
                 // Past the end of the allocation: refused.
-                let e = rt
-                    .copy_to_device(&vec![0u8; len + 1], dev.ptr() + 64, g)
-                    .unwrap_err();
+                let e =
+                    numapin::staged::copy_to_device(&rt, &vec![0u8; len + 1], dev.ptr() + 64, g)
+                        .unwrap_err();
                 assert!(e.to_string().contains("runs past the end"), "{e}");
-                assert_eq!(e.exit_code(), 2);
+                assert_eq!(e.kind(), numapin::ErrorKind::Input);
             }
             // Host memory is not device memory.
             let host = vec![0u8; 4096];
-            let e = rt
-                .copy_to_device(&host, host.as_ptr() as u64, g)
-                .unwrap_err();
-            assert!(e.to_string().contains("not device memory"), "{e}");
+            let e =
+                numapin::staged::copy_to_device(&rt, &host, host.as_ptr() as u64, g).unwrap_err();
+            assert!(
+                numapin::error::with_causes(&e).contains("not device memory"),
+                "{e}"
+            );
             assert_no_leak(&rt);
         });
     }

@@ -5,16 +5,14 @@ use numapin::topology::{CudaMode, Gpu, ProbeOptions, Topology, VisibleEntry};
 
 /// This machine, with a stand-in GPU on node 0 visible as CUDA device 0.
 fn with_gpu_on_node0() -> Topology {
-    let mut t = Topology::probe(&ProbeOptions {
-        cuda: CudaMode::Off,
-        ..Default::default()
-    })
-    .unwrap();
+    let mut t =
+        Topology::probe(&numapin::topology::ProbeOptions::default().with_cuda(CudaMode::Off))
+            .unwrap();
     t.gpus.clear();
     let node0 = t.numa_nodes[0].clone();
     t.gpus.push(Gpu {
-        index: 0,
-        cuda_ordinal: Some(0),
+        index: numapin::GpuIndex(0),
+        cuda_ordinal: Some(numapin::CudaOrdinal(0)),
         pci_bus_id: "0000:07:00.0".into(),
         name: None,
         uuid: None,
@@ -27,9 +25,9 @@ fn with_gpu_on_node0() -> Topology {
         class_id: "0x0302".into(),
     });
     t.cuda.ordinals = vec![VisibleEntry {
-        ordinal: 0,
+        ordinal: numapin::CudaOrdinal(0),
         entry: "*".into(),
-        gpu: Some(0),
+        gpu: Some(numapin::GpuIndex(0)),
         mig: false,
     }];
     t
@@ -42,9 +40,9 @@ fn thread_binds_to_its_gpus_node() {
     let rt = Runtime::new(t, RuntimeConfig::default()).unwrap();
     let got = std::thread::scope(|s| {
         s.spawn(|| {
-            let plan = rt.bind_current_thread(0).unwrap();
+            let plan = rt.bind_current_thread(numapin::CudaOrdinal(0)).unwrap();
             assert_eq!(plan.cpus, expect);
-            numapin::sys::sched_getaffinity_self().unwrap()
+            numapin::internals::sys::sched_getaffinity_self().unwrap()
         })
         .join()
         .unwrap()
@@ -55,7 +53,7 @@ fn thread_binds_to_its_gpus_node() {
 #[test]
 fn unknown_gpu_is_a_usage_error() {
     let rt = Runtime::new(with_gpu_on_node0(), RuntimeConfig::default()).unwrap();
-    let e = rt.bind_current_thread(3).unwrap_err();
-    assert_eq!(e.exit_code(), 2, "{e}");
+    let e = rt.bind_current_thread(numapin::CudaOrdinal(3)).unwrap_err();
+    assert_eq!(e.kind(), numapin::ErrorKind::Input, "{e}");
     assert!(e.to_string().contains("CUDA device 3"), "{e}");
 }

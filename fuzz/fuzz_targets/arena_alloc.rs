@@ -3,16 +3,19 @@
 //! blocks never overlap, stay aligned and in bounds, the structure's own
 //! invariants hold after every step, and the accounting balances.
 use libfuzzer_sys::fuzz_target;
-use numapin::arena::alloc::Tlsf;
+use numapin::internals::alloc::Tlsf;
 
 fuzz_target!(|data: &[u8]| {
     let granule = 4096u64;
     let mut t = Tlsf::new(granule);
-    let mut live: Vec<numapin::arena::alloc::Block> = Vec::new();
+    let mut live: Vec<numapin::internals::alloc::Block> = Vec::new();
     let mut sizes = Vec::new();
     for chunk in data.chunks(4) {
         let op = chunk[0] % 4;
-        let arg = chunk.iter().skip(1).fold(0u64, |a, b| a << 8 | u64::from(*b));
+        let arg = chunk
+            .iter()
+            .skip(1)
+            .fold(0u64, |a, b| a << 8 | u64::from(*b));
         match op {
             0 if t.region_count() < 8 => {
                 sizes.push(t.add_region((arg % 64 + 1) * granule));
@@ -22,7 +25,12 @@ fuzz_target!(|data: &[u8]| {
                     assert_eq!(b.offset % granule, 0);
                     assert!(b.offset + b.size <= t.region_size(b.region).unwrap());
                     for o in &live {
-                        assert!(o.region != b.region || o.offset + o.size <= b.offset || b.offset + b.size <= o.offset, "overlap");
+                        assert!(
+                            o.region != b.region
+                                || o.offset + o.size <= b.offset
+                                || b.offset + b.size <= o.offset,
+                            "overlap"
+                        );
                     }
                     live.push(b);
                 }

@@ -4,7 +4,7 @@ use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(s) = std::str::from_utf8(data) {
-        if let Ok(t) = numapin::topology::fuzzing::load_nccl_str(s) {
+        if let Ok(t) = numapin::internals::fuzzing::load_nccl_str(s) {
             for g in &t.gpus {
                 if let Some(n) = g.numa_node {
                     assert!(t.node(n).is_some());

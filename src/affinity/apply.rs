@@ -1,16 +1,18 @@
 //! Applying a plan: CPU affinity, memory policy, and handing the process
 //! over to a command.
 //!
-//! `set_mempolicy(2)` has no wrapper in `nix` or `libc`; it is called here
-//! as a raw system call, each `unsafe` block with its `// SAFETY:` comment.
+//! The system calls themselves are in the crate's platform module
+//! (`set_mempolicy` among the NUMA calls).
 
 use std::ffi::{CString, OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
+use super::AffinityError as Error;
 use crate::cpulist::CpuList;
-use crate::error::{Error, Result};
+
+type Result<T, E = Error> = std::result::Result<T, E>;
 
 use super::plan::RankPlan;
 
@@ -36,23 +38,19 @@ impl MemPolicy {
     }
 }
 
-const MPOL_PREFERRED: libc::c_int = 1;
-const MPOL_BIND: libc::c_int = 2;
-/// Linux 5.15 and later.
-const MPOL_PREFERRED_MANY: libc::c_int = 5;
-
-fn affinity_error(who: &str, cpus: &CpuList, e: std::io::Error) -> Error {
+fn affinity_error(who: &str, cpus: &CpuList, source: std::io::Error) -> Error {
     Error::System {
-        what: format!("binding {who} to CPUs {cpus}"),
-        problem: format!("sched_setaffinity failed: {e}"),
+        what: format!("binding {who} to CPUs {cpus}: sched_setaffinity failed"),
         fix: "bind only to CPUs this process may use (see `numapin topo`: a cpuset or taskset may exclude them)".into(),
+        source,
     }
 }
 
 /// Restricts the calling thread to `cpus` (`sched_setaffinity(0)`); threads
 /// it starts afterwards inherit the set.
 pub fn bind_current_thread(cpus: &CpuList) -> Result<()> {
-    crate::sys::sched_setaffinity(0, cpus).map_err(|e| affinity_error("this thread", cpus, e))
+    crate::platform::sys::sched_setaffinity(0, cpus)
+        .map_err(|e| affinity_error("this thread", cpus, e))
 }
 
 /// Applies a rank's plan to this process: every thread whose CPU set is the
@@ -62,11 +60,12 @@ pub fn bind_current_thread(cpus: &CpuList) -> Result<()> {
 /// both; a memory policy cannot be set for other, already running threads
 /// (Linux keeps it per thread), so call this early, before starting workers.
 pub fn bind_current_process(plan: &RankPlan, policy: MemPolicy) -> Result<()> {
-    let before = crate::sys::sched_getaffinity_self().map_err(|e| Error::System {
-        what: "reading this thread's CPU set".into(),
-        problem: format!("sched_getaffinity failed: {e}"),
-        fix: "check that /proc and the sched_* system calls are available".into(),
-    })?;
+    let before =
+        crate::platform::sys::sched_getaffinity_self().map_err(|source| Error::System {
+            what: "reading this thread's CPU set: sched_getaffinity failed".into(),
+            fix: "check that /proc and the sched_* system calls are available".into(),
+            source,
+        })?;
     bind_current_thread(&plan.cpus)?;
     let me = nix::unistd::gettid().as_raw();
     if let Ok(tasks) = std::fs::read_dir("/proc/self/task") {
@@ -80,7 +79,7 @@ pub fn bind_current_process(plan: &RankPlan, policy: MemPolicy) -> Result<()> {
             // A thread that exits meanwhile fails harmlessly; one bound by
             // someone else keeps its own set.
             if thread_affinity(tid).is_some_and(|a| a == before) {
-                let _ = crate::sys::sched_setaffinity(tid, &plan.cpus);
+                let _ = crate::platform::sys::sched_setaffinity(tid, &plan.cpus);
             }
         }
     }
@@ -103,95 +102,43 @@ fn thread_affinity(tid: i32) -> Option<CpuList> {
 /// nodes uses `MPOL_PREFERRED_MANY`, and on kernels before 5.15 (which lack
 /// it) prefers the first node.
 pub fn set_mempolicy(policy: MemPolicy, nodes: &[u32]) -> Result<()> {
+    use crate::platform::numa::{self, Policy};
     if nodes.is_empty() {
         return Ok(());
     }
-    let max = *nodes.iter().max().unwrap_or(&0);
-    if max >= crate::cpulist::MAX_CPU {
-        return Err(Error::Usage {
-            problem: format!("NUMA node {max} is beyond the supported node numbers"),
-            fix: "check the topology description".into(),
-        });
-    }
-    let bits = libc::c_ulong::BITS;
-    let words = (max / bits) as usize + 1;
-    let mut mask = vec![0 as libc::c_ulong; words];
-    for &n in nodes {
-        mask[(n / bits) as usize] |= 1 << (n % bits);
-    }
     let mode = match (policy, nodes.len()) {
-        (MemPolicy::Bind, _) => MPOL_BIND,
-        (MemPolicy::Preferred, 1) => MPOL_PREFERRED,
-        (MemPolicy::Preferred, _) => MPOL_PREFERRED_MANY,
+        (MemPolicy::Bind, _) => Policy::Bind,
+        (MemPolicy::Preferred, 1) => Policy::Preferred,
+        (MemPolicy::Preferred, _) => Policy::PreferredMany,
     };
-    let mut r = raw_set_mempolicy(mode, &mask);
-    if r.is_err() && mode == MPOL_PREFERRED_MANY {
+    let mut r = numa::set_mempolicy(mode, nodes);
+    if r.is_err() && mode == Policy::PreferredMany {
         let first = nodes.iter().min().copied().unwrap_or(0);
-        let mut one = vec![0 as libc::c_ulong; words];
-        one[(first / bits) as usize] |= 1 << (first % bits);
-        r = raw_set_mempolicy(MPOL_PREFERRED, &one);
+        r = numa::set_mempolicy(Policy::Preferred, &[first]);
     }
-    r.map_err(|e| {
+    r.map_err(|source| {
         let list = nodes.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
         Error::System {
-            what: format!("setting the memory policy to {} nodes {list}", policy.as_str()),
-            problem: format!("set_mempolicy failed: {e}"),
-            fix: match e.raw_os_error() {
+            what: format!(
+                "setting the memory policy to {} nodes {list}: set_mempolicy failed",
+                policy.as_str()
+            ),
+            fix: match source.raw_os_error() {
                 Some(libc::EINVAL) => "use nodes that exist on this machine and that the cpuset's mems allow (see `numapin topo`)",
                 Some(libc::ENOSYS) | Some(libc::EPERM) => "run where NUMA system calls are allowed (a seccomp profile may block set_mempolicy)",
+                _ if source.kind() == std::io::ErrorKind::InvalidInput => "check the topology description",
                 _ => "check the node list",
             }
             .into(),
+            source,
         }
     })
-}
-
-fn raw_set_mempolicy(mode: libc::c_int, mask: &[libc::c_ulong]) -> std::io::Result<()> {
-    // The kernel reads `maxnode - 1` bits (a historical off-by-one that
-    // libnuma also accounts for), so pass one more than the mask holds.
-    let maxnode = (mask.len() * libc::c_ulong::BITS as usize + 1) as libc::c_ulong;
-    // SAFETY: set_mempolicy reads BITS_TO_LONGS(maxnode - 1) = mask.len()
-    // words from `mask`, which is a live, initialised slice of exactly that
-    // many c_ulongs; it writes no memory of ours and changes only this
-    // thread's memory policy.
-    let r = unsafe { libc::syscall(libc::SYS_set_mempolicy, mode, mask.as_ptr(), maxnode) };
-    if r == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
 }
 
 /// The calling thread's memory policy mode and nodes (`get_mempolicy(2)`),
 /// as `(mode, nodes)`; mode 0 is `MPOL_DEFAULT`, 1 preferred, 2 bind.
 pub fn get_mempolicy() -> std::io::Result<(i32, Vec<u32>)> {
-    const WORDS: usize = 16; // 1024 nodes, the largest MAX_NUMNODES in distributions' kernels
-    let mut mode: libc::c_int = 0;
-    let mut mask = [0 as libc::c_ulong; WORDS];
-    let maxnode = (WORDS * libc::c_ulong::BITS as usize) as libc::c_ulong;
-    // SAFETY: `mode` is a live c_int and `mask` a live array of WORDS words;
-    // with maxnode = WORDS * bits-per-word the kernel writes at most that
-    // many bits into it. addr = NULL and flags = 0 ask for this thread's
-    // policy.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_get_mempolicy,
-            &mut mode as *mut libc::c_int,
-            mask.as_mut_ptr(),
-            maxnode,
-            std::ptr::null_mut::<libc::c_void>(),
-            0 as libc::c_ulong,
-        )
-    };
-    if r != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    let bits = libc::c_ulong::BITS as usize;
-    let nodes = (0..WORDS * bits)
-        .filter(|&i| mask[i / bits] & (1 << (i % bits)) != 0)
-        .map(|i| i as u32)
-        .collect();
-    Ok((mode, nodes))
+    crate::platform::numa::get_mempolicy()
 }
 
 /// Finds `program` the way `execvp` will: a name with a `/` is a path,
@@ -200,7 +147,7 @@ pub fn get_mempolicy() -> std::io::Result<(i32, Vec<u32>)> {
 pub fn find_program(program: &OsStr) -> Result<PathBuf> {
     let shown = program.to_string_lossy();
     if program.is_empty() {
-        return Err(Error::Usage {
+        return Err(Error::Request {
             problem: "the command is empty".into(),
             fix: "give a command after `--`".into(),
         });
@@ -211,15 +158,15 @@ pub fn find_program(program: &OsStr) -> Result<PathBuf> {
     if program.as_bytes().contains(&b'/') {
         let p = PathBuf::from(program);
         return match std::fs::metadata(&p) {
-            Err(e) => Err(Error::Usage {
+            Err(e) => Err(Error::Request {
                 problem: format!("command `{shown}` cannot be run: {e}"),
                 fix: "check the path".into(),
             }),
-            Ok(m) if !m.is_file() => Err(Error::Usage {
+            Ok(m) if !m.is_file() => Err(Error::Request {
                 problem: format!("command `{shown}` is not a file"),
                 fix: "check the path".into(),
             }),
-            Ok(_) if !executable(&p) => Err(Error::Usage {
+            Ok(_) if !executable(&p) => Err(Error::Request {
                 problem: format!("command `{shown}` is not executable"),
                 fix: format!(
                     "make it executable (chmod +x {shown}) or run it through its interpreter"
@@ -240,14 +187,14 @@ pub fn find_program(program: &OsStr) -> Result<PathBuf> {
             return Ok(p);
         }
     }
-    Err(Error::Usage {
+    Err(Error::Request {
         problem: format!("command `{shown}` not found in PATH"),
         fix: "check the spelling, install it, or give its full path".into(),
     })
 }
 
 fn cstring(s: &OsStr, what: &str) -> Result<CString> {
-    CString::new(s.as_bytes()).map_err(|_| Error::Usage {
+    CString::new(s.as_bytes()).map_err(|_| Error::Request {
         problem: format!("{what} `{}` contains a NUL byte", s.to_string_lossy()),
         fix: "remove the NUL byte".into(),
     })
@@ -258,7 +205,7 @@ fn cstring(s: &OsStr, what: &str) -> Result<CString> {
 pub fn exec(argv: &[OsString], env: &[(OsString, OsString)]) -> Error {
     let run = || -> Result<std::convert::Infallible> {
         let Some(program) = argv.first() else {
-            return Err(Error::Usage {
+            return Err(Error::Request {
                 problem: "no command given".into(),
                 fix: "give a command after `--`".into(),
             });
@@ -276,7 +223,7 @@ pub fn exec(argv: &[OsString], env: &[(OsString, OsString)]) -> Error {
             kv.push(v);
             envp.push(cstring(&kv, "an environment variable")?);
         }
-        nix::unistd::execvpe(&file, &args, &envp).map_err(|e| Error::Usage {
+        nix::unistd::execvpe(&file, &args, &envp).map_err(|e| Error::Request {
             problem: format!("cannot run `{}`: {e}", program.to_string_lossy()),
             fix: "check the command".into(),
         })
@@ -294,10 +241,10 @@ mod tests {
     #[test]
     fn thread_binding_takes_effect_and_is_checked() {
         // Each test runs on its own thread: binding it leaves the others alone.
-        let mine = crate::sys::sched_getaffinity_self().unwrap();
+        let mine = crate::platform::sys::sched_getaffinity_self().unwrap();
         let one = CpuList::from_iter_unsorted(mine.first());
         bind_current_thread(&one).unwrap();
-        assert_eq!(crate::sys::sched_getaffinity_self().unwrap(), one);
+        assert_eq!(crate::platform::sys::sched_getaffinity_self().unwrap(), one);
         let e = bind_current_thread(&CpuList::from_iter_unsorted([4000])).unwrap_err();
         assert!(e.to_string().contains("4000"), "{e}");
         assert!(bind_current_thread(&CpuList::new()).is_err());
@@ -305,38 +252,30 @@ mod tests {
 
     #[test]
     fn mempolicy_bind_and_preferred_are_set() {
-        let node = crate::sys::proc_status_field("Mems_allowed_list")
+        let node = crate::platform::sys::proc_status_field("Mems_allowed_list")
             .and_then(|l| CpuList::parse(&l).ok())
             .and_then(|l| l.first())
             .unwrap_or(0);
         set_mempolicy(MemPolicy::Bind, &[node]).unwrap();
-        assert_eq!(get_mempolicy().unwrap(), (MPOL_BIND, vec![node]));
+        assert_eq!(get_mempolicy().unwrap(), (libc::MPOL_BIND, vec![node]));
         set_mempolicy(MemPolicy::Preferred, &[node]).unwrap();
-        assert_eq!(get_mempolicy().unwrap(), (MPOL_PREFERRED, vec![node]));
+        assert_eq!(get_mempolicy().unwrap(), (libc::MPOL_PREFERRED, vec![node]));
         let e = set_mempolicy(MemPolicy::Bind, &[1000]).unwrap_err();
         assert!(e.to_string().contains("1000"), "{e}");
         assert_eq!(
             get_mempolicy().unwrap().0,
-            MPOL_PREFERRED,
+            libc::MPOL_PREFERRED,
             "a refused policy leaves the old one"
         );
-        // SAFETY: MPOL_DEFAULT with an empty mask resets this thread's policy.
-        let r = unsafe {
-            libc::syscall(
-                libc::SYS_set_mempolicy,
-                0,
-                std::ptr::null::<libc::c_ulong>(),
-                0 as libc::c_ulong,
-            )
-        };
-        assert_eq!(r, 0);
+        crate::platform::numa::set_default_mempolicy().unwrap();
+        assert_eq!(get_mempolicy().unwrap().0, libc::MPOL_DEFAULT);
     }
 
     #[test]
     fn programs_are_found_like_execvp() {
         assert!(find_program(OsStr::new("sh")).unwrap().is_absolute());
         let e = find_program(OsStr::new("no-such-command-numapin")).unwrap_err();
-        assert_eq!(e.exit_code(), 2);
+        assert_eq!(e.kind(), crate::ErrorKind::Input);
         assert!(e.to_string().contains("no-such-command-numapin"));
         let plain = tempfile::NamedTempFile::new().unwrap();
         let e = find_program(plain.path().as_os_str()).unwrap_err();

@@ -8,7 +8,10 @@
 
 use std::ffi::OsString;
 
-use crate::error::{Error, Result};
+use super::AffinityError as Error;
+
+type Result<T, E = Error> = std::result::Result<T, E>;
+use crate::gpu::{CudaOrdinal, GpuIndex};
 use crate::topology::Topology;
 
 /// The variables read for the local rank, in the order they are tried.
@@ -70,16 +73,16 @@ pub fn one_visible_gpu(topo: &Topology) -> bool {
     topo.cuda.visible_devices.is_some() && topo.cuda.ordinals.len() == 1
 }
 
-/// The GPU ([`crate::topology::Gpu::index`]) this process sees as CUDA
-/// ordinal `ordinal`. `what` says where the ordinal came from, for errors.
-pub fn gpu_of_ordinal(topo: &Topology, ordinal: u32, what: &str) -> Result<u32> {
+/// The GPU this process sees as CUDA ordinal `ordinal`. `what` says where
+/// the ordinal came from, for errors.
+pub fn gpu_of_ordinal(topo: &Topology, ordinal: CudaOrdinal, what: &str) -> Result<GpuIndex> {
     let seen = topo.cuda.ordinals.len();
     let Some(entry) = topo.cuda.ordinals.iter().find(|e| e.ordinal == ordinal) else {
         let cvd = match &topo.cuda.visible_devices {
             Some(v) => format!(" (CUDA_VISIBLE_DEVICES={v:?})"),
             None => String::new(),
         };
-        return Err(Error::Usage {
+        return Err(Error::Request {
             problem: format!(
                 "{what} asks for CUDA device {ordinal}, but this process sees {seen} GPU{}{cvd}",
                 if seen == 1 { "" } else { "s" }
@@ -95,7 +98,7 @@ pub fn gpu_of_ordinal(topo: &Topology, ordinal: u32, what: &str) -> Result<u32> 
             },
         });
     };
-    entry.gpu.ok_or_else(|| Error::Usage {
+    entry.gpu.ok_or_else(|| Error::Request {
         problem: format!(
             "CUDA device {ordinal} (CUDA_VISIBLE_DEVICES entry {:?}) cannot be matched to a PCI device without the CUDA driver",
             entry.entry
@@ -107,20 +110,28 @@ pub fn gpu_of_ordinal(topo: &Topology, ordinal: u32, what: &str) -> Result<u32> 
 /// The rank slot in [`rank_gpus`] and the GPU of local rank `rank` (read
 /// from `variable`): the only visible GPU when the launcher gave this process
 /// one, otherwise CUDA ordinal `rank`.
-pub fn slot_for_rank(topo: &Topology, rank: u32, variable: &str) -> Result<(usize, u32)> {
+pub fn slot_for_rank(topo: &Topology, rank: u32, variable: &str) -> Result<(usize, GpuIndex)> {
     if one_visible_gpu(topo) {
         return slot_of_ordinal(topo, topo.cuda.ordinals[0].ordinal, "CUDA_VISIBLE_DEVICES");
     }
-    slot_of_ordinal(topo, rank, &format!("local rank {rank} (from {variable})"))
+    slot_of_ordinal(
+        topo,
+        CudaOrdinal(rank),
+        &format!("local rank {rank} (from {variable})"),
+    )
 }
 
 /// The rank slot of CUDA ordinal `ordinal` in [`rank_gpus`], and its GPU.
-pub fn slot_of_ordinal(topo: &Topology, ordinal: u32, what: &str) -> Result<(usize, u32)> {
+pub fn slot_of_ordinal(
+    topo: &Topology,
+    ordinal: CudaOrdinal,
+    what: &str,
+) -> Result<(usize, GpuIndex)> {
     let gpu = gpu_of_ordinal(topo, ordinal, what)?;
     let slot = if one_visible_gpu(topo) {
-        gpu as usize
+        gpu.as_usize()
     } else {
-        ordinal as usize
+        ordinal.0 as usize
     };
     debug_assert_eq!(rank_gpus(topo).get(slot), Some(&gpu));
     Ok((slot, gpu))
@@ -130,11 +141,11 @@ pub fn slot_of_ordinal(topo: &Topology, ordinal: u32, what: &str) -> Result<(usi
 /// every GPU this process sees, in CUDA ordinal order; when the launcher gave
 /// each process one GPU, every GPU of the machine, in index order, so that
 /// ranks which cannot see each other's GPUs still divide nodes the same way.
-pub fn rank_gpus(topo: &Topology) -> Vec<u32> {
+pub fn rank_gpus(topo: &Topology) -> Vec<GpuIndex> {
     if one_visible_gpu(topo) || topo.cuda.ordinals.is_empty() {
-        return (0..topo.gpus.len() as u32).collect();
+        return (0..topo.gpus.len() as u32).map(GpuIndex).collect();
     }
-    let mut v: Vec<(u32, u32)> = topo
+    let mut v: Vec<(CudaOrdinal, GpuIndex)> = topo
         .cuda
         .ordinals
         .iter()
@@ -189,10 +200,13 @@ mod tests {
         for bad in ["", "-1", "one", "1.5", "99999999999", "70000"] {
             let e = local_rank_with(env(&[("SLURM_LOCALID", bad), ("PMI_LOCAL_RANK", "0")]))
                 .unwrap_err();
-            assert_eq!(e.exit_code(), 2);
+            assert_eq!(e.kind(), crate::ErrorKind::Input);
             let msg = e.to_string();
             assert!(msg.starts_with("SLURM_LOCALID="), "{msg}");
-            assert!(msg.contains("fix:"), "{msg}");
+            assert!(
+                e.fix().is_some_and(|f| f.contains("SLURM_LOCALID")),
+                "{msg}"
+            );
         }
     }
 

@@ -11,10 +11,14 @@
 //!
 //! See `docs/affinity.md` for the rules and how they differ from torchrun's.
 
-pub mod apply;
+pub(crate) mod apply;
+mod error;
 pub mod launcher;
-pub mod plan;
+mod plan;
 
-pub use apply::{bind_current_process, bind_current_thread, set_mempolicy, MemPolicy};
+pub use apply::{
+    bind_current_process, bind_current_thread, get_mempolicy, set_mempolicy, MemPolicy,
+};
+pub use error::AffinityError;
 pub use launcher::{local_rank, LocalRank};
 pub use plan::{plan, plan_node, Mode, Plan, PlanOptions, RankPlan};

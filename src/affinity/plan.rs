@@ -14,12 +14,15 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::AffinityError as Error;
 use crate::cpulist::CpuList;
-use crate::error::{Error, Result};
+use crate::gpu::GpuIndex;
 use crate::topology::{NodeKind, Topology};
 
+type Result<T, E = Error> = std::result::Result<T, E>;
+
 /// How a rank's CPUs are chosen.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Mode {
     /// Every allowed CPU of the GPU's NUMA node; memory on that node.
@@ -31,13 +34,21 @@ pub enum Mode {
     /// shares among the ranks whose GPUs share the node.
     Exclusive,
     /// One last-level cache (core complex, L3 domain) of the node per rank.
-    #[value(alias = "core-complex")]
     Cache,
     /// One physical core of the node per rank.
     Core,
 }
 
 impl Mode {
+    /// Every mode, in the order the documentation lists them.
+    pub const ALL: [Mode; 5] = [
+        Mode::Node,
+        Mode::Socket,
+        Mode::Exclusive,
+        Mode::Cache,
+        Mode::Core,
+    ];
+
     /// The name used on the command line and in JSON.
     pub fn as_str(&self) -> &'static str {
         match self {
@@ -50,6 +61,21 @@ impl Mode {
     }
 }
 
+impl std::str::FromStr for Mode {
+    type Err = String;
+
+    /// Parses a mode's name (`core-complex` is another name for `cache`).
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        if s == "core-complex" {
+            return Ok(Mode::Cache);
+        }
+        Mode::ALL
+            .into_iter()
+            .find(|m| m.as_str() == s)
+            .ok_or_else(|| format!("`{s}` is not a mode (node, socket, exclusive, cache, core)"))
+    }
+}
+
 impl std::fmt::Display for Mode {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
@@ -58,6 +84,7 @@ impl std::fmt::Display for Mode {
 
 /// Options of [`plan`].
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct PlanOptions {
     /// In [`Mode::Core`], give each rank its core's SMT siblings too (on by
     /// default); off gives one hardware thread per rank.
@@ -70,14 +97,16 @@ impl Default for PlanOptions {
     }
 }
 
+with_setters!(PlanOptions { with_smt => smt: bool });
+
 /// One rank's binding.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RankPlan {
     /// The local rank (position in the GPU list given to [`plan`]).
     pub local_rank: u32,
-    /// The GPU ([`crate::topology::Gpu::index`], PCI bus order); `None` for a
-    /// binding to a node chosen directly ([`plan_node`]).
-    pub gpu: Option<u32>,
+    /// The GPU (its index in [`Topology::gpus`], PCI bus order); `None`
+    /// for a binding to a node chosen directly ([`plan_node`]).
+    pub gpu: Option<GpuIndex>,
     /// The GPU's PCI bus id.
     pub pci_bus_id: Option<String>,
     /// The CPUs the rank may run on (never empty).
@@ -210,8 +239,8 @@ impl<'a> View<'a> {
     }
 
     /// The home of a GPU whose NUMA node is unknown or unusable.
-    fn fallback_home(&self, gpu: u32, mut warnings: Vec<String>) -> Home {
-        let g = &self.topo.gpus[gpu as usize];
+    fn fallback_home(&self, gpu: GpuIndex, mut warnings: Vec<String>) -> Home {
+        let g = &self.topo.gpus[gpu.as_usize()];
         let all = self.topo.all_cpus();
         let local = g.local_cpus.intersection(&self.allowed_cpus);
         if !g.local_cpus.is_empty()
@@ -251,13 +280,13 @@ impl<'a> View<'a> {
     /// a warning naming the cause, when all of it is.
     fn restrict(
         &self,
-        gpu: u32,
+        gpu: GpuIndex,
         what: &str,
         set: &CpuList,
     ) -> std::result::Result<(CpuList, Vec<String>), Home> {
         let cpus = set.intersection(&self.allowed_cpus);
         if cpus.is_empty() {
-            let g = &self.topo.gpus[gpu as usize];
+            let g = &self.topo.gpus[gpu.as_usize()];
             return Err(self.allowed_home(vec![
                 format!(
                     "GPU {gpu} ({}): every CPU of its {what} ({set}) is outside the CPUs this process may use ({}); widen the cpuset or taskset to bind near the GPU",
@@ -277,8 +306,8 @@ impl<'a> View<'a> {
         Ok((cpus, warnings))
     }
 
-    fn node_home(&self, gpu: u32) -> Home {
-        let g = &self.topo.gpus[gpu as usize];
+    fn node_home(&self, gpu: GpuIndex) -> Home {
+        let g = &self.topo.gpus[gpu.as_usize()];
         let Some(n) = g.numa_node else {
             let w = format!(
                 "GPU {gpu} ({}): its NUMA node is unknown (the firmware reports none, as on many VMs); numapin does not guess node 0",
@@ -313,8 +342,8 @@ impl<'a> View<'a> {
         }
     }
 
-    fn socket_home(&self, gpu: u32) -> Home {
-        let g = &self.topo.gpus[gpu as usize];
+    fn socket_home(&self, gpu: GpuIndex) -> Home {
+        let g = &self.topo.gpus[gpu.as_usize()];
         let pkg = g.package.or_else(|| {
             g.numa_node
                 .and_then(|n| self.topo.node(n))
@@ -420,11 +449,11 @@ fn join(v: &[u32]) -> String {
 /// Errors: a GPU index that is not in the topology, no allowed CPUs at all,
 /// and in [`Mode::Exclusive`] and [`Mode::Core`] fewer physical cores in a
 /// home than ranks sharing it (the error names the node and the counts).
-pub fn plan(topo: &Topology, gpus: &[u32], mode: Mode, opts: &PlanOptions) -> Result<Plan> {
+pub fn plan(topo: &Topology, gpus: &[GpuIndex], mode: Mode, opts: &PlanOptions) -> Result<Plan> {
     let view = View::new(topo)?;
     for &g in gpus {
-        if g as usize >= topo.gpus.len() {
-            return Err(Error::Usage {
+        if g.as_usize() >= topo.gpus.len() {
+            return Err(Error::Request {
                 problem: format!(
                     "GPU {g} is not in {} (it has {} GPU{})",
                     machine(topo),
@@ -499,7 +528,7 @@ pub fn plan(topo: &Topology, gpus: &[u32], mode: Mode, opts: &PlanOptions) -> Re
         ranks.push(RankPlan {
             local_rank: r as u32,
             gpu: Some(g),
-            pci_bus_id: Some(topo.gpus[g as usize].pci_bus_id.clone()),
+            pci_bus_id: Some(topo.gpus[g.as_usize()].pci_bus_id.clone()),
             cpus,
             mems: home.mems.clone(),
             warnings,
@@ -561,7 +590,7 @@ fn share_fallbacks(homes: &mut [Home]) -> Result<()> {
 }
 
 fn too_few_cores(home: &Home, cores: usize, ranks: usize, mode: Mode) -> Error {
-    Error::Usage {
+    Error::Request {
         problem: format!(
             "{} has {cores} physical core(s) this process may use ({}), but {ranks} ranks' GPUs sit on it: mode {mode} needs a core per rank",
             home.describe(),
@@ -580,7 +609,7 @@ pub fn plan_node(topo: &Topology, node: u32) -> Result<RankPlan> {
     let view = View::new(topo)?;
     let nodes: Vec<u32> = topo.numa_nodes.iter().map(|n| n.os_index).collect();
     let Some(n) = topo.node(node) else {
-        return Err(Error::Usage {
+        return Err(Error::Request {
             problem: format!(
                 "NUMA node {node} is not in {} (its nodes: {})",
                 machine(topo),
@@ -591,7 +620,7 @@ pub fn plan_node(topo: &Topology, node: u32) -> Result<RankPlan> {
     };
     let cpus = n.cpus.intersection(&view.allowed_cpus);
     if cpus.is_empty() {
-        return Err(Error::Usage {
+        return Err(Error::Request {
             problem: format!(
                 "NUMA node {node} has no CPU this process may use (node CPUs: {}; allowed: {})",
                 if n.cpus.is_empty() {
@@ -605,7 +634,7 @@ pub fn plan_node(topo: &Topology, node: u32) -> Result<RankPlan> {
         });
     }
     if !view.allowed_mem_nodes.contains(&node) {
-        return Err(Error::Usage {
+        return Err(Error::Request {
             problem: format!(
                 "NUMA node {node} is not a memory node this process may allocate on (allowed: {})",
                 join(&view.allowed_mem_nodes)

@@ -6,24 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use super::cache::Cached;
 use super::{lock, ArenaError, Lease, NodeArena};
-use crate::cuda::{self, CUdeviceptr, CUstream, Event};
-
-/// Plain old data: any bit pattern is a valid value and there is no
-/// padding, so a byte buffer may be viewed as a slice of it.
-///
-/// # Safety
-/// Implement only for types for which every bit pattern of
-/// `size_of::<Self>()` bytes is a valid value, with no padding bytes and no
-/// pointers or references.
-pub unsafe trait Pod: Copy + 'static {}
-
-macro_rules! pod {
-    ($($t:ty),*) => {$(
-        // SAFETY: a primitive number: every bit pattern is valid, no padding.
-        unsafe impl Pod for $t {}
-    )*};
-}
-pod!(u8, u16, u32, u64, u128, usize, i8, i16, i32, i64, i128, isize, f32, f64);
+use crate::platform::cuda::{self, CUdeviceptr, CUstream, Event};
 
 /// A pinned host buffer on one NUMA node, lent by the
 /// [`Runtime`](crate::runtime::Runtime).
@@ -124,8 +107,10 @@ impl PinnedBuf {
         self.registered.then_some(self.ptr as CUdeviceptr)
     }
 
-    /// The bytes as a slice of `T` (as many whole `T`s as fit).
-    pub fn as_slice_of<T: Pod>(&self) -> &[T] {
+    /// The bytes as a slice of `T` (as many whole `T`s as fit): any
+    /// [`bytemuck::Pod`] type, such as the numbers or a `#[derive(Pod)]`
+    /// struct.
+    pub fn as_slice_of<T: bytemuck::Pod>(&self) -> &[T] {
         debug_assert_eq!(self.ptr as usize % align_of::<T>(), 0);
         // SAFETY: the block is at least 4 KiB-aligned (more than any Pod's
         // alignment, checked above), holds len initialised bytes (mapped
@@ -137,8 +122,9 @@ impl PinnedBuf {
         }
     }
 
-    /// The bytes as a mutable slice of `T` (as many whole `T`s as fit).
-    pub fn as_mut_slice_of<T: Pod>(&mut self) -> &mut [T] {
+    /// The bytes as a mutable slice of `T` (as many whole `T`s as fit; see
+    /// [`as_slice_of`](Self::as_slice_of)).
+    pub fn as_mut_slice_of<T: bytemuck::Pod>(&mut self) -> &mut [T] {
         debug_assert_eq!(self.ptr as usize % align_of::<T>(), 0);
         // SAFETY: as in as_slice_of, with the exclusive borrow of self.
         unsafe {
@@ -159,7 +145,7 @@ impl PinnedBuf {
 
     fn copy_error(&self, what: &'static str) -> impl Fn(cuda::CudaError) -> ArenaError {
         let node = self.node();
-        move |error| ArenaError::Copy { node, what, error }
+        move |source| ArenaError::Copy { node, what, source }
     }
 
     fn record(&self, what: &'static str, stream: CUstream) -> Result<(), ArenaError> {
@@ -186,8 +172,10 @@ impl PinnedBuf {
         &self,
         dst: CUdeviceptr,
         stream: CUstream,
-    ) -> crate::Result<()> {
-        self.copy_to_device_range_async(dst, self.len, stream)
+    ) -> Result<(), ArenaError> {
+        // SAFETY: the caller's guarantee for the whole buffer covers its
+        // first len bytes.
+        unsafe { self.copy_to_device_range_async(dst, self.len, stream) }
     }
 
     /// As [`copy_to_device_async`](Self::copy_to_device_async), for the
@@ -200,7 +188,7 @@ impl PinnedBuf {
         dst: CUdeviceptr,
         len: usize,
         stream: CUstream,
-    ) -> crate::Result<()> {
+    ) -> Result<(), ArenaError> {
         const WHAT: &str = "cuMemcpyHtoDAsync";
         self.copy_check(WHAT, len)?;
         // SAFETY: the source is our block of at least len bytes, kept
@@ -208,7 +196,7 @@ impl PinnedBuf {
         // vouches for dst and the stream.
         unsafe { cuda::memcpy_htod_async(dst, self.ptr as *const _, len, stream) }
             .map_err(self.copy_error(WHAT))?;
-        Ok(self.record(WHAT, stream)?)
+        self.record(WHAT, stream)
     }
 
     /// Queues a copy of [`len`](Self::len) bytes from `src` into the buffer
@@ -224,14 +212,14 @@ impl PinnedBuf {
         &mut self,
         src: CUdeviceptr,
         stream: CUstream,
-    ) -> crate::Result<()> {
+    ) -> Result<(), ArenaError> {
         const WHAT: &str = "cuMemcpyDtoHAsync";
         // SAFETY: the destination is our block of len bytes, exclusively
         // borrowed and kept alive past the copy by the event; the caller
         // vouches for src and the stream.
         unsafe { cuda::memcpy_dtoh_async(self.ptr as *mut _, src, self.len, stream) }
             .map_err(self.copy_error(WHAT))?;
-        Ok(self.record(WHAT, stream)?)
+        self.record(WHAT, stream)
     }
 
     /// Whether every copy issued through this buffer has completed (never
@@ -243,7 +231,7 @@ impl PinnedBuf {
     }
 
     /// Blocks until every copy issued through this buffer has completed.
-    pub fn wait_copies(&self) -> crate::Result<()> {
+    pub fn wait_copies(&self) -> Result<(), ArenaError> {
         let mut events = lock(&self.events);
         for e in events.iter() {
             e.synchronize()

@@ -27,20 +27,20 @@
 pub mod alloc;
 mod buf;
 pub mod cache;
-pub mod measure;
-pub mod numa_sys;
+mod error;
 pub mod region;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
-pub use buf::{PinnedBuf, Pod};
+pub use buf::PinnedBuf;
 pub use cache::CacheLimits;
+pub use error::ArenaError;
 pub use region::{Region, RegionOptions, Registration, Step};
 
 use crate::cpulist::CpuList;
-use crate::cuda::{CudaError, Event};
+use crate::platform::cuda::Event;
 
 /// Default per-node budget: this fraction of the node's memory may be
 /// pinned. Half leaves the other half to page cache, the process's own
@@ -56,6 +56,7 @@ pub const MAX_ALIGNMENT: usize = 2 << 20;
 
 /// What a page found off its node at region creation means.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum Placement {
     /// An error: the region is torn down ([`ArenaError::Placement`]).
     #[default]
@@ -87,176 +88,9 @@ pub fn fmt_bytes(b: u64) -> String {
     format!("{b} bytes")
 }
 
-fn fmt_error(e: &Option<String>) -> String {
-    e.as_ref()
-        .map(|e| format!(" (mlock: {e})"))
-        .unwrap_or_default()
-}
-
-fn fmt_elsewhere(v: &[(u32, u64)]) -> String {
-    v.iter()
-        .map(|(n, c)| format!("{c} on node {n}"))
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-/// An arena failure. Each message names the node, the size and the fix.
-#[derive(Debug, thiserror::Error)]
-pub enum ArenaError {
-    /// Pinned bytes would exceed the node's budget.
-    #[error("node {node}: {} requested with {} already pinned on the node would exceed its budget of {}\n  fix: free buffers first, ask for less, or raise the budget (RuntimeConfig::budget_bytes / budget_fraction; default half the node's memory)", fmt_bytes(*requested), fmt_bytes(*in_use), fmt_bytes(*limit))]
-    BudgetExceeded {
-        /// The node.
-        node: u32,
-        /// Bytes asked for.
-        requested: u64,
-        /// Bytes the node's arena already holds pinned (its regions).
-        in_use: u64,
-        /// The budget.
-        limit: u64,
-    },
-    /// Locking the memory failed, or would exceed RLIMIT_MEMLOCK.
-    #[error("node {node}: cannot lock {} of pinned memory: RLIMIT_MEMLOCK is {} and this process already has {} locked{}\n  fix: raise the memlock limit of the process: `ulimit -l unlimited` in the shell that starts it (or `memlock` in /etc/security/limits.conf), `LimitMEMLOCK=infinity` in its systemd unit, `docker run --ulimit memlock=-1` for a container; or run with CAP_IPC_LOCK", fmt_bytes(*size), fmt_bytes(*limit), fmt_bytes(*locked), fmt_error(error))]
-    Memlock {
-        /// The node.
-        node: u32,
-        /// Bytes that were to be locked.
-        size: u64,
-        /// The soft RLIMIT_MEMLOCK (`u64::MAX` = unlimited).
-        limit: u64,
-        /// Bytes this process already had locked (VmLck).
-        locked: u64,
-        /// The mlock error, when mlock itself failed (`None` when the
-        /// limit was checked beforehand).
-        error: Option<String>,
-    },
-    /// The node cannot hold memory for this process.
-    #[error("node {node}: cannot place {} there: {reason}\n  fix: use a node that has memory and is in this process's allowed memory nodes (`numapin topo`; cpuset.mems of the cgroup, `numactl --membind`)", fmt_bytes(*size))]
-    NoMemory {
-        /// The node.
-        node: u32,
-        /// Bytes asked for.
-        size: u64,
-        /// Why (the mbind error, or what the topology says).
-        reason: String,
-    },
-    /// `cuMemHostRegister` failed.
-    #[error("node {node}: registering {} with CUDA failed: {} ({error})\n  fix: check the driver with `nvidia-smi`; CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED means other code registered this memory; CUDA_ERROR_OUT_OF_MEMORY or CUDA_ERROR_NOT_PERMITTED, lower the arena budget or run with RuntimeConfig::register off", fmt_bytes(*size), error.name())]
-    Register {
-        /// The node.
-        node: u32,
-        /// Bytes of the region.
-        size: u64,
-        /// The CUDA error.
-        error: CudaError,
-    },
-    /// Pages of a new region are not on its node.
-    #[error("node {node}: {} of {pages} pages of a new {} region are not on the node ({}{} not present); the region was given back\n  fix: the node is short of free memory or the kernel moved pages (check `numastat -m`, free memory on the node, or lower the budget); RuntimeConfig::placement = Warn keeps such regions", pages - on_node, fmt_bytes(*size), fmt_elsewhere(elsewhere), if fmt_elsewhere(elsewhere).is_empty() { format!("{missing}") } else { format!(", {missing}") })]
-    Placement {
-        /// The node.
-        node: u32,
-        /// Bytes of the region.
-        size: u64,
-        /// 4 KiB pages checked.
-        pages: u64,
-        /// Pages found on the node.
-        on_node: u64,
-        /// Pages found on other nodes, per node.
-        elsewhere: Vec<(u32, u64)>,
-        /// Pages not present.
-        missing: u64,
-    },
-    /// A system call failed while making a region.
-    #[error("node {node}: making a {} region failed at {step:?}: {error}\n  fix: check free memory on the node (`numastat -m`) and the process's limits (`ulimit -a`)", fmt_bytes(*size))]
-    System {
-        /// The node.
-        node: u32,
-        /// Bytes of the region.
-        size: u64,
-        /// The step that failed.
-        step: Step,
-        /// The system's error.
-        error: String,
-    },
-    /// A node that is not in the topology.
-    #[error("NUMA node {node} is not in the topology (nodes: {known:?})\n  fix: pick one of the listed nodes (`numapin topo`)")]
-    UnknownNode {
-        /// The node asked for.
-        node: u32,
-        /// The nodes the topology has.
-        known: Vec<u32>,
-    },
-    /// A GPU (CUDA ordinal) that is not in the topology.
-    #[error("GPU {gpu} (CUDA ordinal) is not in the topology (ordinals: {known:?})\n  fix: pick one of the listed ordinals (`numapin topo`; CUDA_VISIBLE_DEVICES changes them)")]
-    UnknownGpu {
-        /// The ordinal asked for.
-        gpu: u32,
-        /// The ordinals the topology has.
-        known: Vec<u32>,
-    },
-    /// A configuration value that cannot be used.
-    #[error("arena configuration {setting} = {value}: {problem}\n  fix: {fix}")]
-    Config {
-        /// The setting.
-        setting: &'static str,
-        /// Its value.
-        value: String,
-        /// What is wrong.
-        problem: String,
-        /// What to do.
-        fix: String,
-    },
-    /// A request that cannot be served (zero bytes, larger than the
-    /// address space).
-    #[error("node {node}: cannot allocate {bytes} bytes: {problem}\n  fix: ask for at least one byte and at most the node's budget")]
-    BadRequest {
-        /// The node.
-        node: u32,
-        /// Bytes asked for.
-        bytes: u64,
-        /// What is wrong.
-        problem: String,
-    },
-    /// A CUDA call for a copy failed.
-    #[error("node {node}: {what} failed: {error}\n  fix: make the stream's context current on this thread (`cuda::set_device`) and check the device pointer and length")]
-    Copy {
-        /// The node of the buffer.
-        node: u32,
-        /// What was attempted.
-        what: &'static str,
-        /// The CUDA error.
-        error: CudaError,
-    },
-}
-
-impl ArenaError {
-    /// Exit code for this error: 2 for an unknown node or GPU, a bad
-    /// configuration or request (input errors), 1 otherwise.
-    pub fn exit_code(&self) -> i32 {
-        match self {
-            ArenaError::UnknownNode { .. }
-            | ArenaError::UnknownGpu { .. }
-            | ArenaError::Config { .. }
-            | ArenaError::BadRequest { .. } => 2,
-            _ => 1,
-        }
-    }
-
-    /// A Memlock error for `size` bytes on `node`, with the limit and the
-    /// locked bytes read now.
-    pub fn lock_failed(node: u32, size: u64, error: Option<std::io::Error>) -> Self {
-        ArenaError::Memlock {
-            node,
-            size,
-            limit: crate::sys::memlock_limit().map_or(0, |(soft, _)| soft),
-            locked: crate::sys::locked_bytes(),
-            error: error.map(|e| e.to_string()),
-        }
-    }
-}
-
 /// One node's counters, as [`crate::runtime::Runtime::stats`] reports them.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
 pub struct NodeStats {
     /// The node.
     pub node: u32,
@@ -563,8 +397,8 @@ impl NodeArena {
             }
         }
         if self.cfg.memlock_applies {
-            let soft = crate::sys::memlock_limit().map_or(0, |(s, _)| s);
-            let room = soft.saturating_sub(crate::sys::locked_bytes());
+            let soft = crate::platform::sys::memlock_limit().map_or(0, |(s, _)| s);
+            let room = soft.saturating_sub(crate::platform::sys::locked_bytes());
             if size > room && fitted <= room {
                 size = fitted;
             }

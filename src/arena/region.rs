@@ -26,9 +26,9 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
-use super::numa_sys;
 use super::{ArenaError, Placement};
 use crate::cpulist::CpuList;
+use crate::platform::numa;
 
 /// Regions are multiples of this, and aligned to it (the x86-64 and
 /// aarch64-with-4K-pages huge page size).
@@ -125,61 +125,36 @@ pub fn thp_enabled() -> bool {
     })
 }
 
-fn os_err() -> std::io::Error {
-    std::io::Error::last_os_error()
-}
-
-/// A fresh anonymous private read-write mapping of `len` bytes.
-fn map_anonymous(len: usize) -> std::io::Result<*mut libc::c_void> {
-    // SAFETY: an anonymous private mapping at an address of the kernel's
-    // choosing touches no existing memory.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        )
-    };
-    if p == libc::MAP_FAILED {
-        Err(os_err())
-    } else {
-        Ok(p)
-    }
-}
-
 impl Region {
     /// Builds a region (see the module docs for the steps).
     pub fn create(o: &RegionOptions) -> Result<Region, ArenaError> {
         let len = o.size.div_ceil(HUGE_PAGE).max(1) * HUGE_PAGE;
         let fail = |step: Step| o.fail_after == Some(step);
-        let system = |step: Step, e: std::io::Error| ArenaError::System {
+        let system = |step: Step, source: std::io::Error| ArenaError::System {
             node: o.node,
             size: len as u64,
             step,
-            error: e.to_string(),
+            source,
         };
         let injected =
             |step: Step| system(step, std::io::Error::other("failure injected by a test"));
 
         // 1. Map, over-asking by one huge page to align the start.
         let map_len = len + HUGE_PAGE;
-        let raw = map_anonymous(map_len).map_err(|e| system(Step::Map, e))?;
+        let raw = numa::map_anonymous(map_len).map_err(|e| system(Step::Map, e))?;
         let start = raw as usize;
         let aligned = start.next_multiple_of(HUGE_PAGE);
         // Give back the unaligned head and the tail beyond `len`.
         let head = aligned - start;
         let tail = map_len - head - len;
         // SAFETY: both ranges lie inside the mapping just made and are
-        // outside the part kept.
+        // outside the part kept; a failure leaves them mapped, unused.
         unsafe {
             if head > 0 {
-                libc::munmap(raw, head);
+                let _ = numa::unmap(raw, head);
             }
             if tail > 0 {
-                libc::munmap((aligned + len) as *mut libc::c_void, tail);
+                let _ = numa::unmap((aligned + len) as *mut u8, tail);
             }
         }
         LAST_MAPPED.store(aligned, Ordering::Relaxed);
@@ -198,28 +173,27 @@ impl Region {
         }
 
         // 2. Advise.
-        let addr = region.ptr.as_ptr() as *mut libc::c_void;
+        let addr = region.ptr.as_ptr();
         if thp_enabled() {
             // SAFETY: the range is our own mapping; advice changes no data.
-            if unsafe { libc::madvise(addr, len, libc::MADV_HUGEPAGE) } != 0 {
-                return Err(system(Step::Advise, os_err()));
-            }
+            unsafe { numa::advise(addr, len, libc::MADV_HUGEPAGE) }
+                .map_err(|e| system(Step::Advise, e))?;
         }
         // SAFETY: as above.
-        if unsafe { libc::madvise(addr, len, libc::MADV_DONTFORK) } != 0 {
-            return Err(system(Step::Advise, os_err()));
-        }
+        unsafe { numa::advise(addr, len, libc::MADV_DONTFORK) }
+            .map_err(|e| system(Step::Advise, e))?;
         if fail(Step::Advise) {
             return Err(injected(Step::Advise));
         }
 
         // 3. Bind.
         // SAFETY: the range is our own mapping.
-        if let Err(e) = unsafe { numa_sys::mbind_node(region.ptr.as_ptr(), len, o.node) } {
+        if let Err(e) = unsafe { numa::mbind_node(region.ptr.as_ptr(), len, o.node) } {
             return Err(ArenaError::NoMemory {
                 node: o.node,
                 size: len as u64,
-                reason: format!("mbind(MPOL_BIND) refused it: {e}"),
+                reason: "mbind(MPOL_BIND) refused it".into(),
+                source: Some(e),
             });
         }
         if fail(Step::Bind) {
@@ -234,8 +208,7 @@ impl Region {
             return Err(injected(Step::Populate));
         }
         // SAFETY: the range is our own mapping.
-        if unsafe { libc::mlock(addr, len) } != 0 {
-            let e = os_err();
+        if let Err(e) = unsafe { numa::lock(addr, len) } {
             return Err(ArenaError::lock_failed(o.node, len as u64, Some(e)));
         }
         region.locked = true;
@@ -247,23 +220,23 @@ impl Region {
         region.registration = if !o.register {
             Registration::Skipped("registration turned off in the configuration".into())
         } else {
-            match crate::cuda::driver_version() {
+            match crate::platform::cuda::driver_version() {
                 Err(e) => Registration::Skipped(e.to_string()),
                 Ok(_) => {
-                    let flags =
-                        crate::cuda::HOST_REGISTER_PORTABLE | crate::cuda::HOST_REGISTER_DEVICEMAP;
+                    let flags = crate::platform::cuda::HOST_REGISTER_PORTABLE
+                        | crate::platform::cuda::HOST_REGISTER_DEVICEMAP;
                     // SAFETY: the range stays mapped until Drop, which
                     // unregisters it first.
-                    match unsafe { crate::cuda::host_register(addr, len, flags) } {
+                    match unsafe { crate::platform::cuda::host_register(addr.cast(), len, flags) } {
                         Ok(()) => {
                             region.registered = true;
                             Registration::Registered
                         }
-                        Err(e) => {
+                        Err(source) => {
                             return Err(ArenaError::Register {
                                 node: o.node,
                                 size: len as u64,
-                                error: e,
+                                source,
                             })
                         }
                     }
@@ -279,7 +252,7 @@ impl Region {
         let mut elsewhere: Vec<(u32, u64)> = Vec::new();
         // SAFETY: the range is mapped (and locked) for the whole call.
         unsafe {
-            numa_sys::page_nodes(region.ptr.as_ptr(), len, PAGE, |batch| {
+            numa::page_nodes(region.ptr.as_ptr(), len, PAGE, |batch| {
                 for &s in batch {
                     if s == o.node as i32 {
                         on += 1;
@@ -349,7 +322,7 @@ impl Region {
                     if !cpus.is_empty() {
                         // Best effort: placement is mbind's job; binding
                         // only makes the zeroing run on the node's cores.
-                        let _ = crate::sys::sched_setaffinity(0, cpus);
+                        let _ = crate::platform::sys::sched_setaffinity(0, cpus);
                     }
                     touch(from, to)
                 })?);
@@ -392,6 +365,14 @@ impl Region {
         &self.registration
     }
 
+    /// Reads where each 4 KiB page of the region is now (`move_pages`,
+    /// moving nothing): `visit` gets batches of node numbers, or negative
+    /// errnos for pages that report one, in address order.
+    pub fn read_placement(&self, visit: impl FnMut(&[i32])) -> std::io::Result<()> {
+        // SAFETY: the region's mapping lives as long as `self`.
+        unsafe { numa::page_nodes(self.ptr.as_ptr(), self.len, PAGE, visit) }
+    }
+
     /// 4 KiB pages found on the node at creation.
     pub fn pages_on_node(&self) -> u64 {
         self.pages_on_node
@@ -409,33 +390,34 @@ fn bind_thread(cpus: &CpuList) -> Option<impl Drop> {
     struct Restore(CpuList);
     impl Drop for Restore {
         fn drop(&mut self) {
-            let _ = crate::sys::sched_setaffinity(0, &self.0);
+            let _ = crate::platform::sys::sched_setaffinity(0, &self.0);
         }
     }
     if cpus.is_empty() {
         return None;
     }
-    let old = crate::sys::sched_getaffinity_self().ok()?;
-    crate::sys::sched_setaffinity(0, cpus).ok()?;
+    let old = crate::platform::sys::sched_getaffinity_self().ok()?;
+    crate::platform::sys::sched_setaffinity(0, cpus).ok()?;
     Some(Restore(old))
 }
 
 impl Drop for Region {
     fn drop(&mut self) {
-        let addr = self.ptr.as_ptr() as *mut libc::c_void;
+        let addr = self.ptr.as_ptr();
         if self.registered {
             // SAFETY: registered by create() at this address; the arena
             // drops a region only when no copy may still use it. A failure
             // here cannot be reported from Drop; munmap below still frees
             // the memory.
-            let _ = unsafe { crate::cuda::host_unregister(addr) };
+            let _ = unsafe { crate::platform::cuda::host_unregister(addr.cast()) };
         }
         if self.locked {
-            // SAFETY: our own mapping.
-            unsafe { libc::munlock(addr, self.len) };
+            // SAFETY: our own mapping. A failure cannot be reported from
+            // Drop; munmap below unlocks the pages anyway.
+            let _ = unsafe { numa::unlock(addr, self.len) };
         }
         // SAFETY: our own mapping, no longer referenced by any buffer.
-        unsafe { libc::munmap(addr, self.len) };
+        let _ = unsafe { numa::unmap(addr, self.len) };
     }
 }
 
@@ -444,18 +426,14 @@ impl Drop for Region {
 /// picks), timed, then unlocked and unmapped outside the timing.
 pub fn mmap_mlock_baseline(len: usize) -> std::io::Result<std::time::Duration> {
     let t = std::time::Instant::now();
-    let p = map_anonymous(len)?;
+    let p = numa::map_anonymous(len)?;
     // SAFETY: p..p+len is the mapping just made.
-    let locked = unsafe { libc::mlock(p, len) };
+    let locked = unsafe { numa::lock(p, len) };
     let d = t.elapsed();
-    let err = (locked != 0).then(os_err);
     // SAFETY: our own mapping, referenced by nothing else.
     unsafe {
-        libc::munlock(p, len);
-        libc::munmap(p, len);
+        let _ = numa::unlock(p, len);
+        let _ = numa::unmap(p, len);
     }
-    match err {
-        Some(e) => Err(e),
-        None => Ok(d),
-    }
+    locked.map(|()| d)
 }

@@ -1,12 +1,13 @@
 //! Where a loader's (or a staged copy's) threads run and its slots live.
 
+use crate::affinity::AffinityError;
 use crate::arena::ArenaError;
 use crate::cpulist::CpuList;
-use crate::error::{Error, Result};
+use crate::gpu::CudaOrdinal;
 use crate::runtime::Runtime;
 use crate::topology::Gpu;
 
-use super::Target;
+use super::{LoaderError, Target};
 
 /// The CPUs, node and GPU a loader works for, and what a person should
 /// know about how they were chosen.
@@ -16,8 +17,8 @@ pub(crate) struct Placement {
     pub cpus: CpuList,
     /// Node the pinned slots come from.
     pub node: u32,
-    /// The CUDA ordinal to copy to (GPU mode only).
-    pub ordinal: Option<u32>,
+    /// The CUDA device to copy to (GPU mode only).
+    pub ordinal: Option<CudaOrdinal>,
     /// Sentences for [`super::Loader::warnings`].
     pub warnings: Vec<String>,
 }
@@ -29,16 +30,16 @@ pub(crate) fn allowed_cpus(rt: &Runtime) -> CpuList {
     if !allowed.is_empty() {
         return allowed.clone();
     }
-    crate::sys::sched_getaffinity_self().unwrap_or_else(|_| rt.topology().all_cpus())
+    crate::platform::sys::sched_getaffinity_self().unwrap_or_else(|_| rt.topology().all_cpus())
 }
 
 /// Resolves `target` on `rt`'s topology.
-pub(crate) fn resolve(rt: &Runtime, target: Target) -> Result<Placement> {
+pub(crate) fn resolve(rt: &Runtime, target: Target) -> Result<Placement, LoaderError> {
     let topo = rt.topology();
     match target {
         Target::Gpu(ordinal) => {
             let gpu = topo
-                .gpu_by_cuda_ordinal(ordinal)
+                .gpu_by_ordinal(ordinal)
                 .ok_or_else(|| ArenaError::UnknownGpu {
                     gpu: ordinal,
                     known: topo.gpus.iter().filter_map(|g| g.cuda_ordinal).collect(),
@@ -48,12 +49,14 @@ pub(crate) fn resolve(rt: &Runtime, target: Target) -> Result<Placement> {
             Ok(p)
         }
         Target::HostForGpu(index) => {
-            let gpu = topo.gpu(index).ok_or_else(|| Error::Usage {
-                problem: format!(
-                    "GPU index {index} is not in the topology ({} GPU(s))",
-                    topo.gpus.len()
-                ),
-                fix: "pick an index listed by `numapin topo` (indexes follow PCI order, not CUDA ordinals)".into(),
+            let gpu = topo.gpu(index).ok_or_else(|| {
+                AffinityError::request(
+                    format!(
+                        "GPU index {index} is not in the topology ({} GPU(s))",
+                        topo.gpus.len()
+                    ),
+                    "pick an index listed by `numapin topo` (indexes follow PCI order, not CUDA ordinals)",
+                )
             })?;
             Ok(near_gpu(rt, gpu, &format!("GPU index {index}")))
         }

@@ -2,13 +2,14 @@
 //! warnings a person should read.
 
 use super::visible::{DeviceOrder, VisibleDevices, VisibleEntry};
+use super::Result;
 use super::{
     CudaInfo, Gpu, ProbeOptions, RawGpu, RawTopology, Topology, Warning, WarningKind,
     SCHEMA_VERSION,
 };
 use crate::cpulist::CpuList;
-use crate::cuda::Enumeration;
-use crate::error::Result;
+use crate::gpu::{CudaOrdinal, GpuIndex};
+use crate::platform::cuda::Enumeration;
 
 pub(crate) fn finish(
     mut raw: RawTopology,
@@ -106,7 +107,7 @@ pub(crate) fn finish(
                     .gpus
                     .iter()
                     .position(|g| g.pci_bus_id == d.pci_bus_id)
-                    .map(|p| p as u32);
+                    .map(|p| GpuIndex(p as u32));
                 let mig = devices
                     .iter()
                     .filter(|o| o.pci_bus_id == d.pci_bus_id)
@@ -123,7 +124,7 @@ pub(crate) fn finish(
                     None => "*".into(),
                 };
                 cuda_info.ordinals.push(VisibleEntry {
-                    ordinal: d.ordinal,
+                    ordinal: CudaOrdinal(d.ordinal),
                     entry,
                     gpu,
                     mig,
@@ -204,9 +205,9 @@ pub(crate) fn finish(
                     cuda_info.ordinals = pci_order
                         .iter()
                         .map(|&g| VisibleEntry {
-                            ordinal: g,
+                            ordinal: CudaOrdinal(g),
                             entry: "*".into(),
-                            gpu: Some(g),
+                            gpu: Some(GpuIndex(g)),
                             mig: false,
                         })
                         .collect();
@@ -220,11 +221,11 @@ pub(crate) fn finish(
         .into_iter()
         .enumerate()
         .map(|(i, g)| Gpu {
-            index: i as u32,
+            index: GpuIndex(i as u32),
             cuda_ordinal: cuda_info
                 .ordinals
                 .iter()
-                .find(|e| e.gpu == Some(i as u32))
+                .find(|e| e.gpu == Some(GpuIndex(i as u32)))
                 .map(|e| e.ordinal),
             pci_bus_id: g.pci_bus_id,
             name: g.name,
@@ -315,11 +316,12 @@ pub(crate) fn finish(
 /// Refuses descriptions that contradict themselves (a hand-edited or hostile
 /// file): numapin's answers would be meaningless.
 fn check_consistent(raw: &RawTopology, source: &str) -> Result<()> {
-    let bad = |problem: String| crate::Error::Input {
-        input: source.to_string(),
-        problem: format!("the file is malformed: {problem}"),
-        fix: "give an unmodified export (`lstopo --of xml`, `numapin topo --export`) or capture"
-            .into(),
+    let bad = |problem: String| {
+        super::TopologyError::input(
+            source,
+            format!("the file is malformed: {problem}"),
+            "give an unmodified export (`lstopo --of xml`, `numapin topo --export`) or capture",
+        )
     };
     let mut seen = std::collections::BTreeSet::new();
     for n in &raw.numa_nodes {

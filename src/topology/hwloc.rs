@@ -10,12 +10,14 @@ use hwlocality::object::TopologyObject;
 use hwlocality::topology::builder::{BuildFlags, TypeFilter};
 use hwlocality::Topology as Hw;
 
+use super::TopologyError as Error;
 use super::{
     is_accelerator, Cache, Core, NodeKind, NumaNode, Package, PcieLink, ProbeOptions, RawGpu,
     RawTopology,
 };
 use crate::cpulist::CpuList;
-use crate::error::{Error, Result};
+
+type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// hwloc reads `HWLOC_*` variables from the environment while it builds a
 /// topology; numapin sets some of them (for filesystem roots) and must not
@@ -28,16 +30,16 @@ fn lock() -> std::sync::MutexGuard<'static, ()> {
 
 fn hw_err(what: &str, input: Option<&Path>, e: impl std::fmt::Display) -> Error {
     match input {
-        Some(p) => Error::Input {
-            input: p.display().to_string(),
-            problem: format!("hwloc could not read it ({what}: {e})"),
-            fix: "give a complete hwloc XML export (`lstopo --of xml FILE`) or capture (`hwloc-gather-topology`)".into(),
-        },
-        None => Error::System {
-            what: format!("hwloc topology discovery ({what})"),
-            problem: e.to_string(),
-            fix: "install hwloc 2.8 or later (Debian/Ubuntu: libhwloc15) and check that /sys is mounted".into(),
-        },
+        Some(p) => Error::input(
+            p.display().to_string(),
+            format!("hwloc could not read it ({what}: {e})"),
+            "give a complete hwloc XML export (`lstopo --of xml FILE`) or capture (`hwloc-gather-topology`)",
+        ),
+        None => Error::system(
+            format!("hwloc topology discovery ({what})"),
+            "install hwloc 2.8 or later (Debian/Ubuntu: libhwloc15) and check that /sys is mounted",
+            e.to_string(),
+        ),
     }
 }
 
@@ -61,7 +63,7 @@ fn builder(input: Option<&Path>) -> Result<hwlocality::topology::builder::Topolo
 /// Runs `f` and turns a panic inside hwlocality (on a hostile file) into an
 /// error naming the input.
 fn guarded<T>(input: Option<&Path>, f: impl FnOnce() -> Result<T>) -> Result<T> {
-    match crate::panic_guard::catch(f) {
+    match crate::platform::panic_guard::catch(f) {
         Ok(r) => r,
         Err(msg) => Err(hw_err("unexpected content", input, msg)),
     }
@@ -82,11 +84,8 @@ pub(crate) fn discover_live(opts: &ProbeOptions) -> Result<RawTopology> {
         drop(topo);
         raw
     };
-    let affinity = crate::sys::sched_getaffinity_self().map_err(|e| Error::System {
-        what: "sched_getaffinity".into(),
-        problem: e.to_string(),
-        fix: "report this as a bug".into(),
-    })?;
+    let affinity = crate::platform::sys::sched_getaffinity_self()
+        .map_err(|e| Error::system("sched_getaffinity", "report this as a bug", e))?;
     raw.allowed.cpus = raw.allowed.cpus.intersection(&affinity);
     if raw.allowed.cpus.is_empty() {
         raw.allowed.cpus = affinity;
@@ -109,30 +108,32 @@ pub(crate) fn discover_xml(path: &Path, opts: &ProbeOptions) -> Result<RawTopolo
 
 /// Runs a file reader in a child process (see [`crate::isolate`]).
 fn isolated(path: &Path, f: impl FnOnce() -> Result<RawTopology>) -> Result<RawTopology> {
-    use crate::isolate::{in_child, ChildError};
+    use crate::platform::isolate::{in_child, ChildError};
     in_child(&path.display().to_string(), || {
+        // Errors cross the process boundary as text: the message with its
+        // causes, and the fix.
         guarded(Some(path), f).map_err(|e| match e {
             Error::Input {
                 input,
                 problem,
                 fix,
+                source,
             } => ChildError {
                 input,
-                problem,
+                problem: match source {
+                    Some(s) => format!("{problem}: {s}"),
+                    None => problem,
+                },
                 fix,
             },
             other => ChildError {
                 input: path.display().to_string(),
-                problem: other.to_string(),
+                problem: crate::report::with_causes(&other),
                 fix: "check the file".into(),
             },
         })
     })
-    .map_err(|c| Error::Input {
-        input: c.input,
-        problem: c.problem,
-        fix: c.fix,
-    })
+    .map_err(|c| Error::input(c.input, c.problem, c.fix))
 }
 
 /// A captured filesystem root (folder or tarball holding `sys/` and `proc/`).
@@ -141,19 +142,21 @@ pub(crate) fn discover_fsroot(path: &Path, opts: &ProbeOptions) -> Result<RawTop
     let root: PathBuf = if path.is_dir() {
         path.to_path_buf()
     } else {
-        tmp = tempfile::tempdir().map_err(|e| Error::System {
-            what: "creating a temporary folder".into(),
-            problem: e.to_string(),
-            fix: "set TMPDIR to a writable folder".into(),
+        tmp = tempfile::tempdir().map_err(|e| {
+            Error::system(
+                "creating a temporary folder",
+                "set TMPDIR to a writable folder",
+                e,
+            )
         })?;
         unpack(path, tmp.path())?;
         tmp.path().to_path_buf()
     };
-    let root = find_root(&root).ok_or_else(|| Error::Input {
-        input: path.display().to_string(),
-        problem: "no `sys/devices/system` folder found in it".into(),
-        fix: "give a folder (or .tar.gz/.tar.bz2 of one) captured by hwloc-gather-topology, holding sys/ and proc/".into(),
-    })?;
+    let root = find_root(&root).ok_or_else(|| Error::input(
+        path.display().to_string(),
+        "no `sys/devices/system` folder found in it",
+        "give a folder (or .tar.gz/.tar.bz2 of one) captured by hwloc-gather-topology, holding sys/ and proc/",
+    ))?;
     let raw = {
         let _g = lock();
         let saved: Vec<(&str, Option<std::ffi::OsString>)> = [
@@ -191,11 +194,11 @@ pub(crate) fn discover_fsroot(path: &Path, opts: &ProbeOptions) -> Result<RawTop
         r?
     };
     if raw.numa_nodes.is_empty() && raw.packages.is_empty() {
-        return Err(Error::Input {
-            input: path.display().to_string(),
-            problem: "hwloc found no CPUs or NUMA nodes in the capture".into(),
-            fix: "give a capture made by hwloc-gather-topology".into(),
-        });
+        return Err(Error::input(
+            path.display().to_string(),
+            "hwloc found no CPUs or NUMA nodes in the capture",
+            "give a capture made by hwloc-gather-topology",
+        ));
     }
     Ok(raw)
 }
@@ -204,11 +207,12 @@ pub(crate) fn discover_fsroot(path: &Path, opts: &ProbeOptions) -> Result<RawTop
 const MAX_UNPACKED: u64 = 512 << 20;
 
 fn unpack(archive: &Path, dest: &Path) -> Result<()> {
-    let bad = |problem: String| Error::Input {
-        input: archive.display().to_string(),
-        problem,
-        fix: "give a .tar.gz or .tar.bz2 made by hwloc-gather-topology, or the unpacked folder"
-            .into(),
+    let bad = |problem: String| {
+        Error::input(
+            archive.display().to_string(),
+            problem,
+            "give a .tar.gz or .tar.bz2 made by hwloc-gather-topology, or the unpacked folder",
+        )
     };
     // Read the magic bytes, then rewind the same file for the decoder.
     let mut f = std::fs::File::open(archive).map_err(|e| Error::io_input(archive, e))?;
@@ -618,10 +622,12 @@ pub fn export_live_xml(path: &Path) -> Result<()> {
         Some(path),
         hwlocality::topology::export::xml::XMLExportFlags::empty(),
     )
-    .map_err(|e| Error::Input {
-        input: path.display().to_string(),
-        problem: format!("cannot write the XML: {e}"),
-        fix: "give a path in a writable folder".into(),
+    .map_err(|e| {
+        Error::input(
+            path.display().to_string(),
+            format!("cannot write the XML: {e}"),
+            "give a path in a writable folder",
+        )
     })
 }
 

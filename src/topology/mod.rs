@@ -17,9 +17,11 @@
 //! The JSON form of a `Topology` (`numapin topo --json`) is documented in
 //! `docs/topology-json.md`; its field names are stable.
 
+mod error;
 mod finish;
 pub(crate) mod hwloc;
 mod nccl;
+mod text;
 pub mod visible;
 
 use std::path::{Path, PathBuf};
@@ -27,9 +29,16 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::cpulist::CpuList;
-use crate::error::{Error, Result};
+use crate::gpu::{CudaOrdinal, GpuIndex};
 
+pub use crate::platform::numa::MAX_NODES;
+pub use crate::platform::pci::normalize_bus_id;
+pub use error::{Cause, TopologyError};
 pub use visible::{DeviceOrder, VisibleDevices, VisibleEntry};
+
+use TopologyError as Error;
+
+type Result<T, E = TopologyError> = std::result::Result<T, E>;
 
 /// The version of the JSON schema written by [`Topology::to_json`].
 pub const SCHEMA_VERSION: u32 = 1;
@@ -128,10 +137,10 @@ pub struct PcieLink {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Gpu {
     /// Position in [`Topology::gpus`] (PCI bus id order).
-    pub index: u32,
+    pub index: GpuIndex,
     /// The CUDA ordinal this process sees the GPU as (first one, for MIG),
     /// `None` when it is hidden by `CUDA_VISIBLE_DEVICES` or unknown.
-    pub cuda_ordinal: Option<u32>,
+    pub cuda_ordinal: Option<CudaOrdinal>,
     /// PCI bus id, `0000:07:00.0` form.
     pub pci_bus_id: String,
     /// Product name, when the driver (or the file) gives it.
@@ -232,7 +241,7 @@ pub struct Warning {
     /// What it is about.
     pub kind: WarningKind,
     /// The GPU it concerns, if any ([`Gpu::index`]).
-    pub gpu: Option<u32>,
+    pub gpu: Option<GpuIndex>,
     /// The sentence a person reads.
     pub message: String,
 }
@@ -313,8 +322,10 @@ impl ProbeEnv {
     }
 }
 
-/// Options of the probe.
+/// Options of the probe (start from [`ProbeOptions::from_process`] or
+/// `ProbeOptions::default()`).
 #[derive(Debug, Clone, Default)]
+#[non_exhaustive]
 pub struct ProbeOptions {
     /// Whether to load the CUDA driver (live probe only).
     pub cuda: CudaMode,
@@ -323,6 +334,12 @@ pub struct ProbeOptions {
     /// The CUDA variables to honour.
     pub env: ProbeEnv,
 }
+
+with_setters!(ProbeOptions {
+    with_cuda => cuda: CudaMode,
+    with_accelerator_ids => accelerator_ids: Vec<PciId>,
+    with_env => env: ProbeEnv,
+});
 
 impl ProbeOptions {
     /// Options for this process: CUDA auto, its own environment.
@@ -352,7 +369,7 @@ impl Topology {
     pub fn probe(opts: &ProbeOptions) -> Result<Self> {
         let raw = hwloc::discover_live(opts)?;
         let cuda = if opts.cuda == CudaMode::Auto {
-            Some(crate::cuda::enumerate())
+            Some(crate::platform::cuda::enumerate())
         } else {
             None
         };
@@ -368,19 +385,19 @@ impl Topology {
                 let text = read_text(path)?;
                 let mut t: Topology = serde_json::from_str(&text).map_err(|e| Error::Input {
                     input: source.clone(),
-                    problem: format!("not a valid numapin topology JSON file: {e}"),
+                    problem: "not a valid numapin topology JSON file".into(),
                     fix: "give a file written by `numapin topo --json`".into(),
+                    source: Some(e.into()),
                 })?;
                 if t.schema_version != SCHEMA_VERSION {
-                    return Err(Error::Input {
-                        input: source,
-                        problem: format!(
+                    return Err(Error::input(
+                        source,
+                        format!(
                             "schema_version {} is not supported (this numapin reads {SCHEMA_VERSION})",
                             t.schema_version
                         ),
-                        fix: "write the file again with this version of `numapin topo --json`"
-                            .into(),
-                    });
+                        "write the file again with this version of `numapin topo --json`",
+                    ));
                 }
                 t.validate(&source)?;
                 t.source = source;
@@ -418,14 +435,26 @@ impl Topology {
     }
 
     /// The GPU with this index ([`Gpu::index`]).
-    pub fn gpu(&self, index: u32) -> Option<&Gpu> {
-        self.gpus.get(index as usize)
+    pub fn gpu(&self, index: GpuIndex) -> Option<&Gpu> {
+        self.gpus.get(index.as_usize())
     }
 
     /// The GPU this process sees as CUDA ordinal `ordinal`.
-    pub fn gpu_by_cuda_ordinal(&self, ordinal: u32) -> Option<&Gpu> {
+    pub fn gpu_by_ordinal(&self, ordinal: CudaOrdinal) -> Option<&Gpu> {
         let entry = self.cuda.ordinals.iter().find(|e| e.ordinal == ordinal)?;
         self.gpu(entry.gpu?)
+    }
+
+    /// The CUDA ordinal this process sees GPU `index` as, `None` when it is
+    /// hidden (`CUDA_VISIBLE_DEVICES`) or not known.
+    pub fn ordinal_of(&self, index: GpuIndex) -> Option<CudaOrdinal> {
+        self.gpu(index)?.cuda_ordinal
+    }
+
+    /// The text report `numapin topo` prints: the GPU table, the GPU-by-GPU
+    /// locality matrix, the nodes, the packages and the CUDA ordinals.
+    pub fn to_text(&self) -> String {
+        text::render(self)
     }
 
     /// All CPUs of the machine.
@@ -451,13 +480,15 @@ impl Topology {
     /// Checks the invariants that the rest of numapin relies on (used for
     /// files a person may have edited).
     fn validate(&self, source: &str) -> Result<()> {
-        let bad = |problem: String| Error::Input {
-            input: source.to_string(),
-            problem,
-            fix: "write the file again with `numapin topo --json`".into(),
+        let bad = |problem: String| {
+            Error::input(
+                source,
+                problem,
+                "write the file again with `numapin topo --json`",
+            )
         };
         for (i, g) in self.gpus.iter().enumerate() {
-            if g.index as usize != i {
+            if g.index.as_usize() != i {
                 return Err(bad(format!("gpus[{i}] has index {}", g.index)));
             }
             if let Some(n) = g.numa_node {
@@ -489,7 +520,7 @@ impl Topology {
         }
         for e in &self.cuda.ordinals {
             if let Some(g) = e.gpu {
-                if g as usize >= self.gpus.len() {
+                if g.as_usize() >= self.gpus.len() {
                     return Err(bad(format!(
                         "CUDA ordinal {} maps to missing GPU {g}",
                         e.ordinal
@@ -540,33 +571,14 @@ pub(crate) fn is_accelerator(vendor: u16, device: u16, class: u16, extra: &[PciI
             .any(|id| id.matches(vendor, device) && (id.device.is_some() || !bridge))
 }
 
-/// Normalises a PCI bus id to `dddd:bb:dd.f`, lower case (CUDA and
-/// nvidia-smi print 8-digit domains and upper case).
-pub fn normalize_bus_id(id: &str) -> Option<String> {
-    let id = id.trim().to_ascii_lowercase();
-    let (domain, rest) = match id.rsplitn(3, ':').collect::<Vec<_>>().as_slice() {
-        [devfn, bus, domain] => (domain.to_string(), format!("{bus}:{devfn}")),
-        [devfn, bus] => ("0".to_string(), format!("{bus}:{devfn}")),
-        _ => return None,
-    };
-    let dom = u32::from_str_radix(&domain, 16).ok()?;
-    let (bus, devfn) = rest.split_once(':')?;
-    let (dev, func) = devfn.split_once('.')?;
-    let bus = u8::from_str_radix(bus, 16).ok()?;
-    let dev = u8::from_str_radix(dev, 16).ok()?;
-    let func = u8::from_str_radix(func, 16).ok()?;
-    if dom > 0xffff || dev > 0x1f || func > 7 {
-        return None;
-    }
-    Some(format!("{dom:04x}:{bus:02x}:{dev:02x}.{func:x}"))
-}
-
 fn read_text(path: &Path) -> Result<String> {
     let bytes = std::fs::read(path).map_err(|e| Error::io_input(path, e))?;
-    String::from_utf8(bytes).map_err(|_| Error::Input {
-        input: path.display().to_string(),
-        problem: "the file is not UTF-8 text".into(),
-        fix: "give an hwloc XML export, a numapin JSON file, an NCCL topology XML or a captured sysfs root".into(),
+    String::from_utf8(bytes).map_err(|_| {
+        Error::input(
+            path.display().to_string(),
+            "the file is not UTF-8 text",
+            "give an hwloc XML export, a numapin JSON file, an NCCL topology XML or a captured sysfs root",
+        )
     })
 }
 
@@ -597,11 +609,11 @@ pub fn detect_format(path: &Path) -> Result<InputFormat> {
     if t.contains("<system") {
         return Ok(InputFormat::NcclXml);
     }
-    Err(Error::Input {
-        input: path.display().to_string(),
-        problem: "the file is not a topology description numapin knows".into(),
-        fix: "give an hwloc XML export (`lstopo --of xml`), a file from `numapin topo --json`, an NCCL topology XML (NCCL_TOPO_DUMP_FILE), or a filesystem root captured by hwloc-gather-topology (folder, .tar.gz or .tar.bz2)".into(),
-    })
+    Err(Error::input(
+        path.display().to_string(),
+        "the file is not a topology description numapin knows",
+        "give an hwloc XML export (`lstopo --of xml`), a file from `numapin topo --json`, an NCCL topology XML (NCCL_TOPO_DUMP_FILE), or a filesystem root captured by hwloc-gather-topology (folder, .tar.gz or .tar.bz2)",
+    ))
 }
 
 fn is_tar(head: &[u8]) -> bool {

@@ -13,8 +13,8 @@ use super::{
     is_accelerator, NodeKind, NumaNode, PcieLink, ProbeOptions, RawGpu, RawTopology, Warning,
     WarningKind,
 };
+use super::{Result, TopologyError as Error};
 use crate::cpulist::CpuList;
-use crate::error::{Error, Result};
 
 /// Deepest element nesting accepted (real files nest a few switches deep).
 const MAX_DEPTH: usize = 64;
@@ -23,11 +23,11 @@ const MAX_ELEMENTS: usize = 100_000;
 
 pub(crate) fn parse(text: &str, source: &str, opts: &ProbeOptions) -> Result<RawTopology> {
     let bad = |problem: String| {
-        Error::Input {
-        input: source.to_string(),
-        problem,
-        fix: "give an NCCL topology file as NCCL_TOPO_DUMP_FILE writes it (<system><cpu numaid affinity><pci busid class .../></cpu></system>)".into(),
-    }
+        Error::input(
+            source,
+            problem,
+            "give an NCCL topology file as NCCL_TOPO_DUMP_FILE writes it (<system><cpu numaid affinity><pci busid class .../></cpu></system>)",
+        )
     };
     let mut reader = Reader::from_str(text);
     reader.config_mut().trim_text(true);

@@ -14,7 +14,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::Error;
+use super::TopologyError as Error;
+use crate::gpu::{CudaOrdinal, GpuIndex};
 
 /// CUDA's device enumeration order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -86,13 +87,13 @@ pub struct VisibleDevices {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct VisibleEntry {
     /// The CUDA ordinal (0, 1, ... as the process sees them).
-    pub ordinal: u32,
+    pub ordinal: CudaOrdinal,
     /// The `CUDA_VISIBLE_DEVICES` entry that produced it (or `"*"` when the
     /// variable is unset).
     pub entry: String,
     /// The GPU it is ([`super::Gpu::index`]), `None` when it cannot be
     /// worked out without the driver (a MIG UUID, a UUID with no UUIDs known).
-    pub gpu: Option<u32>,
+    pub gpu: Option<GpuIndex>,
     /// Whether the entry is a MIG instance of that GPU.
     pub mig: bool,
 }
@@ -257,13 +258,14 @@ impl VisibleDevices {
                     (None, true)
                 }
             };
+            let gpu = gpu.map(GpuIndex);
             if let Some(g) = gpu {
                 if !mig && out.iter().any(|e| e.gpu == Some(g) && !e.mig) {
                     return Err(env_err(&self.raw, format!("`{text}` names a GPU that is already listed (CUDA would silently stop here)")));
                 }
             }
             out.push(VisibleEntry {
-                ordinal: out.len() as u32,
+                ordinal: CudaOrdinal(out.len() as u32),
                 entry: text.clone(),
                 gpu,
                 mig,
@@ -291,10 +293,12 @@ mod tests {
         let v = VisibleDevices::parse("2,0").unwrap();
         let (e, notes) = v.resolve(&[0, 1, 2], &[None, None, None]).unwrap();
         assert_eq!(
-            e.iter().map(|e| e.gpu).collect::<Vec<_>>(),
+            e.iter()
+                .map(|e| e.gpu.map(GpuIndex::get))
+                .collect::<Vec<_>>(),
             vec![Some(2), Some(0)]
         );
-        assert_eq!(e[1].ordinal, 1);
+        assert_eq!(e[1].ordinal, CudaOrdinal(1));
         assert!(notes.is_empty());
     }
 
@@ -303,7 +307,7 @@ mod tests {
         // CUDA order puts GPU 2 first (fastest): index 0 is GPU 2.
         let v = VisibleDevices::parse("0").unwrap();
         let (e, _) = v.resolve(&[2, 0, 1], &[None, None, None]).unwrap();
-        assert_eq!(e[0].gpu, Some(2));
+        assert_eq!(e[0].gpu, Some(GpuIndex(2)));
     }
 
     #[test]
@@ -311,7 +315,9 @@ mod tests {
         let v = VisibleDevices::parse("GPU-8932f937,GPU-1f4e9").unwrap();
         let (e, _) = v.resolve(&[0, 1, 2], &uuids()).unwrap();
         assert_eq!(
-            e.iter().map(|e| e.gpu).collect::<Vec<_>>(),
+            e.iter()
+                .map(|e| e.gpu.map(GpuIndex::get))
+                .collect::<Vec<_>>(),
             vec![Some(0), Some(2)]
         );
         let err = VisibleDevices::parse("GPU-1f4e")
@@ -349,7 +355,7 @@ mod tests {
     fn mig_maps_to_parent() {
         let v = VisibleDevices::parse("MIG-GPU-1f4e2a10-0000-1111-2222-333344445555/1/0,MIG-1234abcd-aaaa-bbbb-cccc-000011112222").unwrap();
         let (e, notes) = v.resolve(&[0, 1, 2], &uuids()).unwrap();
-        assert_eq!(e[0].gpu, Some(1));
+        assert_eq!(e[0].gpu, Some(GpuIndex(1)));
         assert!(e[0].mig);
         assert_eq!(e[1].gpu, None);
         assert!(e[1].mig);
@@ -413,7 +419,7 @@ mod tests {
             let pick = &perm[..k];
             let text = pick.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(",");
             let (e, _) = VisibleDevices::parse(&text).unwrap().resolve(&(0..8).collect::<Vec<_>>(), &vec![None; 8]).unwrap();
-            prop_assert_eq!(e.iter().map(|e| e.gpu.unwrap()).collect::<Vec<_>>(), pick.to_vec());
+            prop_assert_eq!(e.iter().map(|e| e.gpu.unwrap().get()).collect::<Vec<_>>(), pick.to_vec());
         }
     }
 }

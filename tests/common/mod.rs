@@ -122,8 +122,8 @@ pub fn empty(source: &str) -> Topology {
 pub fn add_gpu(t: &mut Topology, node: Option<u32>, package: Option<u32>, local_cpus: CpuList) {
     let i = t.gpus.len() as u32;
     t.gpus.push(Gpu {
-        index: i,
-        cuda_ordinal: Some(i),
+        index: numapin::GpuIndex(i),
+        cuda_ordinal: Some(numapin::CudaOrdinal(i)),
         pci_bus_id: format!("0000:{:02x}:00.0", i + 1),
         name: None,
         uuid: None,
@@ -136,9 +136,9 @@ pub fn add_gpu(t: &mut Topology, node: Option<u32>, package: Option<u32>, local_
         class_id: "0x0302".into(),
     });
     t.cuda.ordinals.push(VisibleEntry {
-        ordinal: i,
+        ordinal: numapin::CudaOrdinal(i),
         entry: "*".into(),
-        gpu: Some(i),
+        gpu: Some(numapin::GpuIndex(i)),
         mig: false,
     });
 }

@@ -1,0 +1,251 @@
+//! `numapin affinity`: print each local rank's binding.
+
+use numapin::affinity::launcher;
+use numapin::affinity::{plan, MemPolicy, Plan, PlanOptions, RankPlan};
+use numapin::internals::table::Table;
+use numapin::topology::Topology;
+use numapin::{CpuList, CudaOrdinal};
+
+use crate::error::{CliError, Result};
+use crate::{ModeArg, TopoSource};
+
+/// How the plan is printed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    /// Aligned columns for a person, warnings below.
+    Table,
+    /// `{"mode":..,"ranks":[{"local_rank":0,"gpu":0,...}]}`.
+    Json,
+    /// `export NUMAPIN_CPUS_<rank>=...` lines (and unsuffixed ones for a
+    /// single rank).
+    Shell,
+    /// A `numactl --physcpubind=... --membind=...` prefix per rank.
+    Numactl,
+    /// A `taskset -c ...` prefix per rank.
+    Taskset,
+}
+
+/// Arguments of `numapin affinity`.
+#[derive(Debug, clap::Args)]
+pub struct AffinityArgs {
+    /// Where the description comes from.
+    #[command(flatten)]
+    pub source: TopoSource,
+    /// How CPUs are chosen: node, socket, exclusive, cache (core-complex), core.
+    #[arg(long, value_enum, default_value_t = ModeArg::Node)]
+    pub mode: ModeArg,
+    /// CUDA devices, one per local rank, in rank order (`0-3`, `3,2,1,0`;
+    /// default: every GPU this process sees).
+    #[arg(long, value_name = "LIST", conflicts_with = "local_rank")]
+    pub gpus: Option<String>,
+    /// Print only this local rank's binding (its GPU chosen as `numapin
+    /// exec` would).
+    #[arg(long, value_name = "R")]
+    pub local_rank: Option<u32>,
+    /// In core mode, one hardware thread per rank instead of the whole core.
+    #[arg(long)]
+    pub no_smt: bool,
+    /// In numactl output, prefer the nodes instead of binding to them.
+    #[arg(long)]
+    pub preferred: bool,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = Format::Table)]
+    pub format: Format,
+}
+
+/// Parses `--gpus`: comma-separated ordinals or ranges, order kept.
+fn parse_gpus(text: &str) -> Result<Vec<CudaOrdinal>> {
+    let mut out = Vec::new();
+    for part in text.split(',') {
+        let set = CpuList::parse(part).map_err(|e| CliError::Usage {
+            problem: format!("--gpus {text:?}: {e}"),
+            fix: "list CUDA devices like 0-3 or 3,2,1,0".into(),
+        })?;
+        if set.is_empty() {
+            return Err(CliError::Usage {
+                problem: format!("--gpus {text:?} has an empty entry"),
+                fix: "list CUDA devices like 0-3 or 3,2,1,0".into(),
+            });
+        }
+        out.extend(set.iter().map(CudaOrdinal));
+    }
+    Ok(out)
+}
+
+fn no_gpus(t: &Topology) -> CliError {
+    CliError::Usage {
+        problem: format!("{} has no GPU this process sees", t.source),
+        fix: "run on a machine with GPUs (check CUDA_VISIBLE_DEVICES), or bind to a NUMA node with `numapin exec --node N`".into(),
+    }
+}
+
+pub(crate) fn run(a: &AffinityArgs) -> Result<i32> {
+    let t = a.source.topology()?;
+    let mut opts = PlanOptions::default();
+    opts.smt = !a.no_smt;
+    let mode = a.mode.into();
+    let plan = match (&a.gpus, a.local_rank) {
+        (Some(list), _) => {
+            let ordinals = parse_gpus(list)?;
+            let gpus = ordinals
+                .iter()
+                .map(|&o| launcher::gpu_of_ordinal(&t, o, "--gpus"))
+                .collect::<Result<Vec<_>, _>>()?;
+            plan(&t, &gpus, mode, &opts)?
+        }
+        (None, Some(r)) => {
+            let (slot, _) = launcher::slot_for_rank(&t, r, "--local-rank")?;
+            let mut p = plan(&t, &launcher::rank_gpus(&t), mode, &opts)?;
+            let mut one = p.ranks.swap_remove(slot);
+            one.local_rank = r;
+            Plan {
+                mode: p.mode,
+                ranks: vec![one],
+            }
+        }
+        (None, None) => {
+            let gpus = launcher::rank_gpus(&t);
+            if gpus.is_empty() {
+                return Err(no_gpus(&t));
+            }
+            plan(&t, &gpus, mode, &opts)?
+        }
+    };
+    let policy = if a.preferred {
+        MemPolicy::Preferred
+    } else {
+        MemPolicy::Bind
+    };
+    if a.format != Format::Table && a.format != Format::Json {
+        for r in &plan.ranks {
+            for w in &r.warnings {
+                eprintln!("numapin: warning: rank {}: {w}", r.local_rank);
+            }
+        }
+    }
+    print!("{}", render(&t, &plan, a.format, policy));
+    Ok(0)
+}
+
+fn nodes(v: &[u32]) -> String {
+    v.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
+}
+
+/// The `numactl` options of a binding (`--physcpubind=0-15 --membind=0`).
+pub fn numactl_args(r: &RankPlan, policy: MemPolicy) -> Vec<String> {
+    let mut v = vec![format!("--physcpubind={}", r.cpus)];
+    match (policy, r.mems.len()) {
+        (_, 0) => {}
+        (MemPolicy::Bind, _) => v.push(format!("--membind={}", nodes(&r.mems))),
+        (MemPolicy::Preferred, 1) => v.push(format!("--preferred={}", r.mems[0])),
+        (MemPolicy::Preferred, _) => v.push(format!("--preferred-many={}", nodes(&r.mems))),
+    }
+    v
+}
+
+/// The plan in one of the output formats.
+pub fn render(t: &Topology, plan: &Plan, format: Format, policy: MemPolicy) -> String {
+    let mut out = String::new();
+    match format {
+        Format::Json => {
+            out.push_str(&serde_json::to_string_pretty(plan).expect("a plan always serializes"));
+            out.push('\n');
+        }
+        Format::Table => {
+            let mut tab = Table::new(["RANK", "GPU", "CUDA", "BUS ID", "CPUS", "N", "MEMS"]);
+            for r in &plan.ranks {
+                let g = r.gpu.and_then(|g| t.gpu(g));
+                tab.row([
+                    r.local_rank.to_string(),
+                    r.gpu.map_or("-".into(), |g| g.to_string()),
+                    g.and_then(|g| g.cuda_ordinal)
+                        .map_or("-".into(), |o| o.to_string()),
+                    r.pci_bus_id.clone().unwrap_or_else(|| "-".into()),
+                    r.cpus.to_string(),
+                    r.cpus.len().to_string(),
+                    nodes(&r.mems),
+                ]);
+            }
+            out.push_str(&format!("mode {}; {}\n\n", plan.mode, t.source));
+            out.push_str(&tab.render());
+            let warned: Vec<&RankPlan> = plan
+                .ranks
+                .iter()
+                .filter(|r| !r.warnings.is_empty())
+                .collect();
+            if !warned.is_empty() {
+                out.push_str("\nWarnings:\n");
+                for r in warned {
+                    for w in &r.warnings {
+                        out.push_str(&format!("  - rank {}: {w}\n", r.local_rank));
+                    }
+                }
+            }
+        }
+        Format::Shell => {
+            for r in &plan.ranks {
+                let n = r.local_rank;
+                out.push_str(&format!("export NUMAPIN_CPUS_{n}={}\n", r.cpus));
+                out.push_str(&format!("export NUMAPIN_MEMS_{n}={}\n", nodes(&r.mems)));
+                if let Some(g) = r.gpu {
+                    out.push_str(&format!("export NUMAPIN_GPU_{n}={g}\n"));
+                }
+            }
+            if let [r] = plan.ranks.as_slice() {
+                out.push_str(&format!("export NUMAPIN_CPUS={}\n", r.cpus));
+                out.push_str(&format!("export NUMAPIN_MEMS={}\n", nodes(&r.mems)));
+                out.push_str(&format!("export OMP_NUM_THREADS={}\n", r.cpus.len()));
+            }
+        }
+        Format::Numactl => {
+            for r in &plan.ranks {
+                out.push_str(&format!("numactl {}\n", numactl_args(r, policy).join(" ")));
+            }
+        }
+        Format::Taskset => {
+            for r in &plan.ranks {
+                out.push_str(&format!("taskset -c {}\n", r.cpus));
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gpu_lists_keep_their_order() {
+        let ords = |v: &[u32]| v.iter().copied().map(CudaOrdinal).collect::<Vec<_>>();
+        assert_eq!(parse_gpus("0-3").unwrap(), ords(&[0, 1, 2, 3]));
+        assert_eq!(parse_gpus("3,2,1,0").unwrap(), ords(&[3, 2, 1, 0]));
+        assert_eq!(parse_gpus("1,1").unwrap(), ords(&[1, 1]));
+        for bad in ["", "a", "1,,2", "3-1"] {
+            let e = parse_gpus(bad).unwrap_err();
+            assert_eq!(e.exit_code(), 2, "{bad:?}");
+            assert!(e.to_string().contains("--gpus"), "{e}");
+        }
+    }
+
+    #[test]
+    fn numactl_prefixes() {
+        let r: RankPlan = serde_json::from_value(serde_json::json!({
+            "local_rank": 0, "gpu": 0, "pci_bus_id": null, "cpus": "0-3,8",
+            "mems": [0, 1], "warnings": []
+        }))
+        .unwrap();
+        assert_eq!(r.cpus, CpuList::parse("0-3,8").unwrap());
+        assert_eq!(
+            numactl_args(&r, MemPolicy::Bind),
+            ["--physcpubind=0-3,8", "--membind=0,1"]
+        );
+        assert_eq!(
+            numactl_args(&r, MemPolicy::Preferred),
+            ["--physcpubind=0-3,8", "--preferred-many=0,1"]
+        );
+        let mut one = r.clone();
+        one.mems = vec![1];
+        assert_eq!(numactl_args(&one, MemPolicy::Preferred)[1], "--preferred=1");
+    }
+}

@@ -1,0 +1,661 @@
+//! `numapin bench`: how fast data reaches each GPU, and what the arena costs.
+//!
+//! Every figure is the median of timed repetitions after warm-up; the spread
+//! (min, max) and the number of repetitions come with it. Copies are timed
+//! with CUDA events on the copy's own stream; host-side figures with the
+//! monotonic clock. Result names and units are documented in
+//! `docs/bench.md` and are stable.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::error::{CliError, Result};
+use numapin::internals::arena_measure::{self as measure, SizeMix, Stats};
+use numapin::internals::cuda::{self, DeviceBuffer, Event, HostAlloc, Stream};
+use numapin::runtime::Runtime;
+use numapin::CudaOrdinal;
+
+/// One measured figure.
+#[derive(Debug, Clone, Serialize)]
+pub struct BenchResult {
+    /// The figure's name (`h2d`, `arena_alloc_free`, ...).
+    pub name: String,
+    /// Its unit (`GB/s`, `ns`, `ms`, `ratio`).
+    pub unit: String,
+    /// Median over the repetitions.
+    pub median: f64,
+    /// Smallest repetition.
+    pub min: f64,
+    /// Largest repetition.
+    pub max: f64,
+    /// Timed repetitions.
+    pub reps: usize,
+    /// Parameters (`gpu`, `memory`, `bytes`, ...).
+    #[serde(flatten)]
+    pub params: BTreeMap<String, Value>,
+}
+
+impl BenchResult {
+    /// A result from measured statistics.
+    pub fn new(name: &str, unit: &str, s: &Stats) -> Self {
+        Self {
+            name: name.into(),
+            unit: unit.into(),
+            median: s.median,
+            min: s.min,
+            max: s.max,
+            reps: s.samples,
+            params: BTreeMap::new(),
+        }
+    }
+
+    /// Adds a parameter.
+    pub fn with(mut self, key: &str, v: impl Into<Value>) -> Self {
+        self.params.insert(key.into(), v.into());
+        self
+    }
+
+    /// A parameter's value.
+    pub fn param(&self, key: &str) -> Option<&Value> {
+        self.params.get(key)
+    }
+}
+
+/// Which measurements to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Measure {
+    /// Arena alloc+free latency, region creation cost, arena overhead.
+    Arena,
+    /// Per-GPU host-to-device and device-to-host copies by memory kind.
+    Copy,
+    /// The staged copy of pageable memory.
+    Staged,
+    /// All GPUs at once.
+    AllGpus,
+    /// Loader throughput.
+    Loader,
+}
+
+/// What to measure and how long.
+#[derive(Debug, Clone)]
+pub struct BenchOptions {
+    /// CUDA ordinals to measure (all visible when `None`).
+    pub gpus: Option<Vec<CudaOrdinal>>,
+    /// Bytes per copy.
+    pub copy_bytes: usize,
+    /// Timed repetitions per figure.
+    pub reps: usize,
+    /// Untimed repetitions before them.
+    pub warmup: usize,
+    /// Measurements to run.
+    pub measures: Vec<Measure>,
+}
+
+impl Default for BenchOptions {
+    fn default() -> Self {
+        Self {
+            gpus: None,
+            copy_bytes: 256 << 20,
+            reps: 10,
+            warmup: 2,
+            measures: vec![
+                Measure::Arena,
+                Measure::Copy,
+                Measure::Staged,
+                Measure::AllGpus,
+                Measure::Loader,
+            ],
+        }
+    }
+}
+
+/// What one run measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct BenchReport {
+    /// Version of this JSON schema.
+    pub schema_version: u32,
+    /// The machine the figures come from.
+    pub machine: Machine,
+    /// The figures.
+    pub results: Vec<BenchResult>,
+    /// Sentences a person should read (no GPU, a skipped measurement, ...).
+    pub notes: Vec<String>,
+}
+
+/// The machine, as the report names it.
+#[derive(Debug, Clone, Serialize)]
+pub struct Machine {
+    /// Host name.
+    pub hostname: String,
+    /// CPU model.
+    pub cpu: String,
+    /// Logical CPUs this process may use.
+    pub cpus: usize,
+    /// NUMA nodes.
+    pub numa_nodes: usize,
+    /// CUDA driver version (`12080` = 12.8), if any.
+    pub cuda_driver: Option<u32>,
+    /// The GPUs measured: CUDA ordinal, name, bus id, node.
+    pub gpus: Vec<Value>,
+}
+
+fn machine(rt: &Runtime, ordinals: &[CudaOrdinal]) -> Machine {
+    let t = rt.topology();
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines().find_map(|l| {
+                l.strip_prefix("model name")
+                    .map(|v| v.trim_start_matches([' ', '\t', ':']).to_string())
+            })
+        })
+        .unwrap_or_else(|| "unknown".into());
+    let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default();
+    Machine {
+        hostname,
+        cpu,
+        cpus: t.allowed.cpus.len(),
+        numa_nodes: t.numa_nodes.len(),
+        cuda_driver: t.cuda.driver_version,
+        gpus: ordinals
+            .iter()
+            .filter_map(|o| t.gpu_by_ordinal(*o).map(|g| (o, g)))
+            .map(|(o, g)| serde_json::json!({"cuda_ordinal": o, "name": g.name, "pci_bus_id": g.pci_bus_id, "numa_node": g.numa_node}))
+            .collect(),
+    }
+}
+
+/// Runs the measurements; `progress` hears what runs now.
+pub fn run(
+    rt: &Runtime,
+    opts: &BenchOptions,
+    progress: &mut dyn FnMut(&str),
+) -> Result<BenchReport> {
+    if opts.reps == 0 {
+        return Err(CliError::Usage {
+            problem: "--reps must be at least 1".into(),
+            fix: "give --reps 1 or more".into(),
+        });
+    }
+    let t = rt.topology();
+    let visible: Vec<CudaOrdinal> = t
+        .cuda
+        .ordinals
+        .iter()
+        .filter(|e| e.gpu.is_some())
+        .map(|e| e.ordinal)
+        .collect();
+    let gpu_ok = cuda::available() && !visible.is_empty();
+    let ordinals: Vec<CudaOrdinal> = match &opts.gpus {
+        Some(list) => {
+            for g in list {
+                if !visible.contains(g) {
+                    return Err(CliError::Usage {
+                        problem: format!("GPU {g} is not a CUDA ordinal of this process (visible: {})", visible.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")),
+                        fix: "give --gpus with ordinals as `numapin topo` lists them in the CUDA column".into(),
+                    });
+                }
+            }
+            list.clone()
+        }
+        None => visible.clone(),
+    };
+    let mut report = BenchReport {
+        schema_version: 1,
+        machine: machine(rt, &ordinals),
+        results: Vec::new(),
+        notes: Vec::new(),
+    };
+    if !gpu_ok {
+        report.notes.push(match cuda::driver_version() {
+            Err(e) => format!("GPU figures need a CUDA driver; host-side figures only ({e})"),
+            Ok(_) => {
+                "the CUDA driver sees no GPU (check CUDA_VISIBLE_DEVICES); host-side figures only"
+                    .into()
+            }
+        });
+    }
+    let has = |m: Measure| opts.measures.contains(&m);
+    let node0 = rt.calling_thread_node();
+
+    if has(Measure::Arena) {
+        progress("arena alloc+free latency");
+        let s = measure::alloc_free_ns(rt, node0, 64 << 10, 20_000 * opts.reps.max(1))?;
+        report.results.push(
+            BenchResult::new("arena_alloc_free", "ns", &s)
+                .with("node", node0)
+                .with("bytes", 64 << 10)
+                .with("threads", 1),
+        );
+        let threads = rt.topology().allowed.cpus.len().clamp(2, 8);
+        progress(&format!(
+            "arena alloc+free latency, {threads} threads at once"
+        ));
+        let s =
+            measure::alloc_free_ns_threads(rt, node0, 64 << 10, threads, 2_000 * opts.reps.max(1))?;
+        report.results.push(
+            BenchResult::new("arena_alloc_free", "ns", &s)
+                .with("node", node0)
+                .with("bytes", 64 << 10)
+                .with("threads", threads),
+        );
+        let base = measure::malloc_free_ns(64 << 10, 20_000 * opts.reps.max(1));
+        report
+            .results
+            .push(BenchResult::new("malloc_free", "ns", &base).with("bytes", 64 << 10));
+        progress("region creation per GiB");
+        let s = measure::region_create_ms_per_gib(
+            rt,
+            node0,
+            256 << 20,
+            rt.config().populate_threads,
+            opts.reps.min(5),
+        )?;
+        report.results.push(
+            BenchResult::new("region_create_per_gib", "ms", &s)
+                .with("node", node0)
+                .with("region_bytes", 256 << 20),
+        );
+        if gpu_ok {
+            let s = host_alloc_ms_per_gib(256 << 20, opts.reps.min(5))?;
+            report.results.push(
+                BenchResult::new("cuMemAllocHost_per_gib", "ms", &s).with("bytes", 256 << 20),
+            );
+        } else {
+            let s = measure::mmap_mlock_ms_per_gib(256 << 20, opts.reps.min(5))?;
+            report
+                .results
+                .push(BenchResult::new("mmap_mlock_per_gib", "ms", &s).with("bytes", 256 << 20));
+        }
+        progress("arena overhead");
+        let s = measure::overhead_ratio(SizeMix::LogUniform, 256, 256 << 20, 10);
+        report.results.push(
+            BenchResult::new("arena_overhead", "ratio", &s)
+                .with("sizes", "4 KiB-256 MiB log-uniform"),
+        );
+    }
+
+    if gpu_ok && has(Measure::Copy) {
+        for &g in &ordinals {
+            let gpu_node = rt.node_for_gpu(g).ok();
+            let mut kinds: Vec<(String, Source)> = vec![
+                ("pageable".into(), Source::Pageable),
+                ("driver_pinned".into(), Source::DriverPinned),
+            ];
+            if let Some(n) = gpu_node {
+                kinds.push(("arena_local".into(), Source::Arena(n)));
+            }
+            for node in &t.numa_nodes {
+                if Some(node.os_index) != gpu_node
+                    && node.memory_bytes > 0
+                    && t.numa_nodes.len() > 1
+                {
+                    kinds.push((
+                        format!("arena_node{}", node.os_index),
+                        Source::Arena(node.os_index),
+                    ));
+                }
+            }
+            for (label, src) in kinds {
+                progress(&format!("GPU {g}: {label} copies"));
+                let (h2d, d2h) = copy_gbps(rt, g, src, opts.copy_bytes, opts.warmup, opts.reps)?;
+                for (name, s) in [("h2d", h2d), ("d2h", d2h)] {
+                    report.results.push(
+                        BenchResult::new(name, "GB/s", &s)
+                            .with("gpu", g.get())
+                            .with("memory", label.as_str())
+                            .with("bytes", opts.copy_bytes),
+                    );
+                }
+            }
+        }
+    }
+
+    if gpu_ok && has(Measure::AllGpus) && !ordinals.is_empty() {
+        progress("all GPUs at once");
+        let s = all_gpus_gbps(rt, &ordinals, opts.copy_bytes, opts.warmup, opts.reps)?;
+        report.results.push(
+            BenchResult::new("h2d_all_gpus", "GB/s", &s)
+                .with("gpus", ordinals.len())
+                .with("bytes", opts.copy_bytes),
+        );
+    }
+    extra::run(rt, opts, &ordinals, gpu_ok, &mut report, progress)?;
+    Ok(report)
+}
+
+mod extra {
+    //! Measurements of the loader and the staged copy.
+    use super::*;
+    use numapin::internals::loader_measure::{self as lm, Direction, LoaderBench, Mode};
+    use numapin::staged::StagedOptions;
+
+    pub(super) fn run(
+        rt: &Runtime,
+        opts: &BenchOptions,
+        ordinals: &[CudaOrdinal],
+        gpu_ok: bool,
+        report: &mut BenchReport,
+        progress: &mut dyn FnMut(&str),
+    ) -> Result<()> {
+        let has = |m: Measure| opts.measures.contains(&m);
+        if gpu_ok && has(Measure::Staged) {
+            for &g in ordinals {
+                for (dir, name) in [(Direction::ToDevice, "h2d"), (Direction::FromDevice, "d2h")] {
+                    progress(&format!("GPU {g}: staged {name}"));
+                    let f = lm::staged_gbps(
+                        rt,
+                        g,
+                        opts.copy_bytes,
+                        opts.reps,
+                        dir,
+                        &StagedOptions::default(),
+                    )?;
+                    report.results.push(
+                        BenchResult::new(name, "GB/s", &f.gbps)
+                            .with("gpu", g.get())
+                            .with("memory", "staged")
+                            .with("bytes", opts.copy_bytes)
+                            .with("verified", f.verified),
+                    );
+                }
+            }
+        }
+        if has(Measure::Loader) {
+            let reps = opts.reps.clamp(1, 5);
+            let b = LoaderBench {
+                reps,
+                ..LoaderBench::default()
+            };
+            if gpu_ok {
+                for &g in ordinals {
+                    progress(&format!("GPU {g}: loader"));
+                    let f = lm::loader_gbps(rt, Mode::Gpu(g), &b)?;
+                    report
+                        .results
+                        .push(loader_result(&f, &b).with("gpu", g.get()).with("gpus", 1));
+                }
+                if ordinals.len() > 1 {
+                    progress("loaders on all GPUs at once");
+                    let f = lm::loader_gbps_all(rt, ordinals, &b)?;
+                    report.results.push(
+                        BenchResult::new("loader", "GB/s", &f.gbps)
+                            .with("mode", "gpu")
+                            .with("gpus", ordinals.len())
+                            .with("batch_bytes", b.batch_bytes)
+                            .with("verified", f.verified),
+                    );
+                }
+            } else {
+                progress("host-mode loader");
+                let hb = LoaderBench {
+                    batch_bytes: 16 << 20,
+                    batches: 32,
+                    ..b
+                };
+                let f = lm::loader_gbps(rt, Mode::Host, &hb)?;
+                report.results.push(loader_result(&f, &hb).with("gpus", 0));
+            }
+        }
+        Ok(())
+    }
+
+    fn loader_result(f: &lm::LoaderFigure, b: &LoaderBench) -> BenchResult {
+        BenchResult::new("loader", "GB/s", &f.gbps)
+            .with("mode", f.mode)
+            .with("workers", f.workers)
+            .with("batch_bytes", b.batch_bytes)
+            .with("verified", f.verified)
+    }
+}
+
+/// Where a copy reads from (host to device) or writes to.
+#[derive(Debug, Clone, Copy)]
+enum Source {
+    /// A `Vec<u8>`.
+    Pageable,
+    /// `cuMemAllocHost`.
+    DriverPinned,
+    /// An arena buffer on this node.
+    Arena(u32),
+}
+
+enum HostMem {
+    Vec(Vec<u8>),
+    Driver(HostAlloc),
+    Arena(numapin::PinnedBuf),
+}
+
+impl HostMem {
+    fn ptr(&mut self) -> *mut u8 {
+        match self {
+            HostMem::Vec(v) => v.as_mut_ptr(),
+            HostMem::Driver(h) => h.ptr().cast(),
+            HostMem::Arena(b) => b.as_mut_ptr(),
+        }
+    }
+}
+
+fn cuda_err(what: &str, e: numapin::gpu::CudaError) -> CliError {
+    CliError::system(what, "check `nvidia-smi` and `numapin doctor`", e)
+}
+
+fn host_mem(rt: &Runtime, src: Source, bytes: usize) -> Result<HostMem> {
+    let mut m = match src {
+        Source::Pageable => HostMem::Vec(vec![0u8; bytes]),
+        Source::DriverPinned => {
+            HostMem::Driver(HostAlloc::new(bytes).map_err(|e| cuda_err("cuMemAllocHost", e))?)
+        }
+        Source::Arena(n) => HostMem::Arena(rt.alloc_on_node(n, bytes)?),
+    };
+    // Never time on zeros or untouched pages: fill with a pattern.
+    // SAFETY: ptr() points at `bytes` bytes this function owns.
+    let s = unsafe { std::slice::from_raw_parts_mut(m.ptr(), bytes) };
+    for (i, c) in s.chunks_mut(4096).enumerate() {
+        c.fill(i as u8 | 1);
+    }
+    Ok(m)
+}
+
+/// Host-to-device and device-to-host GB/s of `bytes` from/to `src`.
+fn copy_gbps(
+    rt: &Runtime,
+    gpu: CudaOrdinal,
+    src: Source,
+    bytes: usize,
+    warmup: usize,
+    reps: usize,
+) -> Result<(Stats, Stats)> {
+    cuda::set_device(gpu.get()).map_err(|e| cuda_err("selecting the GPU", e))?;
+    let mut host = host_mem(rt, src, bytes)?;
+    let dev = DeviceBuffer::new(bytes).map_err(|e| cuda_err("cuMemAlloc", e))?;
+    let stream = Stream::new().map_err(|e| cuda_err("cuStreamCreate", e))?;
+    let (a, b) = (
+        Event::new(true).map_err(|e| cuda_err("cuEventCreate", e))?,
+        Event::new(true).map_err(|e| cuda_err("cuEventCreate", e))?,
+    );
+    let mut out = Vec::new();
+    for dir in [true, false] {
+        let mut samples = Vec::new();
+        for r in 0..warmup + reps {
+            // SAFETY: host and dev hold `bytes` bytes each and outlive the
+            // copy, which is waited for (b.synchronize) before the next use.
+            let ms = unsafe {
+                a.record(stream.raw())
+                    .map_err(|e| cuda_err("cuEventRecord", e))?;
+                let r = if dir {
+                    cuda::memcpy_htod_async(dev.ptr(), host.ptr().cast(), bytes, stream.raw())
+                } else {
+                    cuda::memcpy_dtoh_async(host.ptr().cast(), dev.ptr(), bytes, stream.raw())
+                };
+                r.map_err(|e| cuda_err("copy", e))?;
+                b.record(stream.raw())
+                    .map_err(|e| cuda_err("cuEventRecord", e))?;
+                b.synchronize()
+                    .map_err(|e| cuda_err("cuEventSynchronize", e))?;
+                b.elapsed_ms_since(&a)
+                    .map_err(|e| cuda_err("cuEventElapsedTime", e))?
+            };
+            if r >= warmup && ms > 0.0 {
+                samples.push(bytes as f64 / 1e9 / (f64::from(ms) / 1e3));
+            }
+        }
+        out.push(Stats::of(samples));
+    }
+    let d2h = out.pop().unwrap_or_else(|| Stats::of(Vec::new()));
+    let h2d = out.pop().unwrap_or_else(|| Stats::of(Vec::new()));
+    Ok((h2d, d2h))
+}
+
+/// Aggregate host-to-device GB/s with every GPU copying at once from an
+/// arena buffer on its own node (one thread per GPU).
+fn all_gpus_gbps(
+    rt: &Runtime,
+    ordinals: &[CudaOrdinal],
+    bytes: usize,
+    warmup: usize,
+    reps: usize,
+) -> Result<Stats> {
+    let n = ordinals.len();
+    let barrier = std::sync::Barrier::new(n + 1);
+    let mut samples = Vec::new();
+    std::thread::scope(|s| -> Result<()> {
+        let handles: Vec<_> = ordinals
+            .iter()
+            .map(|&g| {
+                let barrier = &barrier;
+                s.spawn(move || -> Result<()> {
+                    let setup = (|| -> Result<_> {
+                        cuda::set_device(g.get()).map_err(|e| cuda_err("selecting the GPU", e))?;
+                        let node = rt
+                            .node_for_gpu(g)
+                            .unwrap_or_else(|_| rt.calling_thread_node());
+                        let host = host_mem(rt, Source::Arena(node), bytes)?;
+                        let dev =
+                            DeviceBuffer::new(bytes).map_err(|e| cuda_err("cuMemAlloc", e))?;
+                        let stream = Stream::new().map_err(|e| cuda_err("cuStreamCreate", e))?;
+                        Ok((host, dev, stream))
+                    })();
+                    // Every rep waits at the barrier twice, even after a
+                    // failure, so the other threads never hang.
+                    let mut state = setup;
+                    for _ in 0..warmup + reps {
+                        barrier.wait();
+                        if let Ok((host, dev, stream)) = &mut state {
+                            // SAFETY: buffers outlive the copy, which is
+                            // synchronized before the barrier.
+                            let r = unsafe {
+                                cuda::memcpy_htod_async(
+                                    dev.ptr(),
+                                    host.ptr().cast(),
+                                    bytes,
+                                    stream.raw(),
+                                )
+                            }
+                            .and_then(|_| stream.synchronize());
+                            if let Err(e) = r {
+                                state = Err(cuda_err("copy", e));
+                            }
+                        }
+                        barrier.wait();
+                    }
+                    state.map(|_| ())
+                })
+            })
+            .collect();
+        for r in 0..warmup + reps {
+            barrier.wait();
+            let t0 = Instant::now();
+            barrier.wait();
+            if r >= warmup {
+                samples.push((n * bytes) as f64 / 1e9 / t0.elapsed().as_secs_f64());
+            }
+        }
+        for h in handles {
+            h.join().map_err(|_| {
+                CliError::system("benchmark thread", "report this as a bug", "it panicked")
+            })??;
+        }
+        Ok(())
+    })?;
+    Ok(Stats::of(samples))
+}
+
+/// `cuMemAllocHost` + first touch + `cuMemFreeHost` per GiB, the driver's
+/// own way to get pinned memory (the baseline for region creation).
+fn host_alloc_ms_per_gib(bytes: usize, reps: usize) -> Result<Stats> {
+    cuda::ensure_context().map_err(|e| cuda_err("CUDA context", e))?;
+    let mut samples = Vec::new();
+    for _ in 0..reps.max(1) {
+        let t0 = Instant::now();
+        let h = HostAlloc::new(bytes).map_err(|e| cuda_err("cuMemAllocHost", e))?;
+        // SAFETY: h holds `bytes` bytes.
+        unsafe { std::ptr::write_bytes(h.ptr().cast::<u8>(), 1, bytes) };
+        drop(h);
+        samples.push(t0.elapsed().as_secs_f64() * 1e3 * (f64::from(1u32 << 30) / bytes as f64));
+    }
+    Ok(Stats::of(samples))
+}
+
+/// The ratios a person reads first, computed from the results.
+pub fn ratios(results: &[BenchResult]) -> Vec<(String, f64)> {
+    let find = |name: &str, gpu: &Value, memory: &str| {
+        results
+            .iter()
+            .find(|r| {
+                r.name == name
+                    && r.param("gpu") == Some(gpu)
+                    && r.param("memory").and_then(Value::as_str) == Some(memory)
+            })
+            .map(|r| r.median)
+    };
+    let mut out = Vec::new();
+    let gpus: Vec<Value> = {
+        let mut g: Vec<Value> = Vec::new();
+        for v in results.iter().filter_map(|r| r.param("gpu")) {
+            if !g.contains(v) {
+                g.push(v.clone());
+            }
+        }
+        g
+    };
+    for g in &gpus {
+        for dir in ["h2d", "d2h"] {
+            if let (Some(a), Some(d)) = (find(dir, g, "arena_local"), find(dir, g, "driver_pinned"))
+            {
+                out.push((format!("GPU {g} {dir}: arena_local / driver_pinned"), a / d));
+            }
+            if let (Some(s), Some(p)) = (find(dir, g, "staged"), find(dir, g, "pageable")) {
+                out.push((format!("GPU {g} {dir}: staged / pageable"), s / p));
+            }
+            for r in results
+                .iter()
+                .filter(|r| r.name == dir && r.param("gpu") == Some(g))
+            {
+                if let Some(m) = r
+                    .param("memory")
+                    .and_then(Value::as_str)
+                    .filter(|m| m.starts_with("arena_node"))
+                {
+                    if let Some(l) = find(dir, g, "arena_local") {
+                        out.push((format!("GPU {g} {dir}: arena_local / {m}"), l / r.median));
+                    }
+                }
+            }
+        }
+    }
+    let med = |name: &str| results.iter().find(|r| r.name == name).map(|r| r.median);
+    if let (Some(a), Some(b)) = (med("cuMemAllocHost_per_gib"), med("region_create_per_gib")) {
+        out.push(("cuMemAllocHost / arena region, per GiB".into(), a / b));
+    }
+    if let (Some(a), Some(b)) = (med("mmap_mlock_per_gib"), med("region_create_per_gib")) {
+        out.push(("mmap+mlock / arena region, per GiB".into(), a / b));
+    }
+    out
+}

@@ -1,0 +1,169 @@
+//! `numapin bench`: measure how fast data reaches each GPU.
+
+use std::io::IsTerminal;
+
+use crate::TopoSource;
+use numapin::internals::table::Table;
+mod figures;
+
+use crate::error::{CliError, Result};
+use figures::{self as bench, BenchOptions, Measure};
+use numapin::runtime::{Runtime, RuntimeConfig};
+
+/// Arguments of `numapin bench`.
+#[derive(Debug, clap::Args)]
+pub struct BenchArgs {
+    /// Where the description comes from (`--input` is refused: a benchmark
+    /// measures this machine).
+    #[command(flatten)]
+    pub source: TopoSource,
+    /// CUDA ordinals to measure, comma-separated (default: every visible GPU).
+    #[arg(long, value_delimiter = ',')]
+    pub gpus: Option<Vec<u32>>,
+    /// Bytes per copy (suffixes K, M, G: powers of 1024).
+    #[arg(long, default_value = "256M", value_parser = parse_size)]
+    pub size: usize,
+    /// Timed repetitions per figure.
+    #[arg(long, default_value_t = 10)]
+    pub reps: usize,
+    /// Untimed repetitions before them.
+    #[arg(long, default_value_t = 2)]
+    pub warmup: usize,
+    /// Measurements to run (default: all).
+    #[arg(long, value_delimiter = ',')]
+    pub only: Option<Vec<Measure>>,
+    /// Print JSON (schema in docs/bench.md).
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Parses `256M`, `1G`, `4096`.
+pub fn parse_size(s: &str) -> Result<usize, String> {
+    let t = s.trim();
+    let (num, mult) = match t.chars().last() {
+        Some('K' | 'k') => (&t[..t.len() - 1], 1usize << 10),
+        Some('M' | 'm') => (&t[..t.len() - 1], 1 << 20),
+        Some('G' | 'g') => (&t[..t.len() - 1], 1 << 30),
+        _ => (t, 1),
+    };
+    let n: usize = num
+        .parse()
+        .map_err(|_| format!("`{s}` is not a size (examples: 4096, 64M, 1G)"))?;
+    n.checked_mul(mult)
+        .filter(|v| *v > 0 && *v <= 1 << 40)
+        .ok_or_else(|| format!("`{s}` is out of range (1 byte to 1 TiB)"))
+}
+
+pub(crate) fn run(a: &BenchArgs) -> Result<i32> {
+    if a.source.input.is_some() {
+        return Err(CliError::Usage {
+            problem: "bench measures this machine and cannot read --input".into(),
+            fix: "drop --input".into(),
+        });
+    }
+    let topo = a.source.topology()?;
+    let rt = Runtime::new(topo, RuntimeConfig::default())?;
+    let opts = BenchOptions {
+        gpus: a
+            .gpus
+            .as_ref()
+            .map(|v| v.iter().copied().map(numapin::CudaOrdinal).collect()),
+        copy_bytes: a.size,
+        reps: a.reps,
+        warmup: a.warmup,
+        measures: a
+            .only
+            .clone()
+            .unwrap_or_else(|| BenchOptions::default().measures),
+    };
+    let tty = std::io::stderr().is_terminal();
+    let mut progress = |what: &str| {
+        if tty {
+            eprint!("\r\x1b[2Kbench: {what}...");
+        }
+    };
+    let report = bench::run(&rt, &opts, &mut progress)?;
+    if tty {
+        eprint!("\r\x1b[2K");
+    }
+    if a.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&report).expect("the report serializes")
+        );
+        return Ok(0);
+    }
+    let m = &report.machine;
+    println!(
+        "{} ({}, {} CPUs, {} NUMA node(s), {})\n",
+        m.hostname,
+        m.cpu,
+        m.cpus,
+        m.numa_nodes,
+        m.cuda_driver
+            .map_or("no CUDA driver".to_string(), |v| format!(
+                "CUDA driver {}.{}",
+                v / 1000,
+                (v % 1000) / 10
+            ))
+    );
+    let mut t = Table::new([
+        "FIGURE",
+        "PARAMETERS",
+        "MEDIAN",
+        "MIN",
+        "MAX",
+        "UNIT",
+        "REPS",
+    ]);
+    for r in &report.results {
+        let params: Vec<String> = r
+            .params
+            .iter()
+            .map(|(k, v)| format!("{k}={}", v.to_string().trim_matches('"')))
+            .collect();
+        let f = |v: f64| {
+            if v >= 100.0 {
+                format!("{v:.0}")
+            } else {
+                format!("{v:.2}")
+            }
+        };
+        t.row([
+            r.name.clone(),
+            params.join(" "),
+            f(r.median),
+            f(r.min),
+            f(r.max),
+            r.unit.clone(),
+            r.reps.to_string(),
+        ]);
+    }
+    print!("{}", t.render());
+    let ratios = bench::ratios(&report.results);
+    if !ratios.is_empty() {
+        println!("\nRatios (medians):");
+        for (what, v) in ratios {
+            println!("  {what}: {v:.2}x");
+        }
+    }
+    for n in &report.notes {
+        println!("\nNote: {n}");
+    }
+    Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_size;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("4096").unwrap(), 4096);
+        assert_eq!(parse_size("64M").unwrap(), 64 << 20);
+        assert_eq!(parse_size("1g").unwrap(), 1 << 30);
+        assert!(parse_size("0").is_err());
+        assert!(parse_size("12Q").is_err());
+        assert!(parse_size("99999999G").is_err());
+    }
+}

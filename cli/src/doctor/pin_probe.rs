@@ -1,0 +1,380 @@
+//! The pin probe: on each NUMA node, a small region made exactly as the
+//! arena makes one (the arena's `Region::create`: mmap, MADV_HUGEPAGE
+//! when THP allows, MADV_DONTFORK, `mbind(MPOL_BIND)` to the node, touch,
+//! `mlock`, CUDA registration when the driver is loaded), then every 4 KiB
+//! page's node read back with `move_pages`, then torn down (unregister,
+//! munlock, munmap) before the next node.
+//!
+//! Reading placement is retried briefly when some pages report an error
+//! (with automatic NUMA balancing, `move_pages` can report `-EFAULT` for
+//! pages that are there while the kernel scans them; bound memory normally
+//! reads back cleanly). Nodes without memory, or outside the memory nodes
+//! the process may use, are skipped with an `ok` saying so: the
+//! `gpu_memory_allowed` check judges whether that matters.
+
+use std::time::Duration;
+
+use super::{Check, DoctorOptions};
+use numapin::internals::{fmt_bytes, Region, RegionOptions, Registration, PAGE};
+use numapin::runtime::{ArenaError, Placement, Step};
+use numapin::topology::{NumaNode, Topology};
+
+/// The probe region's size: one 2 MiB huge page (the arena's smallest
+/// region), small enough for an 8 MiB memlock limit.
+pub const DEFAULT_PROBE_BYTES: usize = 2 << 20;
+/// How many times placement is read before the probe gives up on pages
+/// that report an error.
+pub const READS: u32 = 5;
+const NAME: &str = "pin_probe";
+
+/// What a probe found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProbeOutcome {
+    /// The node probed.
+    pub node: u32,
+    /// Bytes of the region.
+    pub bytes: u64,
+    /// 4 KiB pages checked.
+    pub pages: u64,
+    /// Pages on the node.
+    pub on_node: u64,
+    /// Pages on other nodes, per node.
+    pub elsewhere: Vec<(u32, u64)>,
+    /// Pages whose placement read back as an error (not present, -EFAULT).
+    pub errors: u64,
+    /// CUDA registration: `None` when registered, otherwise why not.
+    pub not_registered: Option<String>,
+    /// How many times placement was read.
+    pub reads: u32,
+}
+
+/// One probe per NUMA node of a live topology.
+pub fn probe_all(t: &Topology, opts: &DoctorOptions) -> Vec<Check> {
+    if t.numa_nodes.is_empty() {
+        return vec![Check::warn(
+            NAME,
+            "the topology lists no NUMA node, so there is nothing to probe",
+            "check `numapin topo`: hwloc found no NUMA node on this machine",
+        )];
+    }
+    t.numa_nodes
+        .iter()
+        .map(|n| probe_node(t, n, opts))
+        .collect()
+}
+
+/// Whether a node can be probed: `Some(reason)` when it is skipped.
+pub fn skip_reason(t: &Topology, n: &NumaNode) -> Option<String> {
+    if n.memory_bytes == 0 {
+        return Some(format!(
+            "node {}: no memory (a CPU-only or device node), nothing can be pinned there; skipped",
+            n.os_index
+        ));
+    }
+    if !t.allowed.numa_nodes.is_empty() && !t.allowed.numa_nodes.contains(&n.os_index) {
+        return Some(format!(
+            "node {}: not among the memory nodes this process may use (cpuset.mems); skipped",
+            n.os_index
+        ));
+    }
+    None
+}
+
+/// Probes one node (see the module docs) and judges the result.
+pub fn probe_node(t: &Topology, n: &NumaNode, opts: &DoctorOptions) -> Check {
+    if let Some(why) = skip_reason(t, n) {
+        return Check::ok(NAME, why).for_node(n.os_index);
+    }
+    judge(n.os_index, run(t, n, opts))
+}
+
+fn run(t: &Topology, n: &NumaNode, opts: &DoctorOptions) -> Result<ProbeOutcome, ArenaError> {
+    let node = n.os_index;
+    let region = Region::create(&RegionOptions {
+        node,
+        size: opts.probe_bytes,
+        cpus: n.cpus.intersection(&t.allowed.cpus),
+        populate_threads: 1,
+        register: opts.cuda,
+        placement: Placement::Warn,
+        fail_after: None,
+    })?;
+    let mut outcome = ProbeOutcome {
+        node,
+        bytes: region.len() as u64,
+        pages: (region.len() / PAGE) as u64,
+        on_node: 0,
+        elsewhere: Vec::new(),
+        errors: 0,
+        not_registered: match region.registration() {
+            Registration::Registered => None,
+            Registration::Skipped(why) => Some(why.clone()),
+        },
+        reads: 0,
+    };
+    for read in 1..=READS {
+        let mut tally = Tally::default();
+        region
+            .read_placement(|b| tally.add(b))
+            .map_err(|source| ArenaError::System {
+                node,
+                size: region.len() as u64,
+                step: Step::Verify,
+                source,
+            })?;
+        outcome.on_node = tally.count(node);
+        outcome.errors = tally.errors;
+        outcome.elsewhere = tally
+            .nodes
+            .into_iter()
+            .filter(|(k, _)| *k != node)
+            .collect();
+        outcome.reads = read;
+        if tally.errors == 0 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    drop(region);
+    Ok(outcome)
+}
+
+#[derive(Default)]
+struct Tally {
+    nodes: Vec<(u32, u64)>,
+    errors: u64,
+}
+
+impl Tally {
+    fn add(&mut self, batch: &[i32]) {
+        for &s in batch {
+            if s < 0 {
+                self.errors += 1;
+                continue;
+            }
+            match self.nodes.iter_mut().find(|(n, _)| *n == s as u32) {
+                Some((_, c)) => *c += 1,
+                None => self.nodes.push((s as u32, 1)),
+            }
+        }
+    }
+
+    fn count(&self, node: u32) -> u64 {
+        self.nodes
+            .iter()
+            .find(|(n, _)| *n == node)
+            .map_or(0, |(_, c)| *c)
+    }
+}
+
+/// The verdict on a probe: `ok` when every page is on the node; `fail` when
+/// the region could not be made (the arena's error and fix) or a page is
+/// elsewhere or unreadable.
+pub fn judge(node: u32, r: Result<ProbeOutcome, ArenaError>) -> Check {
+    let o = match r {
+        Ok(o) => o,
+        Err(e) => {
+            let problem = numapin::error::with_causes(&e);
+            return Check::fail(
+                NAME,
+                format!("node {node}: a pinned region could not be made as the arena makes it: {problem}"),
+                e.fix().unwrap_or_else(|| "see the error above".into()),
+            )
+            .for_node(node);
+        }
+    };
+    let registered = match &o.not_registered {
+        None => "registered with CUDA".to_string(),
+        Some(why) => format!("not registered with CUDA ({why})"),
+    };
+    let made = format!(
+        "node {node}: {} region mapped, bound (MPOL_BIND), touched, locked, {registered}",
+        fmt_bytes(o.bytes)
+    );
+    let reads = if o.reads > 1 {
+        format!(" after {} reads", o.reads)
+    } else {
+        String::new()
+    };
+    if o.on_node == o.pages && o.errors == 0 {
+        return Check::ok(
+            NAME,
+            format!(
+                "{made}; move_pages: all {} pages on node {node}{reads}",
+                o.pages
+            ),
+        )
+        .for_node(node);
+    }
+    let mut where_ = o
+        .elsewhere
+        .iter()
+        .map(|(n, c)| format!("{c} on node {n}"))
+        .collect::<Vec<_>>();
+    if o.errors > 0 {
+        where_.push(format!("{} unreadable (not present or -EFAULT)", o.errors));
+    }
+    Check::fail(
+        NAME,
+        format!(
+            "{made}; move_pages: {} of {} pages on node {node}, {}{reads}",
+            o.on_node,
+            o.pages,
+            where_.join(", ")
+        ),
+        format!("pages bound to node {node} did not stay there: check free memory on the node (`numastat -m`), memory hot-unplug or a cgroup memory limit, and whether something migrates pages (`migratepages`, memory tiering); arenas on this node would be refused"),
+    )
+    .for_node(node)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::doctor::Verdict;
+
+    /// In this process: every probe passes on a node with memory, and
+    /// nothing stays locked or mapped afterwards.
+    #[test]
+    fn pin_probe_leaves_nothing_locked() {
+        let t = numapin::Topology::probe(
+            &numapin::topology::ProbeOptions::default().with_cuda(numapin::topology::CudaMode::Off),
+        )
+        .unwrap();
+        let opts = DoctorOptions {
+            cuda: false,
+            ..Default::default()
+        };
+        let before = numapin::internals::sys::locked_bytes();
+        let checks = probe_all(&t, &opts);
+        assert_eq!(checks.len(), t.numa_nodes.len());
+        for c in &checks {
+            assert_eq!(c.verdict, Verdict::Ok, "{c:?}");
+        }
+        assert_eq!(
+            numapin::internals::sys::locked_bytes(),
+            before,
+            "VmLck back where it was"
+        );
+        let last = numapin::internals::last_mapped_addr();
+        assert_ne!(last, 0, "a probe region was mapped");
+        assert!(
+            !numapin::internals::numa::is_mapped(last),
+            "the last probe region is unmapped"
+        );
+    }
+
+    fn outcome(on: u64, elsewhere: Vec<(u32, u64)>, errors: u64) -> ProbeOutcome {
+        ProbeOutcome {
+            node: 1,
+            bytes: 2 << 20,
+            pages: 512,
+            on_node: on,
+            elsewhere,
+            errors,
+            not_registered: Some("no CUDA driver: test".into()),
+            reads: 1,
+        }
+    }
+
+    #[test]
+    fn every_page_on_the_node_is_ok() {
+        let c = judge(1, Ok(outcome(512, vec![], 0)));
+        assert_eq!((c.verdict, c.node), (Verdict::Ok, Some(1)));
+        assert!(
+            c.evidence.contains("all 512 pages on node 1"),
+            "{}",
+            c.evidence
+        );
+        assert!(c
+            .evidence
+            .contains("not registered with CUDA (no CUDA driver"));
+        assert!(c.fix.is_none());
+    }
+
+    #[test]
+    fn pages_elsewhere_or_unreadable_fail() {
+        let c = judge(1, Ok(outcome(500, vec![(0, 10)], 2)));
+        assert_eq!(c.verdict, Verdict::Fail);
+        assert!(
+            c.evidence
+                .contains("500 of 512 pages on node 1, 10 on node 0, 2 unreadable"),
+            "{}",
+            c.evidence
+        );
+        assert!(c.fix.unwrap().contains("numastat -m"));
+        let mut o = outcome(512, vec![], 0);
+        o.errors = 1;
+        o.on_node = 511;
+        o.reads = READS;
+        let c = judge(1, Ok(o));
+        assert_eq!(c.verdict, Verdict::Fail);
+        assert!(c.evidence.contains("after 5 reads"), "{}", c.evidence);
+    }
+
+    #[test]
+    fn an_arena_error_fails_with_its_fix() {
+        let e = ArenaError::Memlock {
+            node: 1,
+            size: 2 << 20,
+            limit: 1 << 20,
+            locked: 0,
+            source: Some(std::io::Error::from_raw_os_error(libc::ENOMEM)),
+        };
+        let c = judge(1, Err(e));
+        assert_eq!(c.verdict, Verdict::Fail);
+        assert!(
+            c.evidence.contains("RLIMIT_MEMLOCK is 1 MiB"),
+            "{}",
+            c.evidence
+        );
+        let fix = c.fix.unwrap();
+        assert!(
+            fix.contains("ulimit -l") && fix.contains("LimitMEMLOCK="),
+            "{fix}"
+        );
+        assert!(!c.evidence.contains("fix:"));
+    }
+
+    fn topo(nodes: Vec<NumaNode>, allowed: Vec<u32>) -> Topology {
+        let mut t: Topology = serde_json::from_str(
+            r#"{"schema_version":1,"source":"live","packages":[],"numa_nodes":[],"gpus":[],
+                "allowed":{"cpus":"","numa_nodes":[]},"warnings":[],"cores":[],"caches":[],
+                "cuda":{"driver_version":null,"ordinal_source":"none","visible_devices":null,
+                "device_order":"FASTEST_FIRST","ordinals":[]}}"#,
+        )
+        .unwrap();
+        t.numa_nodes = nodes;
+        t.allowed.numa_nodes = allowed;
+        t
+    }
+
+    fn node(i: u32, mem: u64) -> NumaNode {
+        NumaNode {
+            os_index: i,
+            package: Some(0),
+            cpus: numapin::CpuList::new(),
+            memory_bytes: mem,
+            distances: vec![],
+            kind: numapin::topology::NodeKind::Normal,
+        }
+    }
+
+    #[test]
+    fn nodes_without_memory_or_not_allowed_are_skipped_not_failed() {
+        let t = topo(
+            vec![node(0, 1 << 30), node(1, 0), node(2, 1 << 30)],
+            vec![0, 1],
+        );
+        let opts = DoctorOptions::default();
+        let c = probe_node(&t, &t.numa_nodes[1], &opts);
+        assert_eq!((c.verdict, c.node), (Verdict::Ok, Some(1)));
+        assert!(c.evidence.contains("no memory") && c.evidence.contains("skipped"));
+        let c = probe_node(&t, &t.numa_nodes[2], &opts);
+        assert_eq!(c.verdict, Verdict::Ok);
+        assert!(c.evidence.contains("cpuset.mems"), "{}", c.evidence);
+        assert_eq!(
+            probe_all(&topo(vec![], vec![]), &opts)[0].verdict,
+            Verdict::Warn
+        );
+    }
+}

@@ -1,0 +1,258 @@
+//! This machine's live state, as the checks read it, and the parsers for
+//! the kernel files it comes from.
+//!
+//! [`SystemView::read`] is the only place `numapin doctor` reads live state
+//! (besides the pin probe); the checks take a [`SystemView`], so tests build
+//! one by hand.
+
+use std::path::Path;
+
+use numapin::topology::Topology;
+
+/// Whether the CUDA driver could be loaded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DriverState {
+    /// Loaded; the driver's version (`12080` for 12.8).
+    Loaded(u32),
+    /// Not available, and why (not installed, failed to initialise,
+    /// `NUMAPIN_NO_CUDA`).
+    Unavailable(String),
+    /// Not loaded because `--no-cuda` asked for that.
+    NotLoaded,
+}
+
+/// How the IOMMU is set up, as far as it can be read.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct IommuView {
+    /// The kernel command line (`/proc/cmdline`), if readable.
+    pub cmdline: Option<String>,
+    /// The IOMMU units the kernel registered (`/sys/class/iommu/*`: `dmar0`,
+    /// `ivhd0`, ...); `None` when the folder is unreadable.
+    pub units: Option<Vec<String>>,
+    /// How many IOMMU groups exist (`/sys/kernel/iommu_groups`).
+    pub groups: Option<usize>,
+    /// Each GPU's IOMMU domain type (`iommu_group/type` of its PCI device:
+    /// `DMA`, `DMA-FQ`, `identity`, `unmanaged`, `blocked`), by GPU index;
+    /// `None` when the GPU has no group or the file is unreadable.
+    pub gpu_domains: Vec<(numapin::GpuIndex, Option<String>)>,
+}
+
+/// This machine's live state that the checks read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SystemView {
+    /// RLIMIT_MEMLOCK `(soft, hard)` in bytes (`u64::MAX` = unlimited), or
+    /// why it could not be read.
+    pub memlock: Result<(u64, u64), String>,
+    /// Whether the process has CAP_IPC_LOCK.
+    pub cap_ipc_lock: bool,
+    /// The CUDA driver.
+    pub cuda_driver: DriverState,
+    /// The calling thread's memory policy `(mode, nodes)` from
+    /// `get_mempolicy(2)` (mode 0 default, 1 preferred, 2 bind, 3
+    /// interleave, 4 local, 5 preferred-many, 6 weighted interleave), or why
+    /// it could not be read.
+    pub mempolicy: Result<(i32, Vec<u32>), String>,
+    /// `/sys/kernel/mm/transparent_hugepage/enabled`, if readable.
+    pub thp_enabled: Option<String>,
+    /// `/sys/kernel/mm/transparent_hugepage/defrag`, if readable.
+    pub thp_defrag: Option<String>,
+    /// `/proc/sys/kernel/numa_balancing`, if readable.
+    pub numa_balancing: Option<String>,
+    /// The IOMMU.
+    pub iommu: IommuView,
+}
+
+fn read(path: impl AsRef<Path>) -> Option<String> {
+    std::fs::read_to_string(path).ok()
+}
+
+impl SystemView {
+    /// Reads this machine's state (`cuda` false: do not load the driver).
+    pub fn read(topo: &Topology, cuda: bool) -> Self {
+        let cuda_driver = if !cuda {
+            DriverState::NotLoaded
+        } else {
+            match numapin::internals::cuda::driver_version() {
+                Ok(v) => DriverState::Loaded(v),
+                Err(numapin::gpu::CudaError::NoDriver(why)) => {
+                    DriverState::Unavailable(why.to_string())
+                }
+                Err(e) => DriverState::Unavailable(e.to_string()),
+            }
+        };
+        let units = std::fs::read_dir("/sys/class/iommu").ok().map(|d| {
+            let mut v: Vec<String> = d
+                .filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect();
+            v.sort();
+            v
+        });
+        let groups = std::fs::read_dir("/sys/kernel/iommu_groups")
+            .ok()
+            .map(|d| d.count());
+        let gpu_domains = topo
+            .gpus
+            .iter()
+            .map(|g| {
+                let t = read(format!(
+                    "/sys/bus/pci/devices/{}/iommu_group/type",
+                    g.pci_bus_id
+                ));
+                (g.index, t.map(|s| s.trim().to_string()))
+            })
+            .collect();
+        SystemView {
+            memlock: numapin::internals::sys::memlock_limit().map_err(|e| e.to_string()),
+            cap_ipc_lock: numapin::internals::sys::has_cap_ipc_lock(),
+            cuda_driver,
+            mempolicy: numapin::affinity::get_mempolicy().map_err(|e| e.to_string()),
+            thp_enabled: read("/sys/kernel/mm/transparent_hugepage/enabled"),
+            thp_defrag: read("/sys/kernel/mm/transparent_hugepage/defrag"),
+            numa_balancing: read("/proc/sys/kernel/numa_balancing"),
+            iommu: IommuView {
+                cmdline: read("/proc/cmdline"),
+                units,
+                groups,
+                gpu_domains,
+            },
+        }
+    }
+}
+
+/// The selected word of a sysfs choice file such as
+/// `always [madvise] never` (`madvise`); a file holding one plain word gives
+/// that word.
+pub fn selected(text: &str) -> Option<&str> {
+    let text = text.trim();
+    if let Some(start) = text.find('[') {
+        let rest = &text[start + 1..];
+        let end = rest.find(']')?;
+        let word = rest[..end].trim();
+        return (!word.is_empty()).then_some(word);
+    }
+    let mut words = text.split_whitespace();
+    match (words.next(), words.next()) {
+        (Some(w), None) => Some(w),
+        _ => None,
+    }
+}
+
+/// The IOMMU parameters of a kernel command line (`iommu=`, `intel_iommu=`,
+/// `amd_iommu=`, `iommu.passthrough=`), in order, as `(name, value)`. Parameters after a lone
+/// `--` belong to init and are ignored.
+pub fn iommu_params(cmdline: &str) -> Vec<(&str, &str)> {
+    cmdline
+        .split_whitespace()
+        .take_while(|w| *w != "--")
+        .filter_map(|w| w.split_once('='))
+        .filter(|(k, _)| {
+            matches!(
+                *k,
+                "iommu" | "intel_iommu" | "amd_iommu" | "iommu.passthrough"
+            )
+        })
+        .collect()
+}
+
+/// The name of a memory policy mode as `numactl` and `numa_maps` say it.
+pub fn mempolicy_name(mode: i32) -> &'static str {
+    // Flags (MPOL_F_STATIC_NODES, ...) sit in the high bits.
+    match mode & 0xff {
+        0 => "default",
+        1 => "preferred",
+        2 => "bind",
+        3 => "interleave",
+        4 => "local",
+        5 => "preferred-many",
+        6 => "weighted-interleave",
+        _ => "unknown",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn selected_word() {
+        assert_eq!(selected("always [madvise] never\n"), Some("madvise"));
+        assert_eq!(
+            selected("always defer defer+madvise [madvise] never"),
+            Some("madvise")
+        );
+        assert_eq!(selected("[never]"), Some("never"));
+        assert_eq!(selected("1\n"), Some("1"));
+        assert_eq!(selected(""), None);
+        assert_eq!(selected("a b"), None);
+        assert_eq!(selected("a [b"), None);
+        assert_eq!(selected("[]"), None);
+    }
+
+    #[test]
+    fn iommu_parameters() {
+        let c = "BOOT_IMAGE=/vmlinuz root=/dev/sda1 intel_iommu=on iommu=pt quiet -- iommu=off";
+        assert_eq!(
+            iommu_params(c),
+            [("intel_iommu", "on"), ("iommu", "pt")],
+            "init's arguments after -- are not the kernel's"
+        );
+        assert!(iommu_params("quiet amd_iommu_intr=legacy").is_empty());
+        assert_eq!(iommu_params("amd_iommu=off"), [("amd_iommu", "off")]);
+    }
+
+    #[test]
+    fn mempolicy_names() {
+        assert_eq!(mempolicy_name(2), "bind");
+        // MPOL_F_STATIC_NODES (1 << 15) does not change the mode.
+        assert_eq!(mempolicy_name(2 | 1 << 15), "bind");
+        assert_eq!(mempolicy_name(99), "unknown");
+    }
+
+    #[test]
+    fn reads_this_machine() {
+        let t = numapin::topology::Topology {
+            schema_version: 1,
+            source: "test".into(),
+            packages: vec![],
+            numa_nodes: vec![],
+            gpus: vec![],
+            allowed: Default::default(),
+            warnings: vec![],
+            cores: vec![],
+            caches: vec![],
+            cuda: Default::default(),
+        };
+        let v = SystemView::read(&t, false);
+        assert_eq!(v.cuda_driver, DriverState::NotLoaded);
+        let (soft, hard) = v.memlock.clone().unwrap();
+        assert!(soft <= hard);
+        // Tests run with the default policy unless someone wrapped them in
+        // numactl; either way the call works.
+        assert!(v.mempolicy.is_ok(), "{:?}", v.mempolicy);
+        assert!(v.iommu.cmdline.is_some());
+    }
+
+    proptest! {
+        /// Whatever the file holds, the parser returns a word of it or nothing.
+        #[test]
+        fn selected_is_a_word_of_the_input(words in proptest::collection::vec("[a-z+]{1,8}", 1..6), pick in 0usize..6) {
+            let pick = pick % words.len();
+            let text = words
+                .iter()
+                .enumerate()
+                .map(|(i, w)| if i == pick { format!("[{w}]") } else { w.clone() })
+                .collect::<Vec<_>>()
+                .join(" ");
+            prop_assert_eq!(selected(&text), Some(words[pick].as_str()));
+        }
+
+        #[test]
+        fn selected_never_panics(s in "\\PC*") {
+            if let Some(w) = selected(&s) {
+                prop_assert!(s.contains(w));
+            }
+        }
+    }
+}

@@ -1,0 +1,99 @@
+//! The command line's errors and exit codes: 2 for bad usage or input, 1
+//! for a system failure. Only this crate decides exit codes.
+
+use numapin::ErrorKind;
+
+/// A failure of a command.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum CliError {
+    /// A library error.
+    #[error(transparent)]
+    Lib(#[from] numapin::Error),
+    /// Flags that cannot be used together or values out of range.
+    #[error("{problem}")]
+    Usage {
+        /// What is wrong.
+        problem: String,
+        /// What to do.
+        fix: String,
+    },
+    /// The system failed for the command itself (writing output, timing).
+    #[error("{what}")]
+    System {
+        /// What was attempted.
+        what: String,
+        /// What to do.
+        fix: String,
+        /// What went wrong.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+}
+
+macro_rules! from_domain {
+    ($($t:ty),*) => {$(
+        impl From<$t> for CliError {
+            fn from(e: $t) -> Self {
+                CliError::Lib(e.into())
+            }
+        }
+    )*};
+}
+from_domain!(
+    numapin::topology::TopologyError,
+    numapin::affinity::AffinityError,
+    numapin::runtime::ArenaError,
+    numapin::LoaderError
+);
+
+/// `Result` with [`CliError`].
+pub(crate) type Result<T, E = CliError> = std::result::Result<T, E>;
+
+impl CliError {
+    pub(crate) fn usage(problem: impl Into<String>, fix: impl Into<String>) -> Self {
+        CliError::Usage {
+            problem: problem.into(),
+            fix: fix.into(),
+        }
+    }
+
+    pub(crate) fn system(
+        what: impl Into<String>,
+        fix: impl Into<String>,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
+        CliError::System {
+            what: what.into(),
+            fix: fix.into(),
+            source: source.into(),
+        }
+    }
+
+    /// The process exit code: 2 for usage and input errors, 1 otherwise.
+    pub(crate) fn exit_code(&self) -> i32 {
+        match self {
+            CliError::Usage { .. } => 2,
+            CliError::Lib(e) if e.kind() == ErrorKind::Input => 2,
+            _ => 1,
+        }
+    }
+
+    /// What to do about it.
+    pub(crate) fn fix(&self) -> Option<String> {
+        match self {
+            CliError::Lib(e) => e.fix(),
+            CliError::Usage { fix, .. } | CliError::System { fix, .. } => Some(fix.clone()),
+        }
+    }
+}
+
+/// Prints an error the way every command does (the message with its
+/// causes, then the fix), returns its exit code.
+pub(crate) fn report(e: &CliError) -> i32 {
+    let mut text = format!("numapin: error: {}", numapin::error::with_causes(e));
+    if let Some(fix) = e.fix() {
+        text.push_str(&format!("\n  fix: {fix}"));
+    }
+    eprintln!("{text}");
+    e.exit_code()
+}

@@ -1,0 +1,190 @@
+//! `numapin exec`: bind this rank near its GPU, then become the command.
+//!
+//! The rank comes from the launcher's variables (or `--gpu`, or `--node`);
+//! the binding is applied with `sched_setaffinity` and `set_mempolicy`, and
+//! `execvp` replaces numapin with the command, so its exit status and signals
+//! are the command's own. Every failure before that exits with code 2 and
+//! runs nothing.
+
+use std::ffi::OsString;
+
+use crate::affinity::numactl_args;
+use crate::TopoSource;
+use numapin::affinity::{
+    bind_current_process, launcher, plan, plan_node, MemPolicy, Mode, PlanOptions, RankPlan,
+};
+use numapin::internals as apply;
+use numapin::CudaOrdinal;
+
+use crate::error::{report, CliError, Result};
+use crate::ModeArg;
+
+/// Arguments of `numapin exec`.
+#[derive(Debug, clap::Args)]
+pub struct ExecArgs {
+    /// Where the description comes from.
+    #[command(flatten)]
+    pub source: TopoSource,
+    /// How CPUs are chosen: node, socket, exclusive, cache (core-complex),
+    /// core (default node).
+    #[arg(long, value_enum)]
+    pub mode: Option<ModeArg>,
+    /// Use this CUDA device instead of the local rank's.
+    #[arg(long, value_name = "G", conflicts_with = "node")]
+    pub gpu: Option<u32>,
+    /// Bind to this NUMA node's CPUs and memory directly (machines without
+    /// GPUs, or jobs that are not one rank per GPU).
+    #[arg(long, value_name = "N")]
+    pub node: Option<u32>,
+    /// Allocate memory only on the plan's nodes (the default).
+    #[arg(long, conflicts_with = "preferred")]
+    pub membind: bool,
+    /// Prefer the plan's nodes for memory, falling back to others when full.
+    #[arg(long)]
+    pub preferred: bool,
+    /// Set OMP_NUM_THREADS to the number of CPUs bound to.
+    #[arg(long)]
+    pub threads_env: bool,
+    /// In core mode, one hardware thread instead of the whole core.
+    #[arg(long)]
+    pub no_smt: bool,
+    /// Print the binding to standard error before running the command.
+    #[arg(long, short)]
+    pub verbose: bool,
+    /// Print the binding as JSON and exit without binding or running.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// The command and its arguments.
+    #[arg(
+        required = true,
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "CMD"
+    )]
+    pub command: Vec<OsString>,
+}
+
+pub(crate) fn run(a: &ExecArgs) -> Result<i32> {
+    // Only failures come back: on success the process is the command now.
+    match exec(a) {
+        Ok(code) => Ok(code),
+        Err(e) => {
+            report(&e);
+            Ok(2)
+        }
+    }
+}
+
+/// The binding this invocation asks for, and a line saying where it came from.
+fn choose(a: &ExecArgs) -> Result<(RankPlan, String)> {
+    let t = a.source.topology()?;
+    if let Some(n) = a.node {
+        if let Some(m) = a.mode.map(Mode::from).filter(|&m| m != Mode::Node) {
+            return Err(CliError::Usage {
+                problem: format!(
+                    "--node binds to a whole NUMA node and cannot be combined with --mode {m}"
+                ),
+                fix: "drop --mode, or drop --node to bind near the rank's GPU".into(),
+            });
+        }
+        return Ok((plan_node(&t, n)?, format!("NUMA node {n} (--node)")));
+    }
+    let mode = a.mode.map_or(Mode::Node, Mode::from);
+    let rank = launcher::local_rank()?;
+    let (slot, gpu, why) = match (a.gpu, rank) {
+        (Some(g), _) => {
+            let (s, gpu) = launcher::slot_of_ordinal(&t, CudaOrdinal(g), "--gpu")?;
+            (s, gpu, format!("CUDA device {g} (--gpu)"))
+        }
+        (None, Some(r)) => {
+            let (s, gpu) = launcher::slot_for_rank(&t, r.rank, r.variable)?;
+            let how = if launcher::one_visible_gpu(&t) {
+                "the only GPU in CUDA_VISIBLE_DEVICES"
+            } else {
+                "CUDA device = local rank"
+            };
+            (
+                s,
+                gpu,
+                format!("local rank {} from {} ({how})", r.rank, r.variable),
+            )
+        }
+        (None, None) if launcher::one_visible_gpu(&t) => {
+            let (s, gpu) =
+                launcher::slot_of_ordinal(&t, t.cuda.ordinals[0].ordinal, "CUDA_VISIBLE_DEVICES")?;
+            (s, gpu, "the only GPU in CUDA_VISIBLE_DEVICES".to_string())
+        }
+        (None, None) => return Err(CliError::Usage {
+            problem: format!(
+                "no local rank: none of {} is set",
+                launcher::LOCAL_RANK_VARS.join(", ")
+            ),
+            fix:
+                "run under a launcher (torchrun, srun, mpirun), or choose with --gpu G or --node N"
+                    .into(),
+        }),
+    };
+    let slots = launcher::rank_gpus(&t);
+    let mut opts = PlanOptions::default();
+    opts.smt = !a.no_smt;
+    let mut p = plan(&t, &slots, mode, &opts)?;
+    if slot >= p.ranks.len() {
+        return Err(CliError::Usage {
+            problem: format!("GPU {gpu} is not among the GPUs this process plans for"),
+            fix: "check CUDA_VISIBLE_DEVICES".into(),
+        });
+    }
+    let mut r = p.ranks.swap_remove(slot);
+    r.local_rank = rank.map_or(slot as u32, |r| r.rank);
+    let line = format!(
+        "GPU {gpu} ({}) chosen by {why}; mode {mode}",
+        r.pci_bus_id.as_deref().unwrap_or("?")
+    );
+    Ok((r, line))
+}
+
+fn exec(a: &ExecArgs) -> Result<i32> {
+    let policy = if a.preferred {
+        MemPolicy::Preferred
+    } else {
+        MemPolicy::Bind
+    };
+    let (r, why) = choose(a)?;
+    for w in &r.warnings {
+        eprintln!("numapin: warning: {w}");
+    }
+    if r.cpus.is_empty() {
+        return Err(CliError::Usage {
+            problem: format!("{why}: the CPU set is empty"),
+            fix: "check the topology with `numapin topo`".into(),
+        });
+    }
+    if a.dry_run {
+        let out = serde_json::json!({
+            "binding": r,
+            "chosen_by": why,
+            "mempolicy": policy.as_str(),
+            "command": a.command.iter().map(|c| c.to_string_lossy()).collect::<Vec<_>>(),
+        });
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&out).expect("JSON values serialize")
+        );
+        return Ok(0);
+    }
+    apply::find_program(&a.command[0])?;
+    if a.verbose {
+        eprintln!(
+            "numapin: {why}: numactl {}",
+            numactl_args(&r, policy).join(" ")
+        );
+    }
+    bind_current_process(&r, policy)?;
+    let mut env: Vec<(OsString, OsString)> = std::env::vars_os()
+        .filter(|(k, _)| !(a.threads_env && k == "OMP_NUM_THREADS"))
+        .collect();
+    if a.threads_env {
+        env.push(("OMP_NUM_THREADS".into(), r.cpus.len().to_string().into()));
+    }
+    Err(apply::exec(&a.command, &env).into())
+}

@@ -1,0 +1,131 @@
+//! The `numapin` command line: `topo`, `affinity`, `exec`, `bench` and
+//! `doctor`, on the numapin library. This crate alone owns argument
+//! parsing, printing and exit codes.
+
+mod affinity;
+mod bench;
+mod doctor;
+mod error;
+mod exec;
+mod topo;
+
+use clap::{Parser, Subcommand};
+
+use error::{report, Result};
+use numapin::topology::{CudaMode, PciId, ProbeOptions, Topology};
+
+/// numapin: keep GPU data movement on the right side of the socket.
+#[derive(Debug, Parser)]
+#[command(name = "numapin", version, about, long_about = None)]
+pub struct Cli {
+    /// The command to run.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// How CPUs are chosen (`--mode`): the library's
+/// [`numapin::affinity::Mode`], with its help text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum ModeArg {
+    /// Every allowed CPU of the GPU's NUMA node; memory on that node.
+    Node,
+    /// Every allowed CPU of the GPU's package (all of its nodes under
+    /// SNC/NPS); memory on the package's nodes.
+    Socket,
+    /// The node's allowed physical cores divided into disjoint, contiguous
+    /// shares among the ranks whose GPUs share the node.
+    Exclusive,
+    /// One last-level cache (core complex, L3 domain) of the node per rank.
+    #[value(alias = "core-complex")]
+    Cache,
+    /// One physical core of the node per rank.
+    Core,
+}
+
+impl From<ModeArg> for numapin::affinity::Mode {
+    fn from(m: ModeArg) -> Self {
+        use numapin::affinity::Mode;
+        match m {
+            ModeArg::Node => Mode::Node,
+            ModeArg::Socket => Mode::Socket,
+            ModeArg::Exclusive => Mode::Exclusive,
+            ModeArg::Cache => Mode::Cache,
+            ModeArg::Core => Mode::Core,
+        }
+    }
+}
+
+/// Options shared by every command that reads a topology.
+#[derive(Debug, Clone, clap::Args)]
+pub struct TopoSource {
+    /// Describe a saved machine instead of this one: an hwloc XML export,
+    /// a `numapin topo --json` file, an NCCL topology XML, or a captured
+    /// filesystem root (folder, .tar.gz or .tar.bz2).
+    #[arg(long, value_name = "PATH")]
+    pub input: Option<std::path::PathBuf>,
+    /// Treat PCI devices with this id as accelerators too (VENDOR or
+    /// VENDOR:DEVICE in hex, as `lspci -n` prints; repeatable). A VENDOR
+    /// alone matches all its devices but bridges.
+    #[arg(long = "accelerator-pci-id", value_name = "VENDOR[:DEVICE]", value_parser = parse_pci_id)]
+    pub accelerator_pci_id: Vec<PciId>,
+    /// Do not load the CUDA driver (ordinals are then assumed from PCI order).
+    #[arg(long)]
+    pub no_cuda: bool,
+}
+
+fn parse_pci_id(s: &str) -> Result<PciId, String> {
+    PciId::parse(s)
+}
+
+impl TopoSource {
+    /// The probe options these flags ask for, with this process's environment.
+    pub fn options(&self) -> ProbeOptions {
+        let mut o = ProbeOptions::from_process();
+        o.accelerator_ids = self.accelerator_pci_id.clone();
+        if self.no_cuda {
+            o.cuda = CudaMode::Off;
+        }
+        o
+    }
+
+    /// Probes this machine or reads `--input`.
+    pub fn topology(&self) -> Result<Topology> {
+        let o = self.options();
+        Ok(match &self.input {
+            Some(p) => Topology::load(p, &o)?,
+            None => Topology::probe(&o)?,
+        })
+    }
+}
+
+/// The commands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Show which GPU hangs off which socket, NUMA node and CPUs.
+    Topo(topo::TopoArgs),
+    /// Print each local rank's CPUs and memory nodes near its GPU.
+    Affinity(affinity::AffinityArgs),
+    /// Bind this rank near its GPU, then run the command in its place
+    /// (`torchrun --no-python ... numapin exec -- python train.py`).
+    Exec(exec::ExecArgs),
+    /// Measure how fast data reaches each GPU, and what the arena costs.
+    Bench(bench::BenchArgs),
+    /// Check this machine for what keeps GPU data movement slow or broken
+    /// (memlock, driver, PCIe links, locality, kernel settings, pinning).
+    Doctor(doctor::DoctorArgs),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let r = match cli.command {
+        Command::Topo(a) => topo::run(&a),
+        Command::Affinity(a) => affinity::run(&a),
+        Command::Exec(a) => exec::run(&a),
+        Command::Bench(a) => bench::run(&a),
+        Command::Doctor(a) => doctor::run(&a),
+    };
+    std::process::exit(match r {
+        Ok(code) => code,
+        Err(e) => report(&e),
+    });
+}

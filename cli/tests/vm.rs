@@ -1,0 +1,857 @@
+//! Multi-node behaviour on a real Linux kernel, in an emulated 4-node machine
+//! (QEMU software emulation; see docs/vm-tests.md and tests/vm/harness.sh).
+//!
+//! The machine boots once; every group adds `step` lines to its script and
+//! asserts on them in its own `#[test]`. Checks that must run inside as Rust
+//! code are the `guest::` tests of this same binary, shipped as
+//! `/bin/vm-tests` and run there with `--ignored --exact NAME`.
+//!
+//! Skips with a message when QEMU, a kernel or busybox is missing (set
+//! `NUMAPIN_VM_REQUIRED=1` to make that a failure).
+
+#[path = "vm/support.rs"]
+mod support;
+
+use std::sync::OnceLock;
+
+use numapin::topology::{Topology, WarningKind};
+use numapin::CpuList;
+use support::{Boot, Machine, Outcome, TESTDEV_PCI_ID};
+
+/// The steps run on the 4-node machine, one group per block. A new group adds
+/// its lines here and a `#[test]` below that asserts on them.
+fn four_node_script() -> String {
+    let acc = TESTDEV_PCI_ID;
+    [
+        // topology
+        format!("step topo-json numapin topo --json --no-cuda --accelerator-pci-id {acc}"),
+        "step topo-no-accel numapin topo --json --no-cuda".into(),
+        "step topo-vendor-only numapin topo --json --no-cuda --accelerator-pci-id 1b36".into(),
+        format!("step topo-restricted taskset -c 0,1 numapin topo --json --no-cuda --accelerator-pci-id {acc}"),
+        format!("step topo-text numapin topo --accelerator-pci-id {acc}"),
+        // the kernel itself: memory policy and thread placement (Rust checks inside)
+        guest_step("guest-mbind", "guest::mbind_puts_every_page_on_the_chosen_node"),
+        guest_step("guest-first-touch", "guest::first_touch_follows_the_thread"),
+        guest_step("guest-affinity", "guest::setaffinity_moves_the_thread_to_node_2"),
+        // numapin's arenas: a region on every node, pages checked by the kernel
+        guest_step("guest-arena", "guest::arena_regions_land_on_every_node"),
+        // numapin exec for the accelerator on node 3 (CUDA order = PCI order
+        // without a driver: ordinal 1), and for local rank 0 (node 2)
+        format!("step exec-gpu1 numapin exec --no-cuda --accelerator-pci-id {acc} --gpu 1 -- sh -c 'grep Cpus_allowed_list /proc/self/status; grep -c bind:3 /proc/self/numa_maps'"),
+        format!("step exec-rank0 env LOCAL_RANK=0 numapin exec --no-cuda --accelerator-pci-id {acc} -- sh -c 'grep Cpus_allowed_list /proc/self/status; grep -c bind:2 /proc/self/numa_maps'"),
+        // numapin doctor: as is, and bound to node 0 (away from both accelerators)
+        format!("step doctor-json numapin doctor --json --no-cuda --accelerator-pci-id {acc}"),
+        format!("step doctor-bound numapin exec --no-cuda --node 0 -- numapin doctor --json --no-cuda --accelerator-pci-id {acc}"),
+        format!("step doctor-text numapin doctor --no-cuda --no-pin-probe --accelerator-pci-id {acc}"),
+        // loaders (host mode for the stand-in accelerator)
+        guest_step("guest-loader", "guest::loader_for_the_node_2_accelerator_stays_on_node_2"),
+    ]
+    .join("\n")
+        + "\n"
+}
+
+/// A step that runs one in-guest check of this binary (see [`Boot::guest_test_passed`]).
+fn guest_step(step: &str, test: &str) -> String {
+    format!("step {step} vm-tests --ignored --exact --nocapture {test}")
+}
+
+/// The 4-node machine (one CPU per node: node N has CPU N), stand-in
+/// accelerators on nodes 2 and 3, booted once for every test in this file.
+fn four_nodes() -> Option<&'static Boot> {
+    static BOOT: OnceLock<Outcome> = OnceLock::new();
+    BOOT.get_or_init(|| {
+        Machine::new("four-nodes", 4)
+            .accelerator_on(2)
+            .accelerator_on(3)
+            .boot(&four_node_script())
+    })
+    .get()
+}
+
+fn topology(boot: &Boot, step: &str) -> Topology {
+    let s = boot.ok(step);
+    serde_json::from_str(&s.stdout)
+        .unwrap_or_else(|e| panic!("step {step}: not topology JSON ({e}):\n{}", s.stdout))
+}
+
+fn cpus(s: &str) -> CpuList {
+    CpuList::parse(s).unwrap()
+}
+
+#[test]
+fn topo_reports_four_nodes_and_the_accelerators_on_nodes_2_and_3() {
+    let Some(boot) = four_nodes() else { return };
+    let t = topology(boot, "topo-json");
+    assert_eq!(t.source, "live");
+    assert_eq!(
+        t.numa_nodes.iter().map(|n| n.os_index).collect::<Vec<_>>(),
+        [0, 1, 2, 3]
+    );
+    for n in &t.numa_nodes {
+        let i = n.os_index;
+        assert_eq!(n.cpus, cpus(&i.to_string()), "node {i} CPUs");
+        // 512 MiB each, less what the kernel keeps for itself.
+        assert!(
+            n.memory_bytes > 384 << 20 && n.memory_bytes <= 512 << 20,
+            "node {i} memory {}",
+            n.memory_bytes
+        );
+        let expect: Vec<u32> = (0..4).map(|j| if j == i { 10 } else { 20 }).collect();
+        assert_eq!(n.distances, expect, "node {i} distances");
+    }
+    assert_eq!(t.allowed.cpus, cpus("0-3"));
+    assert_eq!(t.allowed.numa_nodes, [0, 1, 2, 3]);
+    let found: Vec<_> = t
+        .gpus
+        .iter()
+        .map(|g| {
+            (
+                g.index.get(),
+                g.numa_node,
+                g.local_cpus.to_string(),
+                g.vendor_id.as_str(),
+                g.device_id.as_str(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        found,
+        [
+            (0, Some(2), "2".to_string(), "0x1b36", "0x0005"),
+            (1, Some(3), "3".to_string(), "0x1b36", "0x0005")
+        ],
+        "accelerators (index, node, local CPUs, vendor, device)"
+    );
+    // In PCI order, one behind each expander bridge, CUDA ordinals by PCI order.
+    assert!(t.gpus[0].pci_bus_id < t.gpus[1].pci_bus_id);
+    assert_eq!(
+        t.gpus.iter().map(|g| g.cuda_ordinal).collect::<Vec<_>>(),
+        [Some(numapin::CudaOrdinal(0)), Some(numapin::CudaOrdinal(1))]
+    );
+    assert!(
+        t.warnings.is_empty(),
+        "no warnings on a fully allowed machine: {:?}",
+        t.warnings
+    );
+    // The human report says the same.
+    let text = &boot.ok("topo-text").stdout;
+    assert!(
+        text.contains("4 NUMA node(s), 2 GPU(s); this process may use CPUs 0-3 and nodes 0,1,2,3"),
+        "{text}"
+    );
+}
+
+#[test]
+fn topo_counts_test_devices_only_when_asked() {
+    let Some(boot) = four_nodes() else { return };
+    assert!(
+        topology(boot, "topo-no-accel").gpus.is_empty(),
+        "pci-testdev is no GPU without --accelerator-pci-id"
+    );
+    // A vendor-only id matches the two test devices, not the vendor's PCIe
+    // root ports and bridges (1b36:000c, 1b36:000b) that carry them.
+    let by_vendor = topology(boot, "topo-vendor-only");
+    let exact = topology(boot, "topo-json");
+    assert_eq!(by_vendor.gpus, exact.gpus);
+}
+
+#[test]
+fn topo_warns_when_the_cpuset_excludes_the_accelerators() {
+    let Some(boot) = four_nodes() else { return };
+    let t = topology(boot, "topo-restricted");
+    assert_eq!(t.allowed.cpus, cpus("0-1"));
+    let excluded: Vec<_> = t
+        .warnings
+        .iter()
+        .filter(|w| w.kind == WarningKind::GpuCpusExcluded)
+        .map(|w| w.gpu.map(numapin::GpuIndex::get))
+        .collect();
+    assert_eq!(excluded, [Some(0), Some(1)], "{:?}", t.warnings);
+}
+
+#[test]
+fn kernel_places_memory_and_threads_where_asked() {
+    let Some(boot) = four_nodes() else { return };
+    boot.guest_test_passed(
+        "guest-mbind",
+        "guest::mbind_puts_every_page_on_the_chosen_node",
+    );
+    boot.guest_test_passed("guest-first-touch", "guest::first_touch_follows_the_thread");
+    boot.guest_test_passed(
+        "guest-affinity",
+        "guest::setaffinity_moves_the_thread_to_node_2",
+    );
+}
+
+/// The checks of a `numapin doctor --json` step, after checking that its
+/// exit code is 1 exactly when a check fails.
+fn doctor_checks(boot: &Boot, step: &str) -> Vec<serde_json::Value> {
+    let s = boot.step(step);
+    let v: serde_json::Value = serde_json::from_str(&s.stdout).unwrap_or_else(|e| {
+        panic!(
+            "step {step}: not doctor JSON ({e}):\n{}\n{}",
+            s.stdout, s.stderr
+        )
+    });
+    let checks = v["checks"].as_array().expect("checks").clone();
+    let fails = checks.iter().any(|c| c["verdict"] == "fail");
+    assert_eq!(
+        s.rc,
+        i32::from(fails),
+        "step {step}: exit code\n{}",
+        s.stdout
+    );
+    checks
+}
+
+fn verdicts_of(checks: &[serde_json::Value], name: &str) -> Vec<(Option<u64>, String)> {
+    checks
+        .iter()
+        .filter(|c| c["name"] == name)
+        .map(|c| {
+            let who = c["gpu"].as_u64().or(c["node"].as_u64());
+            (who, c["verdict"].as_str().unwrap().to_string())
+        })
+        .collect()
+}
+
+fn ok_for(ids: &[u64]) -> Vec<(Option<u64>, String)> {
+    ids.iter().map(|&i| (Some(i), "ok".to_string())).collect()
+}
+
+#[test]
+fn doctor_pin_probe_passes_on_every_node() {
+    let Some(boot) = four_nodes() else { return };
+    let checks = doctor_checks(boot, "doctor-json");
+    assert_eq!(
+        verdicts_of(&checks, "pin_probe"),
+        ok_for(&[0, 1, 2, 3]),
+        "{checks:#?}"
+    );
+    for c in checks.iter().filter(|c| c["name"] == "pin_probe") {
+        let n = c["node"].as_u64().unwrap();
+        let ev = c["evidence"].as_str().unwrap();
+        assert!(ev.contains(&format!("all 512 pages on node {n}")), "{ev}");
+    }
+    // The accelerators are where the topology says, and this process may
+    // use their CPUs and nodes.
+    for name in ["gpu_locality", "gpu_cpus_allowed", "gpu_memory_allowed"] {
+        assert_eq!(
+            verdicts_of(&checks, name),
+            ok_for(&[0, 1]),
+            "{name}: {checks:#?}"
+        );
+    }
+    let loc: Vec<&str> = checks
+        .iter()
+        .filter(|c| c["name"] == "gpu_locality")
+        .map(|c| c["evidence"].as_str().unwrap())
+        .collect();
+    assert!(
+        loc[0].contains("on NUMA node 2") && loc[1].contains("on NUMA node 3"),
+        "{loc:?}"
+    );
+    for name in ["memlock", "memory_policy", "cuda_driver"] {
+        assert_eq!(
+            verdicts_of(&checks, name),
+            [(None, "ok".to_string())],
+            "{name}: {checks:#?}"
+        );
+    }
+    for name in ["transparent_hugepages", "numa_balancing", "iommu"] {
+        assert_eq!(verdicts_of(&checks, name).len(), 1, "{name}");
+    }
+}
+
+#[test]
+fn doctor_flags_a_process_bound_away_from_its_accelerators() {
+    let Some(boot) = four_nodes() else { return };
+    let checks = doctor_checks(boot, "doctor-bound");
+    let policy = checks
+        .iter()
+        .find(|c| c["name"] == "memory_policy")
+        .unwrap();
+    assert_eq!(policy["verdict"], "fail", "{policy}");
+    let ev = policy["evidence"].as_str().unwrap();
+    assert!(
+        ev.contains("memory policy bind over node 0; the GPUs this process sees are on nodes 2-3"),
+        "{ev}"
+    );
+    let fail = |i: u64| (Some(i), "fail".to_string());
+    assert_eq!(verdicts_of(&checks, "gpu_cpus_allowed"), [fail(0), fail(1)]);
+    // The arena binds each region itself (mbind), so the process's own
+    // policy does not stop pinning on every node.
+    assert_eq!(
+        verdicts_of(&checks, "pin_probe"),
+        ok_for(&[0, 1, 2, 3]),
+        "{checks:#?}"
+    );
+}
+
+#[test]
+fn doctor_text_report_lists_every_check() {
+    let Some(boot) = four_nodes() else { return };
+    let s = boot.step("doctor-text");
+    let out = &s.stdout;
+    assert!(out.starts_with("numapin doctor: this machine"), "{out}");
+    assert!(out.contains("ok    gpu_locality (GPU 1)"), "{out}");
+    assert!(out.contains("not run: pin_probe (--no-pin-probe)"), "{out}");
+}
+
+#[test]
+fn arena_regions_land_on_every_node() {
+    let Some(boot) = four_nodes() else { return };
+    boot.guest_test_passed("guest-arena", "guest::arena_regions_land_on_every_node");
+}
+
+#[test]
+fn exec_binds_cpus_and_memory_to_the_accelerators_node() {
+    let Some(boot) = four_nodes() else { return };
+    let t = topology(boot, "topo-json");
+    for (step, ordinal, node) in [("exec-gpu1", 1, 3u32), ("exec-rank0", 0, 2)] {
+        let g = t
+            .gpu_by_ordinal(numapin::CudaOrdinal(ordinal))
+            .expect("ordinal");
+        assert_eq!(
+            g.numa_node,
+            Some(node),
+            "CUDA device {ordinal} (PCI order) is the accelerator on node {node}"
+        );
+        let s = boot.ok(step);
+        let mut lines = s.stdout.lines();
+        let allowed = lines.next().unwrap_or_default();
+        assert_eq!(
+            allowed.split_whitespace().last().map(cpus),
+            Some(t.node(node).unwrap().cpus.clone()),
+            "step {step}: {}",
+            s.stdout
+        );
+        let bound: u32 = lines.next().unwrap_or("0").trim().parse().unwrap_or(0);
+        assert!(
+            bound > 0,
+            "step {step}: no mapping with policy bind:{node} in numa_maps:\n{}",
+            s.stdout
+        );
+    }
+}
+
+#[test]
+fn loader_workers_and_slots_stay_on_the_accelerators_node() {
+    let Some(boot) = four_nodes() else { return };
+    boot.guest_test_passed(
+        "guest-loader",
+        "guest::loader_for_the_node_2_accelerator_stays_on_node_2",
+    );
+}
+
+/// The step markers read back exactly what the guest printed.
+mod markers {
+    use super::support::parse_steps;
+    use proptest::prelude::*;
+
+    /// Formats one step the way `step` in harness.sh does.
+    fn emit(name: &str, out: &str, err: &str, rc: i32) -> String {
+        format!("=== STEP {name} stdout\n{out}\n=== STEP {name} stderr\n{err}\n=== STEP {name} rc={rc} seconds=0.25\n")
+    }
+
+    #[test]
+    fn noise_between_steps_is_ignored() {
+        let text = format!(
+            "boot noise\n{}between\n{}",
+            emit("a", "x\ny", "", 0),
+            emit("b c", "", "oops\n", 3)
+        );
+        let steps = parse_steps(&text);
+        assert_eq!(steps.len(), 2);
+        assert_eq!(
+            (
+                steps["a"].stdout.as_str(),
+                steps["a"].stderr.as_str(),
+                steps["a"].rc
+            ),
+            ("x\ny", "", 0)
+        );
+        assert_eq!(
+            (
+                steps["b c"].stdout.as_str(),
+                steps["b c"].stderr.as_str(),
+                steps["b c"].rc
+            ),
+            ("", "oops\n", 3)
+        );
+        assert_eq!(steps["a"].seconds, 0.25);
+    }
+
+    #[test]
+    fn a_step_cut_off_by_the_end_of_output_is_absent() {
+        let text = emit("whole", "1", "", 0) + "=== STEP cut stdout\npartial\n";
+        let steps = parse_steps(&text);
+        assert!(steps.contains_key("whole"));
+        assert!(!steps.contains_key("cut"));
+    }
+
+    proptest! {
+        #[test]
+        fn output_round_trips(
+            out in "[ -~\n]{0,200}",
+            err in "[ -~\n]{0,200}",
+            rc in 0i32..256,
+            name in "[a-z][a-z0-9-]{0,20}",
+        ) {
+            prop_assume!(!out.contains("=== STEP") && !err.contains("=== STEP"));
+            let steps = parse_steps(&emit(&name, &out, &err, rc));
+            let s = &steps[&name];
+            prop_assert_eq!(&s.stdout, &out);
+            prop_assert_eq!(&s.stderr, &err);
+            prop_assert_eq!(s.rc, rc);
+        }
+    }
+}
+
+/// Checks that run inside the emulated machine (`NUMAPIN_VM_GUEST` is set
+/// there); the host tests above boot it and run each with `--exact`.
+mod guest {
+    use numapin::CpuList;
+
+    const REGION: usize = 64 << 20;
+
+    fn in_guest() -> bool {
+        if std::env::var_os("NUMAPIN_VM_GUEST").is_some() {
+            return true;
+        }
+        eprintln!("skipped: runs only inside the emulated machine (the host tests in tests/vm.rs boot it)");
+        false
+    }
+
+    fn online_nodes() -> CpuList {
+        CpuList::parse(
+            std::fs::read_to_string("/sys/devices/system/node/online")
+                .unwrap()
+                .trim(),
+        )
+        .unwrap()
+    }
+
+    fn node_cpus(node: u32) -> CpuList {
+        let path = format!("/sys/devices/system/node/node{node}/cpulist");
+        CpuList::parse(std::fs::read_to_string(&path).unwrap().trim()).unwrap()
+    }
+
+    /// The node of every page of a region, counted per node (negative
+    /// values are errors move_pages reported for a page, like -ENOENT).
+    fn pages_per_node(r: &raw::Region) -> std::collections::BTreeMap<i32, usize> {
+        let mut count = std::collections::BTreeMap::new();
+        for n in r.page_nodes().unwrap() {
+            *count.entry(n).or_insert(0) += 1;
+        }
+        count
+    }
+
+    #[test]
+    #[ignore = "runs inside the emulated machine; `cargo test --test vm` boots it"]
+    fn mbind_puts_every_page_on_the_chosen_node() {
+        if !in_guest() {
+            return;
+        }
+        let nodes = online_nodes();
+        assert!(nodes.len() >= 2, "the machine has nodes {nodes}");
+        for node in nodes.iter() {
+            let mut r = raw::Region::map(REGION).unwrap();
+            r.bind(node).unwrap();
+            r.touch();
+            let pages = REGION / r.page_size();
+            assert_eq!(
+                pages_per_node(&r),
+                [(node as i32, pages)].into(),
+                "a {REGION}-byte region bound to node {node}"
+            );
+            println!("node {node}: all {pages} pages there");
+        }
+    }
+
+    #[test]
+    #[ignore = "runs inside the emulated machine; `cargo test --test vm` boots it"]
+    fn arena_regions_land_on_every_node() {
+        use numapin::runtime::{Runtime, RuntimeConfig};
+        use numapin::topology::{CudaMode, PciId, ProbeOptions, Topology};
+        if !in_guest() {
+            return;
+        }
+        let opts = numapin::topology::ProbeOptions::default()
+            .with_cuda(CudaMode::Off)
+            .with_accelerator_ids(vec![PciId::parse("1b36:0005").unwrap()]);
+        let t = Topology::probe(&opts).unwrap();
+        assert_eq!(t.numa_nodes.len(), 4);
+        let memory: Vec<(u32, u64)> = t
+            .numa_nodes
+            .iter()
+            .map(|n| (n.os_index, n.memory_bytes))
+            .collect();
+        let cfg = RuntimeConfig::default().with_region_bytes(32 << 20);
+        let rt = Runtime::new(t, cfg).unwrap();
+        const BUF: usize = 8 << 20;
+        for (node, mem) in memory {
+            let mut b = rt.alloc_on_node(node, BUF).unwrap();
+            assert_eq!(b.node(), node);
+            b.fill(7);
+            let page = 4096;
+            let pages: Vec<*mut libc::c_void> = (0..BUF)
+                .step_by(page)
+                .map(|o| b.as_mut_ptr().wrapping_add(o).cast())
+                .collect();
+            let status = raw::query(&pages).unwrap();
+            assert!(
+                status.iter().all(|&s| s == node as i32),
+                "node {node}: pages on {:?}",
+                {
+                    let mut c = std::collections::BTreeMap::new();
+                    for s in &status {
+                        *c.entry(*s).or_insert(0) += 1;
+                    }
+                    c
+                }
+            );
+            let st = rt.stats().into_iter().find(|s| s.node == node).unwrap();
+            assert_eq!(st.regions, 1, "node {node}: {st:?}");
+            assert_eq!(st.bytes_reserved, 32 << 20, "node {node}: {st:?}");
+            assert_eq!(st.bytes_locked, 32 << 20, "node {node}: {st:?}");
+            assert_eq!(st.bytes_in_use, BUF as u64, "node {node}: {st:?}");
+            assert_eq!(st.pages_off_node, 0, "node {node}: {st:?}");
+            assert!(
+                st.pages_on_node >= (BUF / page) as u64,
+                "node {node}: {st:?}"
+            );
+            assert_eq!(
+                st.budget,
+                mem / 2,
+                "node {node}: the default budget is half the node's memory: {st:?}"
+            );
+            // Over budget: the error names the node and the figures.
+            match rt.alloc_on_node(node, (mem / 2) as usize) {
+                Err(numapin::runtime::ArenaError::BudgetExceeded { node: n, limit, .. }) => {
+                    assert_eq!((n, limit), (node, mem / 2));
+                }
+                other => panic!(
+                    "node {node}: expected BudgetExceeded, got {:?}",
+                    other.map(|b| b.len())
+                ),
+            }
+            drop(b);
+            let st = rt.stats().into_iter().find(|s| s.node == node).unwrap();
+            assert_eq!(st.bytes_in_use, 0, "node {node}: {st:?}");
+            println!(
+                "node {node}: {} pages of a {BUF}-byte buffer all on node {node}; {} region(s), {} bytes locked, budget {}",
+                pages.len(),
+                st.regions,
+                st.bytes_locked,
+                st.budget
+            );
+        }
+    }
+
+    #[test]
+    #[ignore = "runs inside the emulated machine; `cargo test --test vm` boots it"]
+    fn first_touch_follows_the_thread() {
+        if !in_guest() {
+            return;
+        }
+        // With the default policy a page lands on the node of the CPU that
+        // first writes it: this proves both that affinity moved the thread
+        // and that the nodes really have separate memory. Automatic NUMA
+        // balancing scans default-policy memory and, on this kernel (6.1),
+        // move_pages then reports -EFAULT for huge pages it is working on;
+        // it is off while this runs (bound memory is not scanned).
+        let _balancing = NumaBalancingOff::new();
+        for &node in online_nodes().as_slice().iter().rev() {
+            numapin::internals::sys::sched_setaffinity(0, &node_cpus(node)).unwrap();
+            let mut r = raw::Region::map(REGION).unwrap();
+            r.touch();
+            let pages = REGION / r.page_size();
+            assert_eq!(
+                pages_per_node(&r),
+                [(node as i32, pages)].into(),
+                "first touch from node {node}'s CPUs"
+            );
+        }
+    }
+
+    /// Turns `kernel.numa_balancing` off until dropped, then restores it.
+    struct NumaBalancingOff(Option<String>);
+
+    impl NumaBalancingOff {
+        const PATH: &'static str = "/proc/sys/kernel/numa_balancing";
+
+        fn new() -> Self {
+            let old = std::fs::read_to_string(Self::PATH).ok();
+            if old.is_some() {
+                std::fs::write(Self::PATH, "0").unwrap();
+            }
+            Self(old)
+        }
+    }
+
+    impl Drop for NumaBalancingOff {
+        fn drop(&mut self) {
+            if let Some(old) = &self.0 {
+                let _ = std::fs::write(Self::PATH, old.trim());
+            }
+        }
+    }
+
+    #[test]
+    #[ignore = "runs inside the emulated machine; `cargo test --test vm` boots it"]
+    fn setaffinity_moves_the_thread_to_node_2() {
+        if !in_guest() {
+            return;
+        }
+        let want = node_cpus(2);
+        assert!(!want.is_empty());
+        numapin::internals::sys::sched_setaffinity(0, &want).unwrap();
+        assert_eq!(
+            numapin::internals::sys::sched_getaffinity_self().unwrap(),
+            want
+        );
+        let tid = raw::gettid();
+        let status = std::fs::read_to_string(format!("/proc/self/task/{tid}/status")).unwrap();
+        let listed = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+            .unwrap()
+            .trim();
+        assert_eq!(CpuList::parse(listed).unwrap(), want);
+        for _ in 0..100 {
+            std::thread::yield_now();
+            let cpu = raw::current_cpu();
+            assert!(
+                want.contains(cpu),
+                "running on CPU {cpu}, outside node 2's CPUs {want}"
+            );
+        }
+    }
+
+    /// A host-mode loader for the accelerator on node 2 (the stand-in has
+    /// no CUDA ordinal, so it is named by its topology index): its workers
+    /// run only on node 2's CPUs, every batch's slot lies on node 2, and
+    /// everything is given back at the end.
+    #[test]
+    #[ignore = "runs inside the emulated machine; `cargo test --test vm` boots it"]
+    fn loader_for_the_node_2_accelerator_stays_on_node_2() {
+        use numapin::loader::{Loader, LoaderConfig, Target};
+        use numapin::runtime::{Runtime, RuntimeConfig};
+        use numapin::topology::{CudaMode, PciId, ProbeOptions, Topology};
+        use std::collections::BTreeSet;
+        use std::sync::{Arc, Mutex};
+
+        if !in_guest() {
+            return;
+        }
+        let opts = ProbeOptions::from_process()
+            .with_cuda(CudaMode::Off)
+            .with_accelerator_ids(vec![PciId::parse(super::TESTDEV_PCI_ID).unwrap()]);
+        let topo = Topology::probe(&opts).unwrap();
+        let acc = topo
+            .gpus
+            .iter()
+            .find(|g| g.numa_node == Some(2))
+            .expect("an accelerator on node 2")
+            .index;
+        let rt = Runtime::new(topo, RuntimeConfig::default().with_region_bytes(16 << 20)).unwrap();
+        let want = node_cpus(2);
+        let ran_on = Arc::new(Mutex::new(BTreeSet::new()));
+        let seen = ran_on.clone();
+        let cfg = LoaderConfig::default()
+            .with_batch_bytes(1 << 20)
+            .with_workers(2)
+            .with_total_batches(Some(24));
+        let loader = Loader::new(&rt, Target::HostForGpu(acc), cfg, move |i, s: &mut [u8]| {
+            seen.lock().unwrap().insert(raw::current_cpu());
+            s.fill(i as u8);
+            Ok::<_, String>(s.len())
+        })
+        .unwrap();
+        assert_eq!(loader.worker_cpus(), &want);
+        assert_eq!(loader.node(), 2);
+        assert!(loader.warnings().is_empty(), "{:?}", loader.warnings());
+        for &tid in loader.worker_tids() {
+            let set = nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(tid)).unwrap();
+            let got: CpuList = (0..nix::sched::CpuSet::count())
+                .filter(|&c| set.is_set(c).unwrap_or(false))
+                .map(|c| c as u32)
+                .collect();
+            assert_eq!(got, want, "worker {tid}");
+        }
+        let mut n = 0;
+        for b in &loader {
+            let b = b.unwrap();
+            assert_eq!(b.index(), n);
+            let buf = b.host_buf().unwrap();
+            assert_eq!(buf.node(), 2);
+            assert!(b.host_bytes().unwrap().iter().all(|&x| x == n as u8));
+            let pages: Vec<*mut libc::c_void> = (0..buf.len())
+                .step_by(4096)
+                .map(|off| buf.as_ptr().wrapping_add(off) as *mut libc::c_void)
+                .collect();
+            let nodes = raw::query(&pages).unwrap();
+            assert!(
+                nodes.iter().all(|&x| x == 2),
+                "batch {n}: pages on {nodes:?}"
+            );
+            n += 1;
+        }
+        assert_eq!(n, 24);
+        let cpus: CpuList = ran_on.lock().unwrap().iter().copied().collect();
+        assert!(
+            cpus.is_subset(&want),
+            "producers ran on {cpus}, outside node 2 ({want})"
+        );
+        drop(loader);
+        for s in rt.stats() {
+            assert_eq!(s.bytes_in_use, 0, "{s:?}");
+        }
+        println!("24 batches, workers on CPUs {cpus}, every slot page on node 2");
+    }
+
+    /// The raw system calls the checks need (std + libc only).
+    mod raw {
+        use std::io;
+
+        const MPOL_BIND: libc::c_int = 2;
+
+        /// An anonymous private mapping, unmapped on drop.
+        pub struct Region {
+            ptr: *mut u8,
+            len: usize,
+            page: usize,
+        }
+
+        impl Region {
+            pub fn map(len: usize) -> io::Result<Self> {
+                // SAFETY: sysconf has no preconditions.
+                let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
+                // SAFETY: a fresh anonymous mapping at an address the kernel
+                // picks; it aliases nothing.
+                let ptr = unsafe {
+                    libc::mmap(
+                        std::ptr::null_mut(),
+                        len,
+                        libc::PROT_READ | libc::PROT_WRITE,
+                        libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                        -1,
+                        0,
+                    )
+                };
+                if ptr == libc::MAP_FAILED {
+                    return Err(io::Error::last_os_error());
+                }
+                Ok(Self {
+                    ptr: ptr.cast(),
+                    len,
+                    page,
+                })
+            }
+
+            pub fn page_size(&self) -> usize {
+                self.page
+            }
+
+            /// `mbind(MPOL_BIND)` to one node, before any page is touched.
+            pub fn bind(&mut self, node: u32) -> io::Result<()> {
+                assert!(node < 64);
+                let mask: [libc::c_ulong; 1] = [1 << node];
+                // SAFETY: the range is our own mapping; the mask is 64 bits
+                // long and maxnode (65) tells the kernel to read 64 of them.
+                let r = unsafe {
+                    libc::syscall(
+                        libc::SYS_mbind,
+                        self.ptr,
+                        self.len,
+                        MPOL_BIND,
+                        mask.as_ptr(),
+                        65 as libc::c_ulong,
+                        0 as libc::c_uint,
+                    )
+                };
+                if r != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                Ok(())
+            }
+
+            /// Writes one byte of every page, so every page is allocated.
+            pub fn touch(&mut self) {
+                for off in (0..self.len).step_by(self.page) {
+                    // SAFETY: off < len, inside our writable mapping.
+                    unsafe { self.ptr.add(off).write_volatile(1) };
+                }
+            }
+
+            /// The node each page is on (`move_pages` with no target nodes).
+            /// A page the kernel is migrating right then (compaction of a
+            /// huge page, NUMA balancing) reads as -EFAULT or -ENOENT for a
+            /// moment: those are asked again, for up to a second; a page that
+            /// is really missing stays negative.
+            pub fn page_nodes(&self) -> io::Result<Vec<i32>> {
+                let pages: Vec<*mut libc::c_void> = (0..self.len)
+                    .step_by(self.page)
+                    .map(|off| self.ptr.wrapping_add(off).cast())
+                    .collect();
+                let mut status = query(&pages)?;
+                for _ in 0..50 {
+                    let again: Vec<usize> = (0..status.len()).filter(|&i| status[i] < 0).collect();
+                    if again.is_empty() {
+                        break;
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                    let now = query(&again.iter().map(|&i| pages[i]).collect::<Vec<_>>())?;
+                    for (i, s) in again.into_iter().zip(now) {
+                        status[i] = s;
+                    }
+                }
+                Ok(status)
+            }
+        }
+
+        /// The node of each page (`move_pages` with no target nodes).
+        pub fn query(pages: &[*mut libc::c_void]) -> io::Result<Vec<i32>> {
+            let mut status = vec![i32::MIN; pages.len()];
+            // SAFETY: `pages` and `status` both hold `pages.len()` entries;
+            // a null `nodes` only queries; pid 0 is this process. The
+            // addresses are only looked up by the kernel, never dereferenced.
+            let r = unsafe {
+                libc::syscall(
+                    libc::SYS_move_pages,
+                    0,
+                    pages.len() as libc::c_ulong,
+                    pages.as_ptr(),
+                    std::ptr::null::<libc::c_int>(),
+                    status.as_mut_ptr(),
+                    0,
+                )
+            };
+            if r != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(status)
+        }
+
+        impl Drop for Region {
+            fn drop(&mut self) {
+                // SAFETY: unmaps exactly the mapping made in `map`; no
+                // reference into it outlives `self`.
+                unsafe { libc::munmap(self.ptr.cast(), self.len) };
+            }
+        }
+
+        pub fn gettid() -> i64 {
+            // SAFETY: gettid has no preconditions.
+            unsafe { libc::syscall(libc::SYS_gettid) }
+        }
+
+        pub fn current_cpu() -> u32 {
+            // SAFETY: sched_getcpu has no preconditions.
+            let c = unsafe { libc::sched_getcpu() };
+            assert!(c >= 0, "sched_getcpu: {}", io::Error::last_os_error());
+            c as u32
+        }
+    }
+}

@@ -1,0 +1,207 @@
+//! [`ArenaError`]: what can go wrong lending pinned memory.
+
+use crate::gpu::{CudaError, CudaOrdinal};
+
+use super::fmt_bytes;
+use super::region::Step;
+use crate::report::ErrorKind;
+
+fn fmt_elsewhere(v: &[(u32, u64)]) -> String {
+    v.iter()
+        .map(|(n, c)| format!("{c} on node {n}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn fmt_list<T: std::fmt::Display>(v: &[T]) -> String {
+    let items: Vec<String> = v.iter().map(ToString::to_string).collect();
+    format!("[{}]", items.join(", "))
+}
+
+/// An arena failure. Each message names the node and the size; `fix()`
+/// says what to do.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ArenaError {
+    /// Pinned bytes would exceed the node's budget.
+    #[error("node {node}: {} requested with {} already pinned on the node would exceed its budget of {}", fmt_bytes(*requested), fmt_bytes(*in_use), fmt_bytes(*limit))]
+    BudgetExceeded {
+        /// The node.
+        node: u32,
+        /// Bytes asked for.
+        requested: u64,
+        /// Bytes the node's arena already holds pinned (its regions).
+        in_use: u64,
+        /// The budget.
+        limit: u64,
+    },
+    /// Locking the memory failed, or would exceed RLIMIT_MEMLOCK.
+    #[error("node {node}: cannot lock {} of pinned memory: RLIMIT_MEMLOCK is {} and this process already has {} locked{}", fmt_bytes(*size), fmt_bytes(*limit), fmt_bytes(*locked), if source.is_some() { " (mlock failed)" } else { "" })]
+    Memlock {
+        /// The node.
+        node: u32,
+        /// Bytes that were to be locked.
+        size: u64,
+        /// The soft RLIMIT_MEMLOCK (`u64::MAX` = unlimited).
+        limit: u64,
+        /// Bytes this process already had locked (VmLck).
+        locked: u64,
+        /// The mlock error, when mlock itself failed (`None` when the
+        /// limit was checked beforehand).
+        #[source]
+        source: Option<std::io::Error>,
+    },
+    /// The node cannot hold memory for this process.
+    #[error("node {node}: cannot place {} there: {reason}", fmt_bytes(*size))]
+    NoMemory {
+        /// The node.
+        node: u32,
+        /// Bytes asked for.
+        size: u64,
+        /// Why, in words (what the topology says, or the call refused).
+        reason: String,
+        /// The system call's error, when one refused.
+        #[source]
+        source: Option<std::io::Error>,
+    },
+    /// `cuMemHostRegister` failed.
+    #[error("node {node}: registering {} with CUDA failed", fmt_bytes(*size))]
+    Register {
+        /// The node.
+        node: u32,
+        /// Bytes of the region.
+        size: u64,
+        /// The CUDA error.
+        #[source]
+        source: CudaError,
+    },
+    /// Pages of a new region are not on its node.
+    #[error("node {node}: {} of {pages} pages of a new {} region are not on the node ({}{} not present); the region was given back", pages - on_node, fmt_bytes(*size), fmt_elsewhere(elsewhere), if fmt_elsewhere(elsewhere).is_empty() { format!("{missing}") } else { format!(", {missing}") })]
+    Placement {
+        /// The node.
+        node: u32,
+        /// Bytes of the region.
+        size: u64,
+        /// 4 KiB pages checked.
+        pages: u64,
+        /// Pages found on the node.
+        on_node: u64,
+        /// Pages found on other nodes, per node.
+        elsewhere: Vec<(u32, u64)>,
+        /// Pages not present.
+        missing: u64,
+    },
+    /// A system call failed while making a region.
+    #[error("node {node}: making a {} region failed at {step:?}", fmt_bytes(*size))]
+    System {
+        /// The node.
+        node: u32,
+        /// Bytes of the region.
+        size: u64,
+        /// The step that failed.
+        step: Step,
+        /// The system's error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A node that is not in the topology.
+    #[error("NUMA node {node} is not in the topology (nodes: {})", fmt_list(known))]
+    UnknownNode {
+        /// The node asked for.
+        node: u32,
+        /// The nodes the topology has.
+        known: Vec<u32>,
+    },
+    /// A GPU (CUDA ordinal) that is not in the topology.
+    #[error(
+        "GPU {gpu} (CUDA ordinal) is not in the topology (ordinals: {})",
+        fmt_list(known)
+    )]
+    UnknownGpu {
+        /// The ordinal asked for.
+        gpu: CudaOrdinal,
+        /// The ordinals the topology has.
+        known: Vec<CudaOrdinal>,
+    },
+    /// A configuration value that cannot be used.
+    #[error("arena configuration {setting} = {value}: {problem}")]
+    Config {
+        /// The setting.
+        setting: &'static str,
+        /// Its value.
+        value: String,
+        /// What is wrong.
+        problem: String,
+        /// What to do.
+        fix: String,
+    },
+    /// A request that cannot be served (zero bytes, larger than the
+    /// address space).
+    #[error("node {node}: cannot allocate {bytes} bytes: {problem}")]
+    BadRequest {
+        /// The node.
+        node: u32,
+        /// Bytes asked for.
+        bytes: u64,
+        /// What is wrong.
+        problem: String,
+    },
+    /// A CUDA call for a copy failed.
+    #[error("node {node}: {what} failed")]
+    Copy {
+        /// The node of the buffer.
+        node: u32,
+        /// What was attempted.
+        what: &'static str,
+        /// The CUDA error.
+        #[source]
+        source: CudaError,
+    },
+}
+
+impl ArenaError {
+    /// What kind of failure this is.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            ArenaError::BudgetExceeded { .. } => ErrorKind::Budget,
+            ArenaError::Memlock { .. } => ErrorKind::Permission,
+            ArenaError::NoMemory {
+                source: Some(e), ..
+            } if e.raw_os_error() == Some(libc::EPERM) => ErrorKind::Permission,
+            ArenaError::UnknownNode { .. }
+            | ArenaError::UnknownGpu { .. }
+            | ArenaError::Config { .. }
+            | ArenaError::BadRequest { .. } => ErrorKind::Input,
+            _ => ErrorKind::System,
+        }
+    }
+
+    /// What to do about it.
+    pub fn fix(&self) -> Option<String> {
+        Some(match self {
+            ArenaError::BudgetExceeded { .. } => "free buffers first, ask for less, or raise the budget (RuntimeConfig::budget_bytes / budget_fraction; default half the node's memory)".into(),
+            ArenaError::Memlock { .. } => "raise the memlock limit of the process: `ulimit -l unlimited` in the shell that starts it (or `memlock` in /etc/security/limits.conf), `LimitMEMLOCK=infinity` in its systemd unit, `docker run --ulimit memlock=-1` for a container; or run with CAP_IPC_LOCK".into(),
+            ArenaError::NoMemory { .. } => "use a node that has memory and is in this process's allowed memory nodes (`numapin topo`; cpuset.mems of the cgroup, `numactl --membind`)".into(),
+            ArenaError::Register { .. } => "check the driver with `nvidia-smi`; CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED means other code registered this memory; CUDA_ERROR_OUT_OF_MEMORY or CUDA_ERROR_NOT_PERMITTED, lower the arena budget or run with RuntimeConfig::register off".into(),
+            ArenaError::Placement { .. } => "the node is short of free memory or the kernel moved pages (check `numastat -m`, free memory on the node, or lower the budget); RuntimeConfig::placement = Warn keeps such regions".into(),
+            ArenaError::System { .. } => "check free memory on the node (`numastat -m`) and the process's limits (`ulimit -a`)".into(),
+            ArenaError::UnknownNode { .. } => "pick one of the listed nodes (`numapin topo`)".into(),
+            ArenaError::UnknownGpu { .. } => "pick one of the listed ordinals (`numapin topo`; CUDA_VISIBLE_DEVICES changes them)".into(),
+            ArenaError::Config { fix, .. } => fix.clone(),
+            ArenaError::BadRequest { .. } => "ask for at least one byte and at most the node's budget".into(),
+            ArenaError::Copy { .. } => "make the stream's context current on this thread and check the device pointer and length".into(),
+        })
+    }
+
+    /// A Memlock error for `size` bytes on `node`, with the limit and the
+    /// locked bytes read now.
+    pub(crate) fn lock_failed(node: u32, size: u64, source: Option<std::io::Error>) -> Self {
+        ArenaError::Memlock {
+            node,
+            size,
+            limit: crate::platform::sys::memlock_limit().map_or(0, |(soft, _)| soft),
+            locked: crate::platform::sys::locked_bytes(),
+            source,
+        }
+    }
+}

@@ -1,0 +1,30 @@
+//! Not part of numapin's API: the internals numapin's own command-line
+//! tools, tests, benches, examples and fuzz targets use. Nothing here is
+//! stable or documented for other users; it may change in any release.
+
+pub use crate::affinity::apply::{exec, find_program};
+pub use crate::arena::alloc;
+pub use crate::arena::region::{
+    last_mapped_addr, thp_enabled, Region, RegionOptions, Registration, HUGE_PAGE, PAGE,
+};
+pub use crate::arena::{fmt_bytes, NodeArena};
+pub use crate::measure::{arena as arena_measure, kernels, loader as loader_measure};
+pub use crate::platform::{cuda, numa, sys};
+pub use crate::report::table;
+pub use crate::topology::hwloc::export_live_xml;
+
+use crate::runtime::{RuntimeConfig, Step};
+
+/// Test hook: region creation fails right after `step`, as if it had.
+pub fn fail_after(config: &mut RuntimeConfig, step: Option<Step>) {
+    config.hooks.fail_after = step;
+}
+
+/// Test hook: skip the RLIMIT_MEMLOCK check before mlock, so that mlock
+/// itself fails.
+pub fn skip_memlock_check(config: &mut RuntimeConfig, skip: bool) {
+    config.hooks.skip_memlock_check = skip;
+}
+
+/// The fuzzing entry points of the topology readers.
+pub use crate::topology::fuzzing;

@@ -1,5 +1,0 @@
-//! The `numapin` command line.
-
-fn main() {
-    std::process::exit(numapin::cli::main());
-}

@@ -1,0 +1,193 @@
+//! Running a risky parse in a child process.
+//!
+//! hwloc is a C library: a malformed or hostile XML file or capture can make
+//! it abort on an internal assertion, which no Rust code can catch. numapin
+//! therefore reads untrusted files in a forked child that sends its result
+//! back as JSON through a pipe; if the child dies, the parent reports an
+//! error naming the file and keeps running. The live probe does not need
+//! this and runs in-process.
+
+use std::io::{Read, Seek, Write};
+use std::os::fd::{AsRawFd, OwnedFd};
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+/// An error as it crosses the process boundary.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct ChildError {
+    /// What was read.
+    pub input: String,
+    /// What is wrong.
+    pub problem: String,
+    /// What to do.
+    pub fix: String,
+}
+
+/// Runs `f` in a forked child and returns what it returned. `input` names
+/// the file for the error when the child crashes.
+pub fn in_child<T: Serialize + DeserializeOwned>(
+    input: &str,
+    f: impl FnOnce() -> Result<T, ChildError>,
+) -> Result<T, ChildError> {
+    let crashed = |problem: String| {
+        ChildError {
+        input: input.to_string(),
+        problem,
+        fix: "the file is malformed: give a complete hwloc XML export (`lstopo --of xml FILE`) or an unmodified hwloc-gather-topology capture".into(),
+    }
+    };
+    let sys = |what: &str, e: std::io::Error| crashed(format!("could not {what}: {e}"));
+    // Take every lock the child will need now, in the parent: a lock another
+    // thread holds at fork time stays locked forever in the child.
+    super::panic_guard::install_hook();
+    let (rd, wr) = nix::unistd::pipe().map_err(|e| sys("create a pipe", e.into()))?;
+    let mut errlog = tempfile::tempfile().map_err(|e| sys("create a temporary file", e))?;
+    // SAFETY: the child only runs `f` (which allocates; glibc keeps malloc
+    // usable after fork through its atfork handlers), writes to the pipe and
+    // calls _exit without running destructors or atexit handlers. It never
+    // returns into the caller's stack frames.
+    match unsafe { nix::unistd::fork() } {
+        Err(e) => Err(sys("fork", e.into())),
+        Ok(nix::unistd::ForkResult::Child) => {
+            drop(rd);
+            // SAFETY: both descriptors are open; dup2 onto 2 redirects this
+            // child's stderr (hwloc's messages) into the log file.
+            unsafe { libc::dup2(errlog.as_raw_fd(), 2) };
+            let r = super::panic_guard::catch(f)
+                .unwrap_or_else(|msg| Err(crashed(format!("internal error: {msg}"))));
+            let text = serde_json::to_vec(&r).unwrap_or_default();
+            let mut w = std::fs::File::from(wr);
+            let ok = w.write_all(&text).is_ok();
+            // SAFETY: _exit ends the child at once, as a forked child should.
+            unsafe { libc::_exit(if ok { 0 } else { 3 }) }
+        }
+        Ok(nix::unistd::ForkResult::Parent { child }) => {
+            drop(wr);
+            let (buf, read) = read_with_deadline(rd, READ_DEADLINE);
+            if read.is_err() {
+                let _ = nix::sys::signal::kill(child, nix::sys::signal::Signal::SIGKILL);
+            }
+            let status = nix::sys::wait::waitpid(child, None);
+            let mut log = String::new();
+            let _ = errlog.rewind();
+            let _ = errlog.read_to_string(&mut log);
+            let last = log
+                .lines()
+                .rev()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or("")
+                .trim()
+                .to_string();
+            match status {
+                Ok(nix::sys::wait::WaitStatus::Exited(_, 0)) if read.is_ok() => {
+                    serde_json::from_slice(&buf).unwrap_or_else(|e| {
+                        Err(crashed(format!(
+                            "internal error: bad reply from the reader ({e})"
+                        )))
+                    })
+                }
+                Ok(nix::sys::wait::WaitStatus::Signaled(_, sig, _)) => Err(crashed(format!(
+                    "hwloc crashed reading it ({sig}){}",
+                    if last.is_empty() {
+                        String::new()
+                    } else {
+                        format!(": {last}")
+                    }
+                ))),
+                _ if read.is_err() => Err(crashed(format!(
+                    "the reader did not finish in {} s and was stopped",
+                    READ_DEADLINE.as_secs()
+                ))),
+                other => Err(crashed(format!(
+                    "the reader failed ({other:?}){}",
+                    if last.is_empty() {
+                        String::new()
+                    } else {
+                        format!(": {last}")
+                    }
+                ))),
+            }
+        }
+    }
+}
+
+/// How long a reader may take before it is killed (a sysfs capture of a
+/// large machine reads in well under a second).
+const READ_DEADLINE: std::time::Duration = std::time::Duration::from_secs(120);
+
+fn read_with_deadline(rd: OwnedFd, limit: std::time::Duration) -> (Vec<u8>, std::io::Result<()>) {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    let deadline = std::time::Instant::now() + limit;
+    let mut file = std::fs::File::from(rd);
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 65536];
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return (
+                buf,
+                Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "the reader took too long",
+                )),
+            );
+        }
+        let ms =
+            PollTimeout::try_from(left.as_millis().min(60_000) as i32).unwrap_or(PollTimeout::MAX);
+        let mut fds = [PollFd::new(
+            std::os::fd::AsFd::as_fd(&file),
+            PollFlags::POLLIN,
+        )];
+        match poll(&mut fds, ms) {
+            Ok(0) => continue,
+            Ok(_) => match file.read(&mut chunk) {
+                Ok(0) => return (buf, Ok(())),
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return (buf, Err(e)),
+            },
+            Err(nix::errno::Errno::EINTR) => {}
+            Err(e) => return (buf, Err(e.into())),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn returns_the_childs_value() {
+        let v: u32 = in_child("x", || Ok(41 + 1)).unwrap();
+        assert_eq!(v, 42);
+    }
+
+    #[test]
+    fn reports_the_childs_error() {
+        let e = in_child::<u32>("f.xml", || {
+            Err(ChildError {
+                input: "f.xml".into(),
+                problem: "bad".into(),
+                fix: "fix".into(),
+            })
+        })
+        .unwrap_err();
+        assert_eq!(e.problem, "bad");
+    }
+
+    #[test]
+    fn survives_an_abort() {
+        let e = in_child::<u32>("f.xml", || {
+            let msg = b"topology.c:1: check: Assertion `x' failed.\n";
+            // SAFETY: writes a valid buffer to fd 2 (the test harness
+            // captures eprintln!, hwloc writes to the descriptor).
+            unsafe { libc::write(2, msg.as_ptr().cast(), msg.len()) };
+            std::process::abort()
+        })
+        .unwrap_err();
+        assert!(e.problem.contains("crashed"), "{}", e.problem);
+        assert!(e.problem.contains("Assertion"), "{}", e.problem);
+        assert_eq!(e.input, "f.xml");
+    }
+}

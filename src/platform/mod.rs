@@ -1,0 +1,12 @@
+//! Platform code: the CUDA driver, Linux system calls, and the helpers that
+//! isolate hwloc and cudarc failures. Private to the crate (reached by
+//! numapin's own tools and tests through [`crate::internals`]); the only
+//! place besides the arena's region and buffer code where `unsafe` appears,
+//! each block with a `// SAFETY:` comment.
+
+pub mod cuda;
+pub mod isolate;
+pub mod numa;
+pub mod panic_guard;
+pub mod pci;
+pub mod sys;

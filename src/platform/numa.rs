@@ -1,0 +1,346 @@
+//! The raw NUMA and memory system calls, in one place: `mbind`,
+//! `set_mempolicy`, `get_mempolicy`, `move_pages` and `getcpu` (no `nix`
+//! wrapper exists for them), and `mmap`/`munmap`, `mlock`/`munlock`,
+//! `madvise` and `mincore`.
+//!
+//! Each is a thin checked wrapper with the kernel's own argument layout and
+//! `libc`'s constants; every `unsafe` block says why its pointers are valid.
+//! Node numbers are limited by [`MAX_NODES`] everywhere.
+
+use std::io;
+
+/// Node numbers run from 0 to `MAX_NODES - 1`: the kernel's own
+/// `MAX_NUMNODES` on x86-64 `MAXSMP` kernels, the largest distributions
+/// ship. Every node mask numapin builds, and every node number it reads
+/// from a description, is checked against it.
+pub const MAX_NODES: u32 = 1024;
+
+/// `MPOL_PREFERRED_MANY` (Linux 5.15), not in `libc` yet.
+const MPOL_PREFERRED_MANY: libc::c_int = 5;
+/// `MPOL_MF_STRICT` from `<linux/mempolicy.h>`, not in `libc` yet: fail if
+/// existing pages do not follow the policy.
+const MPOL_MF_STRICT: libc::c_ulong = 1;
+
+/// A memory policy over a set of nodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Policy {
+    /// `MPOL_BIND`: only these nodes.
+    Bind,
+    /// `MPOL_PREFERRED`: this node first (one node).
+    Preferred,
+    /// `MPOL_PREFERRED_MANY`: these nodes first (Linux 5.15 and later).
+    PreferredMany,
+}
+
+impl Policy {
+    fn mode(self) -> libc::c_int {
+        match self {
+            Policy::Bind => libc::MPOL_BIND,
+            Policy::Preferred => libc::MPOL_PREFERRED,
+            Policy::PreferredMany => MPOL_PREFERRED_MANY,
+        }
+    }
+}
+
+/// A node mask for the kernel: one bit per node, in `c_ulong` words.
+fn node_mask(nodes: &[u32]) -> io::Result<Vec<libc::c_ulong>> {
+    let max = nodes.iter().copied().max().unwrap_or(0);
+    if max >= MAX_NODES {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "NUMA node {max} is beyond the supported node numbers (0 to {})",
+                MAX_NODES - 1
+            ),
+        ));
+    }
+    let bits = libc::c_ulong::BITS;
+    let mut mask = vec![0 as libc::c_ulong; (max / bits) as usize + 1];
+    for &n in nodes {
+        mask[(n / bits) as usize] |= 1 << (n % bits);
+    }
+    Ok(mask)
+}
+
+/// `maxnode` for a mask: the kernel reads `maxnode - 1` bits (a historical
+/// off-by-one that libnuma also accounts for), so one more than it holds.
+fn maxnode(mask: &[libc::c_ulong]) -> libc::c_ulong {
+    (mask.len() * libc::c_ulong::BITS as usize + 1) as libc::c_ulong
+}
+
+fn result(r: libc::c_long) -> io::Result<()> {
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Binds `len` bytes at `addr` to `node` (`mbind(MPOL_BIND, {node},
+/// MPOL_MF_STRICT)`).
+///
+/// # Safety
+/// `addr..addr+len` must be a mapping owned by the caller (the policy of
+/// that range changes).
+pub unsafe fn mbind_node(addr: *mut u8, len: usize, node: u32) -> io::Result<()> {
+    let mask = node_mask(&[node])?;
+    // SAFETY: the kernel reads maxnode - 1 = mask.len() words of bits from
+    // the live mask; the caller owns the range.
+    result(unsafe {
+        libc::syscall(
+            libc::SYS_mbind,
+            addr,
+            len,
+            libc::MPOL_BIND as libc::c_long,
+            mask.as_ptr(),
+            maxnode(&mask),
+            MPOL_MF_STRICT,
+        )
+    })
+}
+
+/// Sets the calling thread's memory policy (`set_mempolicy(2)`).
+pub fn set_mempolicy(policy: Policy, nodes: &[u32]) -> io::Result<()> {
+    let mask = node_mask(nodes)?;
+    // SAFETY: set_mempolicy reads maxnode - 1 = mask.len() words from the
+    // live mask; it writes no memory of ours and changes only this
+    // thread's memory policy.
+    result(unsafe {
+        libc::syscall(
+            libc::SYS_set_mempolicy,
+            policy.mode(),
+            mask.as_ptr(),
+            maxnode(&mask),
+        )
+    })
+}
+
+/// Resets the calling thread's memory policy to the default (`MPOL_DEFAULT`:
+/// memory comes from the node of the CPU that first touches it).
+pub fn set_default_mempolicy() -> io::Result<()> {
+    // SAFETY: MPOL_DEFAULT with a null mask and maxnode 0 reads no memory
+    // of ours and changes only this thread's memory policy.
+    result(unsafe {
+        libc::syscall(
+            libc::SYS_set_mempolicy,
+            libc::MPOL_DEFAULT,
+            std::ptr::null::<libc::c_ulong>(),
+            0 as libc::c_ulong,
+        )
+    })
+}
+
+/// The calling thread's memory policy mode and nodes (`get_mempolicy(2)`),
+/// as `(mode, nodes)`; mode 0 is `MPOL_DEFAULT`, 1 preferred, 2 bind.
+pub fn get_mempolicy() -> io::Result<(i32, Vec<u32>)> {
+    let bits = libc::c_ulong::BITS as usize;
+    let words = MAX_NODES as usize / bits;
+    let mut mode: libc::c_int = 0;
+    let mut mask = vec![0 as libc::c_ulong; words];
+    // SAFETY: `mode` is a live c_int and `mask` a live vector of `words`
+    // words; with maxnode = words * bits-per-word the kernel writes at most
+    // that many bits into it. addr = NULL and flags = 0 ask for this
+    // thread's policy.
+    result(unsafe {
+        libc::syscall(
+            libc::SYS_get_mempolicy,
+            &mut mode as *mut libc::c_int,
+            mask.as_mut_ptr(),
+            (words * bits) as libc::c_ulong,
+            std::ptr::null_mut::<libc::c_void>(),
+            0 as libc::c_ulong,
+        )
+    })?;
+    let nodes = (0..words * bits)
+        .filter(|&i| mask[i / bits] & (1 << (i % bits)) != 0)
+        .map(|i| i as u32)
+        .collect();
+    Ok((mode, nodes))
+}
+
+/// Where the pages at `addr..addr+len` (`page`-sized steps) are: the node
+/// of each page, or a negative errno (`-ENOENT` for a page not present),
+/// through `move_pages(0, n, pages, NULL, status, 0)`, which moves
+/// nothing.
+///
+/// `visit` gets each batch of statuses in address order.
+///
+/// # Safety
+/// `addr..addr+len` must be mapped in this process for the whole call.
+pub unsafe fn page_nodes(
+    addr: *const u8,
+    len: usize,
+    page: usize,
+    mut visit: impl FnMut(&[i32]),
+) -> io::Result<()> {
+    const BATCH: usize = 4096;
+    let count = len.div_ceil(page);
+    let mut pages: Vec<*const libc::c_void> = Vec::with_capacity(BATCH);
+    let mut status = vec![0i32; BATCH];
+    let mut done = 0;
+    while done < count {
+        let n = BATCH.min(count - done);
+        pages.clear();
+        // wrapping_add: only addresses are computed, nothing is read here.
+        pages.extend((done..done + n).map(|i| addr.wrapping_add(i * page) as *const libc::c_void));
+        // SAFETY: `pages` and `status` each hold `n` entries; a null node
+        // list makes move_pages report placement and move nothing; the
+        // caller keeps the range mapped.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_move_pages,
+                0 as libc::c_long,
+                n as libc::c_ulong,
+                pages.as_ptr(),
+                std::ptr::null::<i32>(),
+                status.as_mut_ptr(),
+                0 as libc::c_long,
+            )
+        };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        visit(&status[..n]);
+        done += n;
+    }
+    Ok(())
+}
+
+/// The NUMA node of the CPU the calling thread runs on (`getcpu`).
+pub fn current_node() -> io::Result<u32> {
+    let mut cpu: libc::c_uint = 0;
+    let mut node: libc::c_uint = 0;
+    // SAFETY: both out-pointers are valid; the third argument (a cache) is
+    // unused by the kernel and may be null.
+    result(unsafe {
+        libc::syscall(
+            libc::SYS_getcpu,
+            &mut cpu,
+            &mut node,
+            std::ptr::null_mut::<libc::c_void>(),
+        )
+    })?;
+    Ok(node)
+}
+
+/// Whether the page at `addr` (page-aligned) is mapped in this process:
+/// `mincore` fails with `ENOMEM` for an unmapped address. Makes only the
+/// system call, so it may be used in a forked child.
+pub fn is_mapped(addr: usize) -> bool {
+    let mut vec = [0u8; 1];
+    // SAFETY: mincore reads no memory at `addr`; it writes one byte per
+    // page into `vec`, which has room for the single page asked about.
+    let r = unsafe { libc::mincore(addr as *mut libc::c_void, 1, vec.as_mut_ptr()) };
+    r == 0 || io::Error::last_os_error().raw_os_error() != Some(libc::ENOMEM)
+}
+
+/// A fresh anonymous private read-write mapping of `len` bytes.
+pub fn map_anonymous(len: usize) -> io::Result<*mut u8> {
+    // SAFETY: an anonymous private mapping at an address of the kernel's
+    // choosing touches no existing memory.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(p.cast())
+    }
+}
+
+/// Unmaps `addr..addr+len`.
+///
+/// # Safety
+/// The range must be (part of) a mapping owned by the caller that nothing
+/// references any more.
+pub unsafe fn unmap(addr: *mut u8, len: usize) -> io::Result<()> {
+    // SAFETY: per the caller's guarantee.
+    result(unsafe { libc::munmap(addr.cast(), len) }.into())
+}
+
+/// Locks `addr..addr+len` in memory (`mlock`).
+///
+/// # Safety
+/// The range must be a mapping owned by the caller.
+pub unsafe fn lock(addr: *mut u8, len: usize) -> io::Result<()> {
+    // SAFETY: per the caller's guarantee; mlock changes no data.
+    result(unsafe { libc::mlock(addr.cast(), len) }.into())
+}
+
+/// Unlocks `addr..addr+len` (`munlock`).
+///
+/// # Safety
+/// The range must be a mapping owned by the caller.
+pub unsafe fn unlock(addr: *mut u8, len: usize) -> io::Result<()> {
+    // SAFETY: per the caller's guarantee; munlock changes no data.
+    result(unsafe { libc::munlock(addr.cast(), len) }.into())
+}
+
+/// Gives the kernel `advice` (`MADV_*`) about `addr..addr+len`.
+///
+/// # Safety
+/// The range must be a mapping owned by the caller, and the advice one that
+/// changes no data the caller relies on (`MADV_HUGEPAGE`, `MADV_DONTFORK`).
+pub unsafe fn advise(addr: *mut u8, len: usize, advice: libc::c_int) -> io::Result<()> {
+    // SAFETY: per the caller's guarantee.
+    result(unsafe { libc::madvise(addr.cast(), len, advice) }.into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn current_node_is_a_node_of_this_machine() {
+        let node = current_node().unwrap();
+        assert!(std::path::Path::new(&format!("/sys/devices/system/node/node{node}")).exists());
+    }
+
+    #[test]
+    fn mincore_tells_mapped_from_unmapped() {
+        let v = vec![1u8; 1 << 16];
+        let page = (v.as_ptr() as usize + 4095) & !4095;
+        assert!(is_mapped(page));
+        // The zero page is never mapped.
+        assert!(!is_mapped(0));
+    }
+
+    #[test]
+    fn out_of_range_nodes_are_refused_before_the_kernel() {
+        // SAFETY: the call is refused before reaching the kernel.
+        let e = unsafe { mbind_node(std::ptr::null_mut(), 4096, MAX_NODES) }.unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+        let e = set_mempolicy(Policy::Bind, &[0, MAX_NODES]).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+    }
+
+    #[test]
+    fn node_masks_set_one_bit_per_node() {
+        let m = node_mask(&[0, 3, 64]).unwrap();
+        assert_eq!(m.len(), 2);
+        assert_eq!(m[0], 0b1001);
+        assert_eq!(m[1], 1);
+        assert_eq!(maxnode(&m), 129);
+    }
+
+    #[test]
+    fn map_lock_advise_unmap_round_trip() {
+        let len = 2 << 20;
+        let p = map_anonymous(len).unwrap();
+        // SAFETY: p..p+len is the mapping just made, referenced by nothing else.
+        unsafe {
+            advise(p, len, libc::MADV_DONTFORK).unwrap();
+            lock(p, 4096).unwrap();
+            unlock(p, 4096).unwrap();
+            unmap(p, len).unwrap();
+        }
+        assert!(!is_mapped(p as usize));
+    }
+}

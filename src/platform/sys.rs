@@ -1,0 +1,91 @@
+//! Small Linux system interfaces: CPU affinity, limits, capabilities and
+//! `/proc/self/status`.
+//!
+//! Thin, checked wrappers over `nix`; the raw NUMA and memory system calls
+//! live in [`super::numa`].
+
+use std::io;
+
+use crate::cpulist::CpuList;
+
+/// The CPUs the calling thread may run on (`sched_getaffinity(0)`).
+pub fn sched_getaffinity_self() -> io::Result<CpuList> {
+    let set =
+        nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0)).map_err(io::Error::from)?;
+    let max = nix::sched::CpuSet::count();
+    Ok((0..max)
+        .filter(|&c| set.is_set(c).unwrap_or(false))
+        .map(|c| c as u32)
+        .collect())
+}
+
+/// Restricts the calling thread (`pid` 0) or process to `cpus`.
+pub fn sched_setaffinity(pid: i32, cpus: &CpuList) -> io::Result<()> {
+    if cpus.is_empty() {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "empty CPU set"));
+    }
+    let mut set = nix::sched::CpuSet::new();
+    for c in cpus.iter() {
+        set.set(c as usize).map_err(|_| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("CPU {c} is beyond the supported CPU count"),
+            )
+        })?;
+    }
+    nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(pid), &set).map_err(io::Error::from)
+}
+
+/// The `(soft, hard)` RLIMIT_MEMLOCK in bytes (`u64::MAX` = unlimited).
+pub fn memlock_limit() -> io::Result<(u64, u64)> {
+    nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_MEMLOCK)
+        .map_err(io::Error::from)
+}
+
+/// Whether this process has CAP_IPC_LOCK in its effective set (which lets it
+/// lock memory beyond RLIMIT_MEMLOCK).
+pub fn has_cap_ipc_lock() -> bool {
+    const CAP_IPC_LOCK: u32 = 14;
+    let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
+        return false;
+    };
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .is_some_and(|caps| caps & (1 << CAP_IPC_LOCK) != 0)
+}
+
+/// A field of `/proc/self/status` (`VmLck`, `Cpus_allowed_list`, ...).
+pub fn proc_status_field(name: &str) -> Option<String> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    status.lines().find_map(|l| {
+        let (k, v) = l.split_once(':')?;
+        (k == name).then(|| v.trim().to_string())
+    })
+}
+
+/// `VmLck` of this process in bytes.
+pub fn locked_bytes() -> u64 {
+    proc_status_field("VmLck")
+        .and_then(|v| v.trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn affinity_matches_proc_status() {
+        let mine = sched_getaffinity_self().unwrap();
+        let listed = CpuList::parse(&proc_status_field("Cpus_allowed_list").unwrap()).unwrap();
+        assert_eq!(mine, listed);
+        assert!(!mine.is_empty());
+    }
+
+    #[test]
+    fn empty_affinity_is_refused() {
+        assert!(sched_setaffinity(0, &CpuList::new()).is_err());
+    }
+}

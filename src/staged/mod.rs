@@ -1,0 +1,397 @@
+//! Staged copies of pageable memory to and from a GPU.
+//!
+//! `cuMemcpyHtoD` from ordinary (pageable) memory is slow: the driver copies
+//! it through its own small pinned buffers, one at a time, on one thread.
+//! [`copy_to_device`] splits the copy into chunks and has several
+//! threads, bound to the GPU's own CPUs, each copy a chunk into a pinned
+//! staging slot from the GPU's node arena and queue its DMA on the thread's
+//! stream; each thread has two slots, so the memcpy of its next chunk runs
+//! while the DMA of the last one does (double buffering, one event per
+//! slot), and the threads together keep the copy engine busy.
+//! [`copy_from_device`] is the reverse: the DMA of chunk k+1 runs
+//! while chunk k is copied out of its slot.
+//!
+//! Staging memory: `threads * slots_per_thread * chunk_bytes` pinned bytes
+//! on the GPU's node for the duration of the call (128 MiB with the
+//! defaults), from the runtime's arena.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+
+mod stream_copy;
+
+use crate::cpulist::CpuList;
+use crate::gpu::{CudaError, CudaOrdinal};
+use crate::loader::{placement, LoaderError, Target};
+use crate::platform::cuda::{self, CUdeviceptr, Event, Stream};
+use crate::runtime::{PinnedBuf, Runtime};
+
+use LoaderError as Error;
+
+type Result<T, E = LoaderError> = std::result::Result<T, E>;
+
+/// Most threads a staged copy starts by default (the node's allowed CPUs,
+/// at most this many): memcpy from pageable memory is its bottleneck.
+pub const MAX_STAGED_THREADS: usize = 16;
+
+/// How a staged copy runs (start from `StagedOptions::default()`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct StagedOptions {
+    /// Bytes per chunk (default 8 MiB).
+    pub chunk_bytes: usize,
+    /// Threads, 0 for the GPU's allowed local CPUs up to 8 (default 0);
+    /// never more than there are chunks.
+    pub threads: usize,
+    /// Staging slots per thread (default 2: double buffering).
+    pub slots_per_thread: usize,
+}
+
+impl Default for StagedOptions {
+    fn default() -> Self {
+        StagedOptions {
+            chunk_bytes: 8 << 20,
+            threads: 0,
+            slots_per_thread: 2,
+        }
+    }
+}
+
+with_setters!(StagedOptions {
+    with_chunk_bytes => chunk_bytes: usize,
+    with_threads => threads: usize,
+    with_slots_per_thread => slots_per_thread: usize,
+});
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Direction {
+    ToDevice,
+    FromDevice,
+}
+
+/// Copies `src` (any host memory, typically pageable) to device memory at
+/// `dst` on CUDA device `gpu`, staged through pinned memory on the GPU's
+/// node from `rt`'s arena with the default [`StagedOptions`]. Returns when
+/// the data is on the device.
+///
+/// `dst..dst + src.len()` must lie inside one device allocation of that GPU
+/// (checked with `cuPointerGetAttribute`; an error otherwise). The calling
+/// thread's CUDA context is left as it was.
+pub fn copy_to_device(rt: &Runtime, src: &[u8], dst: CUdeviceptr, gpu: CudaOrdinal) -> Result<()> {
+    copy_to_device_with(rt, src, dst, gpu, &StagedOptions::default())
+}
+
+/// Copies device memory at `src` on CUDA device `gpu` into `dst`, staged
+/// like [`copy_to_device`].
+pub fn copy_from_device(
+    rt: &Runtime,
+    src: CUdeviceptr,
+    dst: &mut [u8],
+    gpu: CudaOrdinal,
+) -> Result<()> {
+    copy_from_device_with(rt, src, dst, gpu, &StagedOptions::default())
+}
+
+/// [`copy_to_device`] with options.
+pub fn copy_to_device_with(
+    rt: &Runtime,
+    src: &[u8],
+    dst: CUdeviceptr,
+    gpu: CudaOrdinal,
+    opts: &StagedOptions,
+) -> Result<()> {
+    let plan = prepare(rt, gpu, dst, src.len(), opts, Direction::ToDevice)?;
+    let Some(plan) = plan else { return Ok(()) };
+    let chunks = Mutex::new(src.chunks(plan.chunk).enumerate());
+    run(&plan, |slots, stream, failed| {
+        to_device(&chunks, slots, stream, dst, plan.chunk, failed)
+    })
+}
+
+/// [`copy_from_device`] with options.
+pub fn copy_from_device_with(
+    rt: &Runtime,
+    src: CUdeviceptr,
+    dst: &mut [u8],
+    gpu: CudaOrdinal,
+    opts: &StagedOptions,
+) -> Result<()> {
+    let plan = prepare(rt, gpu, src, dst.len(), opts, Direction::FromDevice)?;
+    let Some(plan) = plan else { return Ok(()) };
+    let chunk = plan.chunk;
+    let chunks = Mutex::new(dst.chunks_mut(chunk).enumerate());
+    run(&plan, |slots, stream, failed| {
+        from_device(&chunks, slots, stream, src, chunk, failed)
+    })
+}
+
+struct Plan {
+    gpu: CudaOrdinal,
+    cpus: CpuList,
+    chunk: usize,
+    /// Staging slots, one group per thread.
+    slots: Mutex<Vec<Vec<PinnedBuf>>>,
+}
+
+fn copy_error(gpu: CudaOrdinal, e: CudaError) -> Error {
+    let fix = if e.is_no_driver() {
+        "run on a machine with the NVIDIA driver"
+    } else {
+        "check the GPU (`nvidia-smi`) and the device pointer"
+    };
+    Error::setup(format!("staged copy with GPU {gpu}"), fix, e)
+}
+
+/// Checks the device range, sizes the copy and takes the staging slots;
+/// `None` for an empty copy.
+fn prepare(
+    rt: &Runtime,
+    gpu: CudaOrdinal,
+    dev: CUdeviceptr,
+    len: usize,
+    opts: &StagedOptions,
+    dir: Direction,
+) -> Result<Option<Plan>> {
+    if opts.chunk_bytes == 0 || opts.slots_per_thread == 0 {
+        return Err(Error::config(
+            "chunk_bytes/slots_per_thread",
+            format!("{}/{}", opts.chunk_bytes, opts.slots_per_thread),
+            "both must be at least 1",
+            "use StagedOptions::default() (8 MiB chunks, 2 slots per thread)",
+        ));
+    }
+    let place = placement::resolve(rt, Target::Gpu(gpu))?;
+    if len == 0 {
+        return Ok(None);
+    }
+    check_range(gpu, dev, len, dir)?;
+    let chunk = opts.chunk_bytes.min(len);
+    let n_chunks = len.div_ceil(chunk);
+    let threads = match opts.threads {
+        0 => place.cpus.len().clamp(1, MAX_STAGED_THREADS),
+        t => t,
+    }
+    .min(n_chunks);
+    // Two slots per thread are only useful with two chunks per thread.
+    let per_thread = opts.slots_per_thread.min(n_chunks.div_ceil(threads)).max(1);
+    let mut slots = Vec::with_capacity(threads);
+    for _ in 0..threads {
+        let mut group = Vec::with_capacity(per_thread);
+        for _ in 0..per_thread {
+            group.push(rt.alloc_on_node(place.node, chunk)?);
+        }
+        slots.push(group);
+    }
+    Ok(Some(Plan {
+        gpu,
+        cpus: place.cpus,
+        chunk,
+        slots: Mutex::new(slots),
+    }))
+}
+
+fn check_range(gpu: CudaOrdinal, ptr: CUdeviceptr, len: usize, dir: Direction) -> Result<()> {
+    let which = match dir {
+        Direction::ToDevice => "destination",
+        Direction::FromDevice => "source",
+    };
+    let _ctx = cuda::ContextGuard::push(gpu.0).map_err(|e| copy_error(gpu, e))?;
+    let r = cuda::device_range(ptr).map_err(|e| Error::Request {
+        problem: format!(
+            "the {which} {ptr:#x} of a staged copy with GPU {gpu} is not device memory: {e}"
+        ),
+        fix: "pass a pointer from cuMemAlloc (or a framework's device tensor) on that GPU".into(),
+    })?;
+    if r.ordinal != gpu.0 {
+        return Err(Error::Request {
+            problem: format!(
+                "the {which} {ptr:#x} of a staged copy is on GPU {}, not GPU {gpu}",
+                r.ordinal
+            ),
+            fix: format!(
+                "pass gpu = {} (the CUDA ordinal the memory is on)",
+                r.ordinal
+            ),
+        });
+    }
+    let end = ptr.checked_add(len as u64);
+    if end.is_none_or(|e| e > r.start + r.size as u64) {
+        return Err(Error::Request {
+            problem: format!(
+                "a staged copy of {len} bytes at {ptr:#x} runs past the end of its device allocation ({} bytes at {:#x})",
+                r.size, r.start
+            ),
+            fix: "copy at most to the end of the allocation".into(),
+        });
+    }
+    Ok(())
+}
+
+/// Runs `work` on one thread per slot group: bound to the GPU's CPUs with
+/// its context current (on the calling thread, not rebound, when there is
+/// one group), each with its own stream. The stream is synchronised before
+/// the slots are given back, whatever happened.
+fn run<F>(plan: &Plan, work: F) -> Result<()>
+where
+    F: Fn(&mut [PinnedBuf], &Stream, &AtomicBool) -> std::result::Result<(), CudaError> + Sync,
+{
+    let groups = std::mem::take(&mut *plan.slots.lock().unwrap_or_else(|p| p.into_inner()));
+    let failed = AtomicBool::new(false);
+    let one = |mut slots: Vec<PinnedBuf>, spawned: bool| -> Result<()> {
+        let _ctx;
+        if spawned {
+            crate::affinity::bind_current_thread(&plan.cpus)?;
+            cuda::set_device(plan.gpu.0).map_err(|e| copy_error(plan.gpu, e))?;
+        } else {
+            _ctx = cuda::ContextGuard::push(plan.gpu.0).map_err(|e| copy_error(plan.gpu, e))?;
+        }
+        let stream = Stream::new().map_err(|e| copy_error(plan.gpu, e))?;
+        let r = work(&mut slots, &stream, &failed);
+        if r.is_err() {
+            failed.store(true, Ordering::SeqCst);
+        }
+        // Nothing may still read or write a slot when it goes back.
+        let synced = stream.synchronize();
+        drop(slots);
+        r.and(synced).map_err(|e| copy_error(plan.gpu, e))
+    };
+    if groups.len() == 1 {
+        let g = groups.into_iter().next().expect("one group");
+        return one(g, false);
+    }
+    let results: Vec<Result<()>> = std::thread::scope(|s| {
+        let handles: Vec<_> = groups
+            .into_iter()
+            .enumerate()
+            .map(|(i, g)| {
+                let one = &one;
+                std::thread::Builder::new()
+                    .name(format!("numapin-stage{i}"))
+                    .spawn_scoped(s, move || one(g, true))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| match h {
+                Ok(h) => h.join().unwrap_or_else(|_| {
+                    Err(Error::setup(
+                        "staged copy",
+                        "report this as a numapin bug",
+                        "a copy thread panicked",
+                    ))
+                }),
+                Err(e) => {
+                    failed.store(true, Ordering::SeqCst);
+                    Err(Error::setup(
+                        "starting a staged copy thread",
+                        "check the process's thread limit (`ulimit -u`)",
+                        e,
+                    ))
+                }
+            })
+            .collect()
+    });
+    results.into_iter().collect()
+}
+
+/// One event per staging slot, recorded after the slot's last DMA.
+fn slot_events(n: usize) -> std::result::Result<Vec<Event>, CudaError> {
+    (0..n).map(|_| Event::new(false)).collect()
+}
+
+fn to_device<'a>(
+    chunks: &Mutex<impl Iterator<Item = (usize, &'a [u8])>>,
+    slots: &mut [PinnedBuf],
+    stream: &Stream,
+    dst: CUdeviceptr,
+    chunk: usize,
+    failed: &AtomicBool,
+) -> std::result::Result<(), CudaError> {
+    let events = slot_events(slots.len())?;
+    let mut used = vec![false; slots.len()];
+    let mut i = 0;
+    while !failed.load(Ordering::Relaxed) {
+        let Some((k, part)) = chunks.lock().unwrap_or_else(|p| p.into_inner()).next() else {
+            break;
+        };
+        let s = i % slots.len();
+        i += 1;
+        if used[s] {
+            // The slot's last DMA must be done before it is overwritten.
+            events[s].synchronize()?;
+        }
+        stream_copy::copy(&mut slots[s][..part.len()], part);
+        // SAFETY: the slot is pinned and holds part.len() bytes, untouched
+        // until its event (recorded next) completes or the stream is
+        // synchronised (run does that before the slots go back); the
+        // device range was checked to lie in one allocation of this GPU;
+        // this thread has the GPU's context current.
+        unsafe {
+            cuda::memcpy_htod_async(
+                dst + (k * chunk) as u64,
+                slots[s].as_ptr().cast(),
+                part.len(),
+                stream.raw(),
+            )?;
+            events[s].record(stream.raw())?;
+        }
+        used[s] = true;
+    }
+    Ok(())
+}
+
+fn from_device<'a>(
+    chunks: &Mutex<impl Iterator<Item = (usize, &'a mut [u8])>>,
+    slots: &mut [PinnedBuf],
+    stream: &Stream,
+    src: CUdeviceptr,
+    chunk: usize,
+    failed: &AtomicBool,
+) -> std::result::Result<(), CudaError> {
+    let events = slot_events(slots.len())?;
+    let mut pending: Option<(usize, &mut [u8])> = None;
+    let mut i = 0;
+    loop {
+        let next = if failed.load(Ordering::Relaxed) {
+            None
+        } else {
+            chunks.lock().unwrap_or_else(|p| p.into_inner()).next()
+        };
+        let issued = match next {
+            Some((k, part)) => {
+                let s = i % slots.len();
+                i += 1;
+                if slots.len() == 1 {
+                    if let Some((ps, out)) = pending.take() {
+                        events[ps].synchronize()?;
+                        stream_copy::copy(out, &slots[ps][..out.len()]);
+                    }
+                }
+                // SAFETY: the slot is pinned, holds part.len() bytes and is
+                // not read before its event completes (below); with two or
+                // more slots, the slot's previous chunk was copied out in
+                // an earlier turn (with one, `pending` was drained above);
+                // the device range was checked; the context is current.
+                unsafe {
+                    cuda::memcpy_dtoh_async(
+                        slots[s].as_mut_ptr().cast(),
+                        src + (k * chunk) as u64,
+                        part.len(),
+                        stream.raw(),
+                    )?;
+                    events[s].record(stream.raw())?;
+                }
+                Some((s, part))
+            }
+            None => None,
+        };
+        if let Some((ps, out)) = pending.take() {
+            events[ps].synchronize()?;
+            stream_copy::copy(out, &slots[ps][..out.len()]);
+        }
+        pending = issued;
+        if pending.is_none() {
+            return Ok(());
+        }
+    }
+}
