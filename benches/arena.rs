@@ -4,6 +4,7 @@
 //! creation per GiB (serial and parallel populate, against mmap+mlock).
 //!
 //! `cargo bench --bench arena`; results are recorded in docs/BENCHMARKS.md.
+#![allow(clippy::unwrap_used)] // tests and examples fail loudly
 
 use std::hint::black_box;
 use std::sync::Arc;

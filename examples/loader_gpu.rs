@@ -8,6 +8,7 @@
 //!
 //! Prints one table (and with `--json` one JSON object per line after it).
 //! Without a GPU it measures host mode only and says so.
+#![allow(clippy::unwrap_used)] // tests and examples fail loudly
 
 use std::process::ExitCode;
 

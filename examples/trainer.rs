@@ -11,6 +11,7 @@
 //! already in device memory when it arrives (a real trainer launches its
 //! step on its own stream after `batch.wait_on(stream)`); without one the
 //! loader delivers pinned host batches.
+#![allow(clippy::unwrap_used)] // tests and examples fail loudly
 
 use std::process::ExitCode;
 

@@ -26,8 +26,9 @@ use crate::arena::{self, ArenaConfig, NodeArena};
 use crate::gpu::CudaOrdinal;
 use crate::topology::{NodeKind, Topology};
 
+pub use crate::arena::region::Step;
 pub use crate::arena::{
-    ArenaError, CacheLimits, NodeStats, PinnedBuf, Placement, Step, DEFAULT_ALIGNMENT,
+    ArenaError, CacheLimits, NodeStats, PinnedBuf, Placement, DEFAULT_ALIGNMENT,
     DEFAULT_BUDGET_FRACTION, DEFAULT_REGION_BYTES, MAX_ALIGNMENT,
 };
 

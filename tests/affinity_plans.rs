@@ -2,6 +2,7 @@
 //! cases, SNC/NPS, SMT on and off, restricted allowed sets, unknown locality,
 //! and the invariants on every real machine description in
 //! `../shared/topologies/`.
+#![allow(clippy::unwrap_used)] // tests and examples fail loudly
 
 mod common;
 

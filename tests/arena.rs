@@ -6,6 +6,7 @@
 //! another memlock limit) re-run this test binary as a child with
 //! `NUMAPIN_ARENA_CHILD` set; those child tests are `#[ignore]`d and do
 //! nothing unless that variable names them.
+#![allow(clippy::unwrap_used)] // tests and examples fail loudly
 
 mod common;
 

@@ -1,5 +1,6 @@
 //! The machine descriptions in `topology/`, each with its expected GPU ->
 //! NUMA node mapping and the cases the probe must get right.
+#![allow(clippy::unwrap_used)] // tests and examples fail loudly
 
 use std::path::PathBuf;
 

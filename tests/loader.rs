@@ -5,6 +5,7 @@
 //!
 //! Every scenario runs in its own thread under a time limit, so a deadlock
 //! fails the test instead of hanging it.
+#![allow(clippy::unwrap_used)] // tests and examples fail loudly
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -15,7 +16,7 @@ use numapin::internals::kernels::{batch_key, fill_pattern, pattern_checksum, pat
 use numapin::loader::{Loader, LoaderConfig, LoaderError, Order, Target};
 use numapin::runtime::{Runtime, RuntimeConfig};
 use numapin::topology::{CudaMode, Gpu, ProbeOptions, Topology};
-use numapin::{CpuList, Error};
+use numapin::CpuList;
 
 const KIB: usize = 1 << 10;
 const MIB: usize = 1 << 20;

@@ -1,7 +1,8 @@
 //! `Runtime::bind_current_thread`: a thread lands on its GPU's node CPUs.
+#![allow(clippy::unwrap_used)] // tests and examples fail loudly
 
 use numapin::runtime::{Runtime, RuntimeConfig};
-use numapin::topology::{CudaMode, Gpu, ProbeOptions, Topology, VisibleEntry};
+use numapin::topology::{CudaMode, Gpu, Topology, VisibleEntry};
 
 /// This machine, with a stand-in GPU on node 0 visible as CUDA device 0.
 fn with_gpu_on_node0() -> Topology {

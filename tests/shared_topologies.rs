@@ -1,5 +1,6 @@
 //! Every real machine description in `../shared/topologies/` is read and
 //! compared with hwloc's own answer in its `expected.json`.
+#![allow(clippy::unwrap_used)] // tests and examples fail loudly
 
 use std::path::PathBuf;
 

@@ -11,7 +11,7 @@ use crate::{ModeArg, TopoSource};
 
 /// How the plan is printed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Format {
+pub(crate) enum Format {
     /// Aligned columns for a person, warnings below.
     Table,
     /// `{"mode":..,"ranks":[{"local_rank":0,"gpu":0,...}]}`.
@@ -27,30 +27,30 @@ pub enum Format {
 
 /// Arguments of `numapin affinity`.
 #[derive(Debug, clap::Args)]
-pub struct AffinityArgs {
+pub(crate) struct AffinityArgs {
     /// Where the description comes from.
     #[command(flatten)]
-    pub source: TopoSource,
+    pub(crate) source: TopoSource,
     /// How CPUs are chosen: node, socket, exclusive, cache (core-complex), core.
     #[arg(long, value_enum, default_value_t = ModeArg::Node)]
-    pub mode: ModeArg,
+    pub(crate) mode: ModeArg,
     /// CUDA devices, one per local rank, in rank order (`0-3`, `3,2,1,0`;
     /// default: every GPU this process sees).
     #[arg(long, value_name = "LIST", conflicts_with = "local_rank")]
-    pub gpus: Option<String>,
+    pub(crate) gpus: Option<String>,
     /// Print only this local rank's binding (its GPU chosen as `numapin
     /// exec` would).
     #[arg(long, value_name = "R")]
-    pub local_rank: Option<u32>,
+    pub(crate) local_rank: Option<u32>,
     /// In core mode, one hardware thread per rank instead of the whole core.
     #[arg(long)]
-    pub no_smt: bool,
+    pub(crate) no_smt: bool,
     /// In numactl output, prefer the nodes instead of binding to them.
     #[arg(long)]
-    pub preferred: bool,
+    pub(crate) preferred: bool,
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Table)]
-    pub format: Format,
+    pub(crate) format: Format,
 }
 
 /// Parses `--gpus`: comma-separated ordinals or ranges, order kept.
@@ -132,7 +132,7 @@ fn nodes(v: &[u32]) -> String {
 }
 
 /// The `numactl` options of a binding (`--physcpubind=0-15 --membind=0`).
-pub fn numactl_args(r: &RankPlan, policy: MemPolicy) -> Vec<String> {
+pub(crate) fn numactl_args(r: &RankPlan, policy: MemPolicy) -> Vec<String> {
     let mut v = vec![format!("--physcpubind={}", r.cpus)];
     match (policy, r.mems.len()) {
         (_, 0) => {}
@@ -144,7 +144,7 @@ pub fn numactl_args(r: &RankPlan, policy: MemPolicy) -> Vec<String> {
 }
 
 /// The plan in one of the output formats.
-pub fn render(t: &Topology, plan: &Plan, format: Format, policy: MemPolicy) -> String {
+pub(crate) fn render(t: &Topology, plan: &Plan, format: Format, policy: MemPolicy) -> String {
     let mut out = String::new();
     match format {
         Format::Json => {

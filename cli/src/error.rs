@@ -50,13 +50,6 @@ from_domain!(
 pub(crate) type Result<T, E = CliError> = std::result::Result<T, E>;
 
 impl CliError {
-    pub(crate) fn usage(problem: impl Into<String>, fix: impl Into<String>) -> Self {
-        CliError::Usage {
-            problem: problem.into(),
-            fix: fix.into(),
-        }
-    }
-
     pub(crate) fn system(
         what: impl Into<String>,
         fix: impl Into<String>,

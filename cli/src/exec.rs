@@ -21,39 +21,39 @@ use crate::ModeArg;
 
 /// Arguments of `numapin exec`.
 #[derive(Debug, clap::Args)]
-pub struct ExecArgs {
+pub(crate) struct ExecArgs {
     /// Where the description comes from.
     #[command(flatten)]
-    pub source: TopoSource,
+    pub(crate) source: TopoSource,
     /// How CPUs are chosen: node, socket, exclusive, cache (core-complex),
     /// core (default node).
     #[arg(long, value_enum)]
-    pub mode: Option<ModeArg>,
+    pub(crate) mode: Option<ModeArg>,
     /// Use this CUDA device instead of the local rank's.
     #[arg(long, value_name = "G", conflicts_with = "node")]
-    pub gpu: Option<u32>,
+    pub(crate) gpu: Option<u32>,
     /// Bind to this NUMA node's CPUs and memory directly (machines without
     /// GPUs, or jobs that are not one rank per GPU).
     #[arg(long, value_name = "N")]
-    pub node: Option<u32>,
+    pub(crate) node: Option<u32>,
     /// Allocate memory only on the plan's nodes (the default).
     #[arg(long, conflicts_with = "preferred")]
-    pub membind: bool,
+    pub(crate) membind: bool,
     /// Prefer the plan's nodes for memory, falling back to others when full.
     #[arg(long)]
-    pub preferred: bool,
+    pub(crate) preferred: bool,
     /// Set OMP_NUM_THREADS to the number of CPUs bound to.
     #[arg(long)]
-    pub threads_env: bool,
+    pub(crate) threads_env: bool,
     /// In core mode, one hardware thread instead of the whole core.
     #[arg(long)]
-    pub no_smt: bool,
+    pub(crate) no_smt: bool,
     /// Print the binding to standard error before running the command.
     #[arg(long, short)]
-    pub verbose: bool,
+    pub(crate) verbose: bool,
     /// Print the binding as JSON and exit without binding or running.
     #[arg(long)]
-    pub dry_run: bool,
+    pub(crate) dry_run: bool,
     /// The command and its arguments.
     #[arg(
         required = true,
@@ -61,7 +61,7 @@ pub struct ExecArgs {
         allow_hyphen_values = true,
         value_name = "CMD"
     )]
-    pub command: Vec<OsString>,
+    pub(crate) command: Vec<OsString>,
 }
 
 pub(crate) fn run(a: &ExecArgs) -> Result<i32> {

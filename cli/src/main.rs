@@ -17,10 +17,10 @@ use numapin::topology::{CudaMode, PciId, ProbeOptions, Topology};
 /// numapin: keep GPU data movement on the right side of the socket.
 #[derive(Debug, Parser)]
 #[command(name = "numapin", version, about, long_about = None)]
-pub struct Cli {
+pub(crate) struct Cli {
     /// The command to run.
     #[command(subcommand)]
-    pub command: Command,
+    pub(crate) command: Command,
 }
 
 /// How CPUs are chosen (`--mode`): the library's
@@ -57,20 +57,20 @@ impl From<ModeArg> for numapin::affinity::Mode {
 
 /// Options shared by every command that reads a topology.
 #[derive(Debug, Clone, clap::Args)]
-pub struct TopoSource {
+pub(crate) struct TopoSource {
     /// Describe a saved machine instead of this one: an hwloc XML export,
     /// a `numapin topo --json` file, an NCCL topology XML, or a captured
     /// filesystem root (folder, .tar.gz or .tar.bz2).
     #[arg(long, value_name = "PATH")]
-    pub input: Option<std::path::PathBuf>,
+    pub(crate) input: Option<std::path::PathBuf>,
     /// Treat PCI devices with this id as accelerators too (VENDOR or
     /// VENDOR:DEVICE in hex, as `lspci -n` prints; repeatable). A VENDOR
     /// alone matches all its devices but bridges.
     #[arg(long = "accelerator-pci-id", value_name = "VENDOR[:DEVICE]", value_parser = parse_pci_id)]
-    pub accelerator_pci_id: Vec<PciId>,
+    pub(crate) accelerator_pci_id: Vec<PciId>,
     /// Do not load the CUDA driver (ordinals are then assumed from PCI order).
     #[arg(long)]
-    pub no_cuda: bool,
+    pub(crate) no_cuda: bool,
 }
 
 fn parse_pci_id(s: &str) -> Result<PciId, String> {
@@ -79,7 +79,7 @@ fn parse_pci_id(s: &str) -> Result<PciId, String> {
 
 impl TopoSource {
     /// The probe options these flags ask for, with this process's environment.
-    pub fn options(&self) -> ProbeOptions {
+    pub(crate) fn options(&self) -> ProbeOptions {
         let mut o = ProbeOptions::from_process();
         o.accelerator_ids = self.accelerator_pci_id.clone();
         if self.no_cuda {
@@ -89,7 +89,7 @@ impl TopoSource {
     }
 
     /// Probes this machine or reads `--input`.
-    pub fn topology(&self) -> Result<Topology> {
+    pub(crate) fn topology(&self) -> Result<Topology> {
         let o = self.options();
         Ok(match &self.input {
             Some(p) => Topology::load(p, &o)?,
@@ -100,7 +100,7 @@ impl TopoSource {
 
 /// The commands.
 #[derive(Debug, Subcommand)]
-pub enum Command {
+pub(crate) enum Command {
     /// Show which GPU hangs off which socket, NUMA node and CPUs.
     Topo(topo::TopoArgs),
     /// Print each local rank's CPUs and memory nodes near its GPU.

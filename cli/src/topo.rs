@@ -7,16 +7,16 @@ use crate::TopoSource;
 
 /// Arguments of `numapin topo`.
 #[derive(Debug, clap::Args)]
-pub struct TopoArgs {
+pub(crate) struct TopoArgs {
     /// Where the description comes from.
     #[command(flatten)]
-    pub source: TopoSource,
+    pub(crate) source: TopoSource,
     /// Print the JSON form (schema in docs/topology-json.md).
     #[arg(long)]
-    pub json: bool,
+    pub(crate) json: bool,
     /// Also write this machine's hwloc XML to FILE (for a bug report).
     #[arg(long, value_name = "FILE")]
-    pub export: Option<PathBuf>,
+    pub(crate) export: Option<PathBuf>,
 }
 
 pub(crate) fn run(a: &TopoArgs) -> Result<i32> {

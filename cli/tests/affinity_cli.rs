@@ -1,4 +1,5 @@
 //! `numapin affinity` and `numapin exec` as a person or a launcher runs them.
+#![allow(clippy::unwrap_used)] // tests and examples fail loudly
 
 #[path = "../../tests/common/mod.rs"]
 mod common;

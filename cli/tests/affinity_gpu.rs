@@ -1,5 +1,6 @@
 //! `numapin exec` on a machine with CUDA GPUs: each local rank lands on its
 //! GPU's NUMA node. Run with `cargo test --release -- --ignored` there.
+#![allow(clippy::unwrap_used)] // tests and examples fail loudly
 
 use std::process::Command;
 

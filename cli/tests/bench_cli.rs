@@ -1,5 +1,6 @@
 //! `numapin bench` without a GPU: the host figures, as valid JSON, with a
 //! note that GPU figures need a CUDA driver.
+#![allow(clippy::unwrap_used)] // tests and examples fail loudly
 
 use std::process::Command;
 

@@ -1,5 +1,6 @@
 //! `numapin doctor` as an operator runs it: on this machine, as an
 //! unprivileged user, on saved machines, and with bad usage.
+#![allow(clippy::unwrap_used)] // tests and examples fail loudly
 
 #[path = "../../tests/common/mod.rs"]
 mod common;

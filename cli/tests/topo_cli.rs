@@ -1,5 +1,6 @@
 //! `numapin topo` as a person runs it: exit codes, messages, output forms,
 //! and the live probe checked against the kernel's own files.
+#![allow(clippy::unwrap_used)] // tests and examples fail loudly
 
 use std::path::PathBuf;
 use std::process::{Command, Output};

@@ -8,6 +8,7 @@
 //!
 //! Skips with a message when QEMU, a kernel or busybox is missing (set
 //! `NUMAPIN_VM_REQUIRED=1` to make that a failure).
+#![allow(clippy::unwrap_used)] // tests and examples fail loudly
 
 #[path = "vm/support.rs"]
 mod support;
@@ -473,7 +474,7 @@ mod guest {
     #[ignore = "runs inside the emulated machine; `cargo test --test vm` boots it"]
     fn arena_regions_land_on_every_node() {
         use numapin::runtime::{Runtime, RuntimeConfig};
-        use numapin::topology::{CudaMode, PciId, ProbeOptions, Topology};
+        use numapin::topology::{CudaMode, PciId, Topology};
         if !in_guest() {
             return;
         }
@@ -718,14 +719,14 @@ mod guest {
         const MPOL_BIND: libc::c_int = 2;
 
         /// An anonymous private mapping, unmapped on drop.
-        pub struct Region {
+        pub(super) struct Region {
             ptr: *mut u8,
             len: usize,
             page: usize,
         }
 
         impl Region {
-            pub fn map(len: usize) -> io::Result<Self> {
+            pub(super) fn map(len: usize) -> io::Result<Self> {
                 // SAFETY: sysconf has no preconditions.
                 let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
                 // SAFETY: a fresh anonymous mapping at an address the kernel
@@ -750,12 +751,12 @@ mod guest {
                 })
             }
 
-            pub fn page_size(&self) -> usize {
+            pub(super) fn page_size(&self) -> usize {
                 self.page
             }
 
             /// `mbind(MPOL_BIND)` to one node, before any page is touched.
-            pub fn bind(&mut self, node: u32) -> io::Result<()> {
+            pub(super) fn bind(&mut self, node: u32) -> io::Result<()> {
                 assert!(node < 64);
                 let mask: [libc::c_ulong; 1] = [1 << node];
                 // SAFETY: the range is our own mapping; the mask is 64 bits
@@ -778,7 +779,7 @@ mod guest {
             }
 
             /// Writes one byte of every page, so every page is allocated.
-            pub fn touch(&mut self) {
+            pub(super) fn touch(&mut self) {
                 for off in (0..self.len).step_by(self.page) {
                     // SAFETY: off < len, inside our writable mapping.
                     unsafe { self.ptr.add(off).write_volatile(1) };
@@ -790,7 +791,7 @@ mod guest {
             /// huge page, NUMA balancing) reads as -EFAULT or -ENOENT for a
             /// moment: those are asked again, for up to a second; a page that
             /// is really missing stays negative.
-            pub fn page_nodes(&self) -> io::Result<Vec<i32>> {
+            pub(super) fn page_nodes(&self) -> io::Result<Vec<i32>> {
                 let pages: Vec<*mut libc::c_void> = (0..self.len)
                     .step_by(self.page)
                     .map(|off| self.ptr.wrapping_add(off).cast())
@@ -812,7 +813,7 @@ mod guest {
         }
 
         /// The node of each page (`move_pages` with no target nodes).
-        pub fn query(pages: &[*mut libc::c_void]) -> io::Result<Vec<i32>> {
+        pub(super) fn query(pages: &[*mut libc::c_void]) -> io::Result<Vec<i32>> {
             let mut status = vec![i32::MIN; pages.len()];
             // SAFETY: `pages` and `status` both hold `pages.len()` entries;
             // a null `nodes` only queries; pid 0 is this process. The
@@ -842,12 +843,12 @@ mod guest {
             }
         }
 
-        pub fn gettid() -> i64 {
+        pub(super) fn gettid() -> i64 {
             // SAFETY: gettid has no preconditions.
             unsafe { libc::syscall(libc::SYS_gettid) }
         }
 
-        pub fn current_cpu() -> u32 {
+        pub(super) fn current_cpu() -> u32 {
             // SAFETY: sched_getcpu has no preconditions.
             let c = unsafe { libc::sched_getcpu() };
             assert!(c >= 0, "sched_getcpu: {}", io::Error::last_os_error());

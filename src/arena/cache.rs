@@ -39,7 +39,7 @@ use std::sync::{Arc, Mutex, Weak};
 use super::{lock, Lease, NodeArena, PinnedBuf, Region};
 
 /// Most distinct block sizes one shelf holds at once.
-pub const MAX_BINS: usize = 8;
+pub(crate) const MAX_BINS: usize = 8;
 
 /// Bounds of one thread's cache for one arena (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

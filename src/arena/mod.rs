@@ -26,9 +26,9 @@
 
 pub mod alloc;
 mod buf;
-pub mod cache;
+pub(crate) mod cache;
 mod error;
-pub mod region;
+pub(crate) mod region;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
@@ -37,7 +37,7 @@ use std::time::{Duration, Instant};
 pub use buf::PinnedBuf;
 pub use cache::CacheLimits;
 pub use error::ArenaError;
-pub use region::{Region, RegionOptions, Registration, Step};
+pub(crate) use region::{Region, RegionOptions, Registration, Step};
 
 use crate::cpulist::CpuList;
 use crate::platform::cuda::Event;

@@ -424,7 +424,7 @@ impl Drop for Region {
 /// Baseline for measurements: `mmap` + `mlock` of `len` bytes (the kernel
 /// faulting every page in serially, on whatever node the default policy
 /// picks), timed, then unlocked and unmapped outside the timing.
-pub fn mmap_mlock_baseline(len: usize) -> std::io::Result<std::time::Duration> {
+pub(crate) fn mmap_mlock_baseline(len: usize) -> std::io::Result<std::time::Duration> {
     let t = std::time::Instant::now();
     let p = numa::map_anonymous(len)?;
     // SAFETY: p..p+len is the mapping just made.

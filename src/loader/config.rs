@@ -14,7 +14,7 @@ pub const MAX_AUTO_WORKERS: usize = 16;
 /// Default ring of device buffers: one being copied into, one held by the
 /// consumer, two ready.
 pub const DEFAULT_RING: usize = 4;
-/// Streams a consumer may make wait on one batch ([`Batch::wait_on`]).
+/// Streams a consumer may make wait on one batch ([`Batch::wait_on`](super::Batch::wait_on)).
 pub const MAX_CONSUMER_STREAMS: usize = 4;
 
 /// What a loader feeds.
@@ -53,8 +53,8 @@ pub enum Order {
     Completion,
 }
 
-/// How a [`Loader`] runs. Zero means "pick" for `workers`, `depth` and
-/// `ring`; [`Loader::config`] shows what was picked.
+/// How a [`Loader`](super::Loader) runs. Zero means "pick" for `workers`, `depth` and
+/// `ring`; [`Loader::config`](super::Loader::config) shows what was picked.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct LoaderConfig {

@@ -578,7 +578,7 @@ fn copy_figure(
     })
 }
 
-/// GB/s of [`Runtime::copy_to_device_with`] (or `copy_from_device_with`)
+/// GB/s of [`copy_to_device_with`](crate::staged::copy_to_device_with) (or `copy_from_device_with`)
 /// of `bytes` between a plain `Vec` and device memory.
 pub fn staged_gbps(
     rt: &Runtime,

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 
 /// An error as it crosses the process boundary.
 #[derive(Debug, Serialize, Deserialize)]
-pub struct ChildError {
+pub(crate) struct ChildError {
     /// What was read.
     pub input: String,
     /// What is wrong.
@@ -26,7 +26,7 @@ pub struct ChildError {
 
 /// Runs `f` in a forked child and returns what it returned. `input` names
 /// the file for the error when the child crashes.
-pub fn in_child<T: Serialize + DeserializeOwned>(
+pub(crate) fn in_child<T: Serialize + DeserializeOwned>(
     input: &str,
     f: impl FnOnce() -> Result<T, ChildError>,
 ) -> Result<T, ChildError> {

@@ -5,8 +5,8 @@
 //! each block with a `// SAFETY:` comment.
 
 pub mod cuda;
-pub mod isolate;
+pub(crate) mod isolate;
 pub mod numa;
-pub mod panic_guard;
-pub mod pci;
+pub(crate) mod panic_guard;
+pub(crate) mod pci;
 pub mod sys;

@@ -17,7 +17,7 @@ static HOOK: Once = Once::new();
 
 /// Installs numapin's quiet-aware panic hook (once). [`super::isolate`]
 /// calls it before forking, so the child never takes the hook lock.
-pub fn install_hook() {
+pub(crate) fn install_hook() {
     HOOK.call_once(|| {
         let previous = panic::take_hook();
         panic::set_hook(Box::new(move |info| {
@@ -29,7 +29,7 @@ pub fn install_hook() {
 }
 
 /// Runs `f`; a panic comes back as `Err(message)` and prints nothing.
-pub fn catch<T>(f: impl FnOnce() -> T) -> Result<T, String> {
+pub(crate) fn catch<T>(f: impl FnOnce() -> T) -> Result<T, String> {
     install_hook();
     let was = QUIET.with(|q| q.replace(true));
     let r = panic::catch_unwind(AssertUnwindSafe(f));

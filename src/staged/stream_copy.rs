@@ -16,7 +16,7 @@ const MIN_STREAMING: usize = 256 << 10;
 ///
 /// # Panics
 /// When the lengths differ, like `copy_from_slice`.
-pub fn copy(dst: &mut [u8], src: &[u8]) {
+pub(super) fn copy(dst: &mut [u8], src: &[u8]) {
     assert_eq!(dst.len(), src.len(), "stream_copy: lengths differ");
     if dst.len() < MIN_STREAMING || !streaming_available() {
         dst.copy_from_slice(src);

@@ -106,7 +106,7 @@ pub(crate) fn discover_xml(path: &Path, opts: &ProbeOptions) -> Result<RawTopolo
     })
 }
 
-/// Runs a file reader in a child process (see [`crate::isolate`]).
+/// Runs a file reader in a child process (see [`crate::platform::isolate`]).
 fn isolated(path: &Path, f: impl FnOnce() -> Result<RawTopology>) -> Result<RawTopology> {
     use crate::platform::isolate::{in_child, ChildError};
     in_child(&path.display().to_string(), || {

@@ -12,7 +12,7 @@ use numapin::CpuList;
 /// physical core has two hardware threads with consecutive numbers (when
 /// `smt`), and the GPUs of each node come in order.
 #[derive(Debug, Clone, Copy)]
-pub struct Shape {
+pub(crate) struct Shape {
     pub sockets: u32,
     pub nodes_per_socket: u32,
     pub gpus_per_node: u32,
@@ -22,7 +22,7 @@ pub struct Shape {
 }
 
 impl Shape {
-    pub fn new(
+    pub(crate) fn new(
         sockets: u32,
         nodes_per_socket: u32,
         gpus_per_node: u32,
@@ -39,7 +39,7 @@ impl Shape {
         }
     }
 
-    pub fn threads(&self) -> u32 {
+    pub(crate) fn threads(&self) -> u32 {
         if self.smt {
             2
         } else {
@@ -47,7 +47,7 @@ impl Shape {
         }
     }
 
-    pub fn build(&self) -> Topology {
+    pub(crate) fn build(&self) -> Topology {
         let mut t = empty("mock");
         let mut cpu = 0u32;
         let mut node = 0u32;
@@ -99,7 +99,7 @@ impl Shape {
 }
 
 /// A topology with nothing in it.
-pub fn empty(source: &str) -> Topology {
+pub(crate) fn empty(source: &str) -> Topology {
     Topology {
         schema_version: numapin::topology::SCHEMA_VERSION,
         source: source.into(),
@@ -119,7 +119,12 @@ pub fn empty(source: &str) -> Topology {
 }
 
 /// Adds a GPU (with the next CUDA ordinal).
-pub fn add_gpu(t: &mut Topology, node: Option<u32>, package: Option<u32>, local_cpus: CpuList) {
+pub(crate) fn add_gpu(
+    t: &mut Topology,
+    node: Option<u32>,
+    package: Option<u32>,
+    local_cpus: CpuList,
+) {
     let i = t.gpus.len() as u32;
     t.gpus.push(Gpu {
         index: numapin::GpuIndex(i),
@@ -144,17 +149,17 @@ pub fn add_gpu(t: &mut Topology, node: Option<u32>, package: Option<u32>, local_
 }
 
 /// Lets the process use every CPU and node.
-pub fn allow_everything(t: &mut Topology) {
+pub(crate) fn allow_everything(t: &mut Topology) {
     t.allowed.cpus = t.all_cpus();
     t.allowed.numa_nodes = t.numa_nodes.iter().map(|n| n.os_index).collect();
 }
 
-pub fn cpus(s: &str) -> CpuList {
+pub(crate) fn cpus(s: &str) -> CpuList {
     CpuList::parse(s).unwrap()
 }
 
 /// Writes `t` as a numapin JSON file in a temporary folder.
-pub fn write_json(t: &Topology) -> tempfile::TempPath {
+pub(crate) fn write_json(t: &Topology) -> tempfile::TempPath {
     let mut f = tempfile::Builder::new().suffix(".json").tempfile().unwrap();
     std::io::Write::write_all(&mut f, t.to_json().as_bytes()).unwrap();
     f.into_temp_path()
@@ -164,7 +169,9 @@ pub fn write_json(t: &Topology) -> tempfile::TempPath {
 /// may sit below a directory only its owner can enter (a `mktemp -d`
 /// checkout), and tests run some binaries as user `nobody`. Keep the
 /// returned folder alive while the copy runs.
-pub fn runnable_by_everyone(exe: &std::path::Path) -> (tempfile::TempDir, std::path::PathBuf) {
+pub(crate) fn runnable_by_everyone(
+    exe: &std::path::Path,
+) -> (tempfile::TempDir, std::path::PathBuf) {
     use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::Builder::new()
         .prefix("numapin-exe")

@@ -20,27 +20,27 @@ use numapin::CudaOrdinal;
 
 /// One measured figure.
 #[derive(Debug, Clone, Serialize)]
-pub struct BenchResult {
+pub(super) struct BenchResult {
     /// The figure's name (`h2d`, `arena_alloc_free`, ...).
-    pub name: String,
+    pub(crate) name: String,
     /// Its unit (`GB/s`, `ns`, `ms`, `ratio`).
-    pub unit: String,
+    pub(crate) unit: String,
     /// Median over the repetitions.
-    pub median: f64,
+    pub(crate) median: f64,
     /// Smallest repetition.
-    pub min: f64,
+    pub(crate) min: f64,
     /// Largest repetition.
-    pub max: f64,
+    pub(crate) max: f64,
     /// Timed repetitions.
-    pub reps: usize,
+    pub(crate) reps: usize,
     /// Parameters (`gpu`, `memory`, `bytes`, ...).
     #[serde(flatten)]
-    pub params: BTreeMap<String, Value>,
+    pub(crate) params: BTreeMap<String, Value>,
 }
 
 impl BenchResult {
     /// A result from measured statistics.
-    pub fn new(name: &str, unit: &str, s: &Stats) -> Self {
+    pub(super) fn new(name: &str, unit: &str, s: &Stats) -> Self {
         Self {
             name: name.into(),
             unit: unit.into(),
@@ -53,13 +53,13 @@ impl BenchResult {
     }
 
     /// Adds a parameter.
-    pub fn with(mut self, key: &str, v: impl Into<Value>) -> Self {
+    pub(super) fn with(mut self, key: &str, v: impl Into<Value>) -> Self {
         self.params.insert(key.into(), v.into());
         self
     }
 
     /// A parameter's value.
-    pub fn param(&self, key: &str) -> Option<&Value> {
+    pub(super) fn param(&self, key: &str) -> Option<&Value> {
         self.params.get(key)
     }
 }
@@ -67,7 +67,7 @@ impl BenchResult {
 /// Which measurements to run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum, Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Measure {
+pub(crate) enum Measure {
     /// Arena alloc+free latency, region creation cost, arena overhead.
     Arena,
     /// Per-GPU host-to-device and device-to-host copies by memory kind.
@@ -82,17 +82,17 @@ pub enum Measure {
 
 /// What to measure and how long.
 #[derive(Debug, Clone)]
-pub struct BenchOptions {
+pub(super) struct BenchOptions {
     /// CUDA ordinals to measure (all visible when `None`).
-    pub gpus: Option<Vec<CudaOrdinal>>,
+    pub(crate) gpus: Option<Vec<CudaOrdinal>>,
     /// Bytes per copy.
-    pub copy_bytes: usize,
+    pub(crate) copy_bytes: usize,
     /// Timed repetitions per figure.
-    pub reps: usize,
+    pub(crate) reps: usize,
     /// Untimed repetitions before them.
-    pub warmup: usize,
+    pub(crate) warmup: usize,
     /// Measurements to run.
-    pub measures: Vec<Measure>,
+    pub(crate) measures: Vec<Measure>,
 }
 
 impl Default for BenchOptions {
@@ -115,32 +115,32 @@ impl Default for BenchOptions {
 
 /// What one run measured.
 #[derive(Debug, Clone, Serialize)]
-pub struct BenchReport {
+pub(super) struct BenchReport {
     /// Version of this JSON schema.
-    pub schema_version: u32,
+    pub(crate) schema_version: u32,
     /// The machine the figures come from.
-    pub machine: Machine,
+    pub(crate) machine: Machine,
     /// The figures.
-    pub results: Vec<BenchResult>,
+    pub(crate) results: Vec<BenchResult>,
     /// Sentences a person should read (no GPU, a skipped measurement, ...).
-    pub notes: Vec<String>,
+    pub(crate) notes: Vec<String>,
 }
 
 /// The machine, as the report names it.
 #[derive(Debug, Clone, Serialize)]
-pub struct Machine {
+pub(super) struct Machine {
     /// Host name.
-    pub hostname: String,
+    pub(crate) hostname: String,
     /// CPU model.
-    pub cpu: String,
+    pub(crate) cpu: String,
     /// Logical CPUs this process may use.
-    pub cpus: usize,
+    pub(crate) cpus: usize,
     /// NUMA nodes.
-    pub numa_nodes: usize,
+    pub(crate) numa_nodes: usize,
     /// CUDA driver version (`12080` = 12.8), if any.
-    pub cuda_driver: Option<u32>,
+    pub(crate) cuda_driver: Option<u32>,
     /// The GPUs measured: CUDA ordinal, name, bus id, node.
-    pub gpus: Vec<Value>,
+    pub(crate) gpus: Vec<Value>,
 }
 
 fn machine(rt: &Runtime, ordinals: &[CudaOrdinal]) -> Machine {
@@ -172,7 +172,7 @@ fn machine(rt: &Runtime, ordinals: &[CudaOrdinal]) -> Machine {
 }
 
 /// Runs the measurements; `progress` hears what runs now.
-pub fn run(
+pub(super) fn run(
     rt: &Runtime,
     opts: &BenchOptions,
     progress: &mut dyn FnMut(&str),
@@ -604,7 +604,7 @@ fn host_alloc_ms_per_gib(bytes: usize, reps: usize) -> Result<Stats> {
 }
 
 /// The ratios a person reads first, computed from the results.
-pub fn ratios(results: &[BenchResult]) -> Vec<(String, f64)> {
+pub(super) fn ratios(results: &[BenchResult]) -> Vec<(String, f64)> {
     let find = |name: &str, gpu: &Value, memory: &str| {
         results
             .iter()

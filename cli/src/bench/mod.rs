@@ -12,33 +12,33 @@ use numapin::runtime::{Runtime, RuntimeConfig};
 
 /// Arguments of `numapin bench`.
 #[derive(Debug, clap::Args)]
-pub struct BenchArgs {
+pub(crate) struct BenchArgs {
     /// Where the description comes from (`--input` is refused: a benchmark
     /// measures this machine).
     #[command(flatten)]
-    pub source: TopoSource,
+    pub(crate) source: TopoSource,
     /// CUDA ordinals to measure, comma-separated (default: every visible GPU).
     #[arg(long, value_delimiter = ',')]
-    pub gpus: Option<Vec<u32>>,
+    pub(crate) gpus: Option<Vec<u32>>,
     /// Bytes per copy (suffixes K, M, G: powers of 1024).
     #[arg(long, default_value = "256M", value_parser = parse_size)]
-    pub size: usize,
+    pub(crate) size: usize,
     /// Timed repetitions per figure.
     #[arg(long, default_value_t = 10)]
-    pub reps: usize,
+    pub(crate) reps: usize,
     /// Untimed repetitions before them.
     #[arg(long, default_value_t = 2)]
-    pub warmup: usize,
+    pub(crate) warmup: usize,
     /// Measurements to run (default: all).
     #[arg(long, value_delimiter = ',')]
-    pub only: Option<Vec<Measure>>,
+    pub(crate) only: Option<Vec<Measure>>,
     /// Print JSON (schema in docs/bench.md).
     #[arg(long)]
-    pub json: bool,
+    pub(crate) json: bool,
 }
 
 /// Parses `256M`, `1G`, `4096`.
-pub fn parse_size(s: &str) -> Result<usize, String> {
+pub(crate) fn parse_size(s: &str) -> Result<usize, String> {
     let t = s.trim();
     let (num, mult) = match t.chars().last() {
         Some('K' | 'k') => (&t[..t.len() - 1], 1usize << 10),

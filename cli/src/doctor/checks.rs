@@ -104,13 +104,13 @@ fn per_gpu(
 
 /// What numapin needs locked, and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MemlockNeed {
+pub(super) struct MemlockNeed {
     /// Bytes.
-    pub bytes: u64,
+    pub(crate) bytes: u64,
     /// How many default arena regions that is.
-    pub regions: u64,
+    pub(crate) regions: u64,
     /// The sentence that says where the number comes from.
-    pub basis: String,
+    pub(crate) basis: String,
 }
 
 /// What numapin needs RLIMIT_MEMLOCK to allow: one default arena region
@@ -118,7 +118,7 @@ pub struct MemlockNeed {
 /// this process sees (plus one for GPUs whose node is unknown); with no
 /// visible GPU, one on each node with memory this process may use. That is
 /// what the first pinned buffer on each of those nodes takes.
-pub fn memlock_need(t: &Topology) -> MemlockNeed {
+pub(super) fn memlock_need(t: &Topology) -> MemlockNeed {
     let region = fmt_bytes(DEFAULT_REGION_BYTES as u64);
     let mut gpu_nodes: Vec<u32> = visible_gpus(t).filter_map(|g| g.numa_node).collect();
     gpu_nodes.sort_unstable();
@@ -166,7 +166,11 @@ pub fn memlock_need(t: &Topology) -> MemlockNeed {
 /// limit, or a soft limit at least the need; `fail` below it (the arena
 /// checks the soft limit before locking, so the first buffer on a node
 /// fails); `warn` when the limit cannot be read.
-pub fn memlock(t: &Topology, limit: &Result<(u64, u64), String>, cap_ipc_lock: bool) -> Check {
+pub(super) fn memlock(
+    t: &Topology,
+    limit: &Result<(u64, u64), String>,
+    cap_ipc_lock: bool,
+) -> Check {
     const NAME: &str = "memlock";
     let need = memlock_need(t);
     let (soft, hard) = match limit {
@@ -220,7 +224,7 @@ fn driver_version_text(v: u32) -> String {
 /// has NVIDIA GPUs, `warn` if they exist but the driver was deliberately
 /// not loaded (`--no-cuda`, `NUMAPIN_NO_CUDA`), `ok` (saying so) with no
 /// NVIDIA GPU.
-pub fn cuda_driver(t: &Topology, state: &DriverState) -> Check {
+pub(super) fn cuda_driver(t: &Topology, state: &DriverState) -> Check {
     const NAME: &str = "cuda_driver";
     let nvidia = t.gpus.iter().filter(|g| is_nvidia(g)).count();
     let gpus = format!("{nvidia} NVIDIA GPU(s) on the PCI bus");
@@ -265,7 +269,7 @@ pub fn cuda_driver(t: &Topology, state: &DriverState) -> Check {
 /// driver on this machine, `warn` for an NVIDIA GPU (not checked) and `ok`
 /// for other accelerators; for a saved machine without driver information,
 /// `ok` saying it was not recorded.
-pub fn gpu_visibility(t: &Topology) -> Vec<Check> {
+pub(super) fn gpu_visibility(t: &Topology) -> Vec<Check> {
     const NAME: &str = "gpu_visible";
     let mut out = Vec::new();
     if t.gpus.is_empty() {
@@ -369,7 +373,7 @@ fn link_part(g: Option<u8>, w: Option<u8>) -> String {
 ///   lower the link speed when idle, so this is normal at rest; the fix says
 ///   how to look under load;
 /// * at its maximum, or link state not reported: `ok`.
-pub fn pcie_links(t: &Topology) -> Vec<Check> {
+pub(super) fn pcie_links(t: &Topology) -> Vec<Check> {
     const NAME: &str = "pcie_link";
     per_gpu(t, NAME, "no PCIe link to check", false, |g, l| {
         let Some(p) = g
@@ -428,7 +432,7 @@ pub fn pcie_links(t: &Topology) -> Vec<Check> {
 /// Each GPU's NUMA node (`gpu_locality`): `warn` when it is unknown on a
 /// machine with several nodes (firmware without proximity information, or
 /// a VM), `ok` otherwise.
-pub fn locality(t: &Topology) -> Vec<Check> {
+pub(super) fn locality(t: &Topology) -> Vec<Check> {
     const NAME: &str = "gpu_locality";
     per_gpu(t, NAME, "no GPU locality to check", false, |g, l| {
         match g.numa_node {
@@ -461,7 +465,7 @@ pub fn locality(t: &Topology) -> Vec<Check> {
 /// (`gpu_cpus_allowed`): `fail` when none is allowed (every thread feeding
 /// it runs across the socket link), `warn` when some are excluded, `ok`
 /// when all are (or when there is nothing to compare).
-pub fn gpu_cpus_allowed(t: &Topology) -> Vec<Check> {
+pub(super) fn gpu_cpus_allowed(t: &Topology) -> Vec<Check> {
     const NAME: &str = "gpu_cpus_allowed";
     let fix = "let the job use its GPUs' local CPUs (`numapin topo` lists them): Slurm `--cpu-bind` / `--gres-flags=enforce-binding`, docker `--cpuset-cpus`, the Kubernetes CPU and topology managers (`single-numa-node`), or drop the `taskset` / `numactl --physcpubind` around the command";
     let allowed = &t.allowed.cpus;
@@ -508,7 +512,7 @@ pub fn gpu_cpus_allowed(t: &Topology) -> Vec<Check> {
 /// allocate on (cpuset.mems) (`gpu_memory_allowed`): `fail` when its node
 /// is excluded (mbind to it is refused, so its pinned buffers cannot be
 /// local), `ok` otherwise.
-pub fn gpu_memory_allowed(t: &Topology) -> Vec<Check> {
+pub(super) fn gpu_memory_allowed(t: &Topology) -> Vec<Check> {
     const NAME: &str = "gpu_memory_allowed";
     let allowed = &t.allowed.numa_nodes;
     per_gpu(t, NAME, "no GPU node to check", true, |g, l| {
@@ -544,7 +548,7 @@ pub fn gpu_memory_allowed(t: &Topology) -> Vec<Check> {
 /// policies with none of them, or any policy that leaves out some GPU's
 /// node, are a `warn`. (Arena regions set their own `mbind`, so numapin's
 /// pinned memory is placed right either way.)
-pub fn memory_policy(t: &Topology, policy: &Result<(i32, Vec<u32>), String>) -> Check {
+pub(super) fn memory_policy(t: &Topology, policy: &Result<(i32, Vec<u32>), String>) -> Check {
     const NAME: &str = "memory_policy";
     let (mode, nodes) = match policy {
         Ok(p) => p,
@@ -603,7 +607,7 @@ pub fn memory_policy(t: &Topology, policy: &Result<(i32, Vec<u32>), String>) -> 
 /// populate, lock and register, more TLB misses), for `defrag` = `always`
 /// (any huge page fault of any process may stall in direct compaction), and
 /// when the files are unreadable or unrecognised; `ok` otherwise.
-pub fn transparent_hugepages(enabled: Option<&str>, defrag: Option<&str>) -> Check {
+pub(super) fn transparent_hugepages(enabled: Option<&str>, defrag: Option<&str>) -> Check {
     const NAME: &str = "transparent_hugepages";
     const ENABLED: &str = "/sys/kernel/mm/transparent_hugepage/enabled";
     const DEFRAG: &str = "/sys/kernel/mm/transparent_hugepage/defrag";
@@ -649,7 +653,7 @@ pub fn transparent_hugepages(enabled: Option<&str>, defrag: Option<&str>) -> Che
 /// migrates them, which adds hinting faults and moves the process's
 /// pageable memory (locked arena pages are not moved). `ok` when off, with
 /// one node, or when the kernel lacks the feature.
-pub fn numa_balancing(t: &Topology, value: Option<&str>) -> Check {
+pub(super) fn numa_balancing(t: &Topology, value: Option<&str>) -> Check {
     const NAME: &str = "numa_balancing";
     const FILE: &str = "/proc/sys/kernel/numa_balancing";
     let Some(value) = value else {
@@ -689,7 +693,7 @@ pub fn numa_balancing(t: &Topology, value: Option<&str>) -> Check {
 /// IOMMU is active, the GPUs' domains are unreadable and the command line
 /// has no passthrough (`iommu=pt`); `ok` for passthrough (`identity`), no
 /// active IOMMU, no GPU, or nothing readable.
-pub fn iommu(t: &Topology, v: &IommuView) -> Check {
+pub(super) fn iommu(t: &Topology, v: &IommuView) -> Check {
     const NAME: &str = "iommu";
     let params = v.cmdline.as_deref().map(iommu_params).unwrap_or_default();
     let pt = params.iter().any(|(k, val)| {

@@ -6,29 +6,28 @@ use crate::TopoSource;
 mod checks;
 mod pin_probe;
 mod report;
-mod system;
+pub(crate) mod system;
 
 pub(crate) use report::*;
-pub(crate) use system::SystemView;
 
 use crate::error::Result;
 use report as doctor;
 
 /// Arguments of `numapin doctor`.
 #[derive(Debug, clap::Args)]
-pub struct DoctorArgs {
+pub(crate) struct DoctorArgs {
     /// Where the description comes from. With `--input`, only the checks of
     /// the described topology run; those that read this machine's live
     /// state (limits, driver, memory policy, kernel settings, pin probe)
     /// are listed as not run.
     #[command(flatten)]
-    pub source: TopoSource,
+    pub(crate) source: TopoSource,
     /// Print the checks as JSON (`{"checks":[{"name","verdict","evidence","fix","gpu","node"}],...}`).
     #[arg(long)]
-    pub json: bool,
+    pub(crate) json: bool,
     /// Do not pin a probe region on each NUMA node.
     #[arg(long)]
-    pub no_pin_probe: bool,
+    pub(crate) no_pin_probe: bool,
 }
 
 /// A check that was not run, and why.

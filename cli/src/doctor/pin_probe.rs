@@ -21,35 +21,35 @@ use numapin::topology::{NumaNode, Topology};
 
 /// The probe region's size: one 2 MiB huge page (the arena's smallest
 /// region), small enough for an 8 MiB memlock limit.
-pub const DEFAULT_PROBE_BYTES: usize = 2 << 20;
+pub(super) const DEFAULT_PROBE_BYTES: usize = 2 << 20;
 /// How many times placement is read before the probe gives up on pages
 /// that report an error.
-pub const READS: u32 = 5;
+pub(super) const READS: u32 = 5;
 const NAME: &str = "pin_probe";
 
 /// What a probe found.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ProbeOutcome {
+pub(super) struct ProbeOutcome {
     /// The node probed.
-    pub node: u32,
+    pub(crate) node: u32,
     /// Bytes of the region.
-    pub bytes: u64,
+    pub(crate) bytes: u64,
     /// 4 KiB pages checked.
-    pub pages: u64,
+    pub(crate) pages: u64,
     /// Pages on the node.
-    pub on_node: u64,
+    pub(crate) on_node: u64,
     /// Pages on other nodes, per node.
-    pub elsewhere: Vec<(u32, u64)>,
+    pub(crate) elsewhere: Vec<(u32, u64)>,
     /// Pages whose placement read back as an error (not present, -EFAULT).
-    pub errors: u64,
+    pub(crate) errors: u64,
     /// CUDA registration: `None` when registered, otherwise why not.
-    pub not_registered: Option<String>,
+    pub(crate) not_registered: Option<String>,
     /// How many times placement was read.
-    pub reads: u32,
+    pub(crate) reads: u32,
 }
 
 /// One probe per NUMA node of a live topology.
-pub fn probe_all(t: &Topology, opts: &DoctorOptions) -> Vec<Check> {
+pub(super) fn probe_all(t: &Topology, opts: &DoctorOptions) -> Vec<Check> {
     if t.numa_nodes.is_empty() {
         return vec![Check::warn(
             NAME,
@@ -64,7 +64,7 @@ pub fn probe_all(t: &Topology, opts: &DoctorOptions) -> Vec<Check> {
 }
 
 /// Whether a node can be probed: `Some(reason)` when it is skipped.
-pub fn skip_reason(t: &Topology, n: &NumaNode) -> Option<String> {
+pub(super) fn skip_reason(t: &Topology, n: &NumaNode) -> Option<String> {
     if n.memory_bytes == 0 {
         return Some(format!(
             "node {}: no memory (a CPU-only or device node), nothing can be pinned there; skipped",
@@ -81,7 +81,7 @@ pub fn skip_reason(t: &Topology, n: &NumaNode) -> Option<String> {
 }
 
 /// Probes one node (see the module docs) and judges the result.
-pub fn probe_node(t: &Topology, n: &NumaNode, opts: &DoctorOptions) -> Check {
+pub(super) fn probe_node(t: &Topology, n: &NumaNode, opts: &DoctorOptions) -> Check {
     if let Some(why) = skip_reason(t, n) {
         return Check::ok(NAME, why).for_node(n.os_index);
     }
@@ -170,7 +170,7 @@ impl Tally {
 /// The verdict on a probe: `ok` when every page is on the node; `fail` when
 /// the region could not be made (the arena's error and fix) or a page is
 /// elsewhere or unreadable.
-pub fn judge(node: u32, r: Result<ProbeOutcome, ArenaError>) -> Check {
+pub(super) fn judge(node: u32, r: Result<ProbeOutcome, ArenaError>) -> Check {
     let o = match r {
         Ok(o) => o,
         Err(e) => {

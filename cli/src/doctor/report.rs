@@ -23,7 +23,7 @@ use numapin::topology::Topology;
 /// How a check came out. Ordered: `Ok < Warn < Fail`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Verdict {
+pub(crate) enum Verdict {
     /// Nothing to do.
     Ok,
     /// Worth a look: costs performance or hides information, numapin still works.
@@ -32,48 +32,45 @@ pub enum Verdict {
     Fail,
 }
 
-impl Verdict {
-    /// `ok`, `warn` or `fail`.
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            Verdict::Ok => "ok",
-            Verdict::Warn => "warn",
-            Verdict::Fail => "fail",
-        }
-    }
-}
-
 /// One diagnosis.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Check {
+pub(crate) struct Check {
     /// A stable name (`memlock`, `pcie_link`, `pin_probe`, ...; the list is
     /// in `docs/doctor.md`).
-    pub name: &'static str,
+    pub(crate) name: &'static str,
     /// The verdict.
-    pub verdict: Verdict,
+    pub(crate) verdict: Verdict,
     /// What was read, with the values, in a sentence a person can check.
-    pub evidence: String,
+    pub(crate) evidence: String,
     /// What to do (`None` when there is nothing to do).
-    pub fix: Option<String>,
+    pub(crate) fix: Option<String>,
     /// The GPU it is about ([`numapin::topology::Gpu::index`]), if any.
-    pub gpu: Option<numapin::GpuIndex>,
+    pub(crate) gpu: Option<numapin::GpuIndex>,
     /// The NUMA node it is about, if any.
-    pub node: Option<u32>,
+    pub(crate) node: Option<u32>,
 }
 
 impl Check {
     /// A passing check.
-    pub fn ok(name: &'static str, evidence: impl Into<String>) -> Self {
+    pub(crate) fn ok(name: &'static str, evidence: impl Into<String>) -> Self {
         Self::new(name, Verdict::Ok, evidence, None)
     }
 
     /// A warning with its fix.
-    pub fn warn(name: &'static str, evidence: impl Into<String>, fix: impl Into<String>) -> Self {
+    pub(crate) fn warn(
+        name: &'static str,
+        evidence: impl Into<String>,
+        fix: impl Into<String>,
+    ) -> Self {
         Self::new(name, Verdict::Warn, evidence, Some(fix.into()))
     }
 
     /// A failure with its fix.
-    pub fn fail(name: &'static str, evidence: impl Into<String>, fix: impl Into<String>) -> Self {
+    pub(crate) fn fail(
+        name: &'static str,
+        evidence: impl Into<String>,
+        fix: impl Into<String>,
+    ) -> Self {
         Self::new(name, Verdict::Fail, evidence, Some(fix.into()))
     }
 
@@ -94,13 +91,13 @@ impl Check {
     }
 
     /// The same check, about GPU `gpu`.
-    pub fn for_gpu(mut self, gpu: numapin::GpuIndex) -> Self {
+    pub(crate) fn for_gpu(mut self, gpu: numapin::GpuIndex) -> Self {
         self.gpu = Some(gpu);
         self
     }
 
     /// The same check, about NUMA node `node`.
-    pub fn for_node(mut self, node: u32) -> Self {
+    pub(crate) fn for_node(mut self, node: u32) -> Self {
         self.node = Some(node);
         self
     }
@@ -110,7 +107,8 @@ impl Check {
 /// checks once per GPU, `pin_probe` once per node). A `cuda_visible_devices`
 /// warning comes after `gpu_visible` when the topology has notes about
 /// `CUDA_VISIBLE_DEVICES`.
-pub const CHECK_NAMES: &[&str] = &[
+#[cfg(test)]
+pub(crate) const CHECK_NAMES: &[&str] = &[
     "memlock",
     "cuda_driver",
     "gpu_visible",
@@ -127,7 +125,7 @@ pub const CHECK_NAMES: &[&str] = &[
 
 /// The checks that read this machine's live state rather than the topology
 /// (not run for a saved machine given with `--input`).
-pub const LIVE_CHECKS: &[&str] = &[
+pub(crate) const LIVE_CHECKS: &[&str] = &[
     "memlock",
     "cuda_driver",
     "memory_policy",
@@ -139,16 +137,16 @@ pub const LIVE_CHECKS: &[&str] = &[
 
 /// What `numapin doctor` runs.
 #[derive(Debug, Clone)]
-pub struct DoctorOptions {
+pub(crate) struct DoctorOptions {
     /// Whether the topology is this machine's (probed live). When false (a
     /// saved machine), the [`LIVE_CHECKS`] are not run.
-    pub live: bool,
+    pub(crate) live: bool,
     /// Whether the CUDA driver may be loaded (`--no-cuda` turns it off).
-    pub cuda: bool,
+    pub(crate) cuda: bool,
     /// Whether to run the pin probe on each node.
-    pub pin_probe: bool,
+    pub(crate) pin_probe: bool,
     /// Bytes of each pin probe region (rounded up to 2 MiB).
-    pub probe_bytes: usize,
+    pub(crate) probe_bytes: usize,
 }
 
 impl Default for DoctorOptions {
@@ -164,7 +162,7 @@ impl Default for DoctorOptions {
 
 /// Runs every check that applies: the topology checks always, the live
 /// checks (and pin probe) when `opts.live`.
-pub fn run_checks(topo: &Topology, opts: &DoctorOptions) -> Vec<Check> {
+pub(crate) fn run_checks(topo: &Topology, opts: &DoctorOptions) -> Vec<Check> {
     let view = opts.live.then(|| SystemView::read(topo, opts.cuda));
     let mut out = evaluate(topo, view.as_ref());
     if opts.live && opts.pin_probe {
@@ -175,7 +173,7 @@ pub fn run_checks(topo: &Topology, opts: &DoctorOptions) -> Vec<Check> {
 
 /// The checks for a topology and (for this machine) its live state, without
 /// the pin probe: a pure function of its inputs.
-pub fn evaluate(topo: &Topology, view: Option<&SystemView>) -> Vec<Check> {
+pub(crate) fn evaluate(topo: &Topology, view: Option<&SystemView>) -> Vec<Check> {
     let mut out = Vec::new();
     if let Some(v) = view {
         out.push(checks::memlock(topo, &v.memlock, v.cap_ipc_lock));
@@ -199,6 +197,6 @@ pub fn evaluate(topo: &Topology, view: Option<&SystemView>) -> Vec<Check> {
 }
 
 /// The exit code for a set of checks: 1 when any fails, otherwise 0.
-pub fn exit_code(checks: &[Check]) -> i32 {
+pub(crate) fn exit_code(checks: &[Check]) -> i32 {
     i32::from(checks.iter().any(|c| c.verdict == Verdict::Fail))
 }

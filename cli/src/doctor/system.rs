@@ -11,7 +11,7 @@ use numapin::topology::Topology;
 
 /// Whether the CUDA driver could be loaded.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum DriverState {
+pub(crate) enum DriverState {
     /// Loaded; the driver's version (`12080` for 12.8).
     Loaded(u32),
     /// Not available, and why (not installed, failed to initialise,
@@ -23,43 +23,43 @@ pub enum DriverState {
 
 /// How the IOMMU is set up, as far as it can be read.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct IommuView {
+pub(crate) struct IommuView {
     /// The kernel command line (`/proc/cmdline`), if readable.
-    pub cmdline: Option<String>,
+    pub(crate) cmdline: Option<String>,
     /// The IOMMU units the kernel registered (`/sys/class/iommu/*`: `dmar0`,
     /// `ivhd0`, ...); `None` when the folder is unreadable.
-    pub units: Option<Vec<String>>,
+    pub(crate) units: Option<Vec<String>>,
     /// How many IOMMU groups exist (`/sys/kernel/iommu_groups`).
-    pub groups: Option<usize>,
+    pub(crate) groups: Option<usize>,
     /// Each GPU's IOMMU domain type (`iommu_group/type` of its PCI device:
     /// `DMA`, `DMA-FQ`, `identity`, `unmanaged`, `blocked`), by GPU index;
     /// `None` when the GPU has no group or the file is unreadable.
-    pub gpu_domains: Vec<(numapin::GpuIndex, Option<String>)>,
+    pub(crate) gpu_domains: Vec<(numapin::GpuIndex, Option<String>)>,
 }
 
 /// This machine's live state that the checks read.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SystemView {
+pub(crate) struct SystemView {
     /// RLIMIT_MEMLOCK `(soft, hard)` in bytes (`u64::MAX` = unlimited), or
     /// why it could not be read.
-    pub memlock: Result<(u64, u64), String>,
+    pub(crate) memlock: Result<(u64, u64), String>,
     /// Whether the process has CAP_IPC_LOCK.
-    pub cap_ipc_lock: bool,
+    pub(crate) cap_ipc_lock: bool,
     /// The CUDA driver.
-    pub cuda_driver: DriverState,
+    pub(crate) cuda_driver: DriverState,
     /// The calling thread's memory policy `(mode, nodes)` from
     /// `get_mempolicy(2)` (mode 0 default, 1 preferred, 2 bind, 3
     /// interleave, 4 local, 5 preferred-many, 6 weighted interleave), or why
     /// it could not be read.
-    pub mempolicy: Result<(i32, Vec<u32>), String>,
+    pub(crate) mempolicy: Result<(i32, Vec<u32>), String>,
     /// `/sys/kernel/mm/transparent_hugepage/enabled`, if readable.
-    pub thp_enabled: Option<String>,
+    pub(crate) thp_enabled: Option<String>,
     /// `/sys/kernel/mm/transparent_hugepage/defrag`, if readable.
-    pub thp_defrag: Option<String>,
+    pub(crate) thp_defrag: Option<String>,
     /// `/proc/sys/kernel/numa_balancing`, if readable.
-    pub numa_balancing: Option<String>,
+    pub(crate) numa_balancing: Option<String>,
     /// The IOMMU.
-    pub iommu: IommuView,
+    pub(crate) iommu: IommuView,
 }
 
 fn read(path: impl AsRef<Path>) -> Option<String> {
@@ -68,7 +68,7 @@ fn read(path: impl AsRef<Path>) -> Option<String> {
 
 impl SystemView {
     /// Reads this machine's state (`cuda` false: do not load the driver).
-    pub fn read(topo: &Topology, cuda: bool) -> Self {
+    pub(crate) fn read(topo: &Topology, cuda: bool) -> Self {
         let cuda_driver = if !cuda {
             DriverState::NotLoaded
         } else {
@@ -123,7 +123,7 @@ impl SystemView {
 /// The selected word of a sysfs choice file such as
 /// `always [madvise] never` (`madvise`); a file holding one plain word gives
 /// that word.
-pub fn selected(text: &str) -> Option<&str> {
+pub(super) fn selected(text: &str) -> Option<&str> {
     let text = text.trim();
     if let Some(start) = text.find('[') {
         let rest = &text[start + 1..];
@@ -141,7 +141,7 @@ pub fn selected(text: &str) -> Option<&str> {
 /// The IOMMU parameters of a kernel command line (`iommu=`, `intel_iommu=`,
 /// `amd_iommu=`, `iommu.passthrough=`), in order, as `(name, value)`. Parameters after a lone
 /// `--` belong to init and are ignored.
-pub fn iommu_params(cmdline: &str) -> Vec<(&str, &str)> {
+pub(super) fn iommu_params(cmdline: &str) -> Vec<(&str, &str)> {
     cmdline
         .split_whitespace()
         .take_while(|w| *w != "--")
@@ -156,7 +156,7 @@ pub fn iommu_params(cmdline: &str) -> Vec<(&str, &str)> {
 }
 
 /// The name of a memory policy mode as `numactl` and `numa_maps` say it.
-pub fn mempolicy_name(mode: i32) -> &'static str {
+pub(super) fn mempolicy_name(mode: i32) -> &'static str {
     // Flags (MPOL_F_STATIC_NODES, ...) sit in the high bits.
     match mode & 0xff {
         0 => "default",

@@ -9,11 +9,11 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 /// The stand-in accelerator the harness puts on a node (QEMU's pci-testdev).
-pub const TESTDEV_PCI_ID: &str = "1b36:0005";
+pub(crate) const TESTDEV_PCI_ID: &str = "1b36:0005";
 
 /// Writes to the real stderr, past libtest's output capture, so that skips
 /// and timings show in every `cargo test` log.
-pub fn note(msg: &str) {
+pub(crate) fn note(msg: &str) {
     let _ = writeln!(std::io::stderr(), "{msg}");
 }
 
@@ -21,7 +21,7 @@ pub fn note(msg: &str) {
 /// (node N has CPUs N*K..N*K+K-1) and `node_mem_mib` of memory, and stand-in
 /// accelerators on chosen nodes.
 #[derive(Debug, Clone)]
-pub struct Machine {
+pub(crate) struct Machine {
     name: String,
     nodes: u32,
     cpus_per_node: u32,
@@ -37,7 +37,7 @@ impl Machine {
     /// `nodes` nodes of one CPU and 512 MiB each. `/bin/numapin` and
     /// `/bin/vm-tests` (this test binary, whose `guest::` tests are the
     /// in-guest checks) are shipped.
-    pub fn new(name: &str, nodes: u32) -> Self {
+    pub(crate) fn new(name: &str, nodes: u32) -> Self {
         let timeout = std::env::var("NUMAPIN_VM_TIMEOUT")
             .ok()
             .and_then(|s| s.parse().ok())
@@ -62,28 +62,28 @@ impl Machine {
     }
 
     /// Puts a stand-in accelerator (PCI id [`TESTDEV_PCI_ID`]) on `node`.
-    pub fn accelerator_on(mut self, node: u32) -> Self {
+    pub(crate) fn accelerator_on(mut self, node: u32) -> Self {
         self.accelerators.push(node);
         self
     }
 
     /// Gives every node `k` CPUs.
     #[allow(dead_code)]
-    pub fn cpus_per_node(mut self, k: u32) -> Self {
+    pub(crate) fn cpus_per_node(mut self, k: u32) -> Self {
         self.cpus_per_node = k;
         self
     }
 
     /// Ships another executable as `/bin/NAME` (with its shared libraries).
     #[allow(dead_code)]
-    pub fn bin(mut self, path: impl Into<PathBuf>, name: &str) -> Self {
+    pub(crate) fn bin(mut self, path: impl Into<PathBuf>, name: &str) -> Self {
         self.bins.push((path.into(), name.into()));
         self
     }
 
     /// Ships a file or folder to `dest`, an absolute path inside.
     #[allow(dead_code)]
-    pub fn file(mut self, path: impl Into<PathBuf>, dest: &str) -> Self {
+    pub(crate) fn file(mut self, path: impl Into<PathBuf>, dest: &str) -> Self {
         self.files.push((path.into(), dest.into()));
         self
     }
@@ -92,7 +92,7 @@ impl Machine {
     /// available) and powers it off. Never hangs: the harness kills the guest
     /// after the time limit. The error names what went wrong and where the
     /// kernel console log is.
-    pub fn boot(&self, script: &str) -> Outcome {
+    pub(crate) fn boot(&self, script: &str) -> Outcome {
         let harness = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/vm/harness.sh");
         let work = Path::new(env!("CARGO_TARGET_TMPDIR"))
             .join("vm")
@@ -195,7 +195,7 @@ impl Machine {
 
 /// What booting a machine came to.
 #[derive(Debug)]
-pub enum Outcome {
+pub(crate) enum Outcome {
     /// The guest ran the script and reported its exit code.
     Ran(Boot),
     /// Something needed (QEMU, a kernel, busybox) is missing; a message said what.
@@ -206,7 +206,7 @@ pub enum Outcome {
 
 impl Outcome {
     /// The boot, `None` when skipped; panics (in the calling test) on failure.
-    pub fn get(&self) -> Option<&Boot> {
+    pub(crate) fn get(&self) -> Option<&Boot> {
         match self {
             Outcome::Ran(b) => Some(b),
             Outcome::Skipped => None,
@@ -217,7 +217,7 @@ impl Outcome {
 
 /// What one boot printed.
 #[derive(Debug)]
-pub struct Boot {
+pub(crate) struct Boot {
     /// The machine's name.
     pub machine: String,
     /// Everything the guest script printed.
@@ -234,7 +234,7 @@ pub struct Boot {
 
 /// What one `step NAME CMD...` printed.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Step {
+pub(crate) struct Step {
     /// Its standard output.
     pub stdout: String,
     /// Its standard error.
@@ -248,7 +248,7 @@ pub struct Step {
 impl Boot {
     /// The step named `name`; panics with the whole guest output when it did
     /// not run.
-    pub fn step(&self, name: &str) -> &Step {
+    pub(crate) fn step(&self, name: &str) -> &Step {
         self.steps.get(name).unwrap_or_else(|| {
             panic!(
                 "machine '{}': step '{name}' did not report (steps: {:?}); guest output:\n{}",
@@ -260,7 +260,7 @@ impl Boot {
     }
 
     /// The step named `name`, which must have exited 0.
-    pub fn ok(&self, name: &str) -> &Step {
+    pub(crate) fn ok(&self, name: &str) -> &Step {
         let s = self.step(name);
         assert_eq!(
             s.rc, 0,
@@ -273,7 +273,7 @@ impl Boot {
     /// Asserts that step `name`, which ran `vm-tests --ignored --exact
     /// --nocapture TEST`, ran that one in-guest test, that it did not skip
     /// (it would if the guest environment were missing) and that it passed.
-    pub fn guest_test_passed(&self, name: &str, test: &str) {
+    pub(crate) fn guest_test_passed(&self, name: &str, test: &str) {
         let s = self.ok(name);
         let all = format!("{}\n{}", s.stdout, s.stderr);
         assert!(
@@ -290,7 +290,7 @@ impl Boot {
 
 /// Splits the guest output into steps (see the markers in harness.sh). Each
 /// section had one newline added after it, which is taken off again.
-pub fn parse_steps(output: &str) -> BTreeMap<String, Step> {
+pub(crate) fn parse_steps(output: &str) -> BTreeMap<String, Step> {
     #[derive(PartialEq)]
     enum Part {
         Out,

@@ -182,7 +182,7 @@ impl Drop for HostAlloc {
 /// # Safety
 /// `src..src+len` must stay mapped and unchanged, and `dst..dst+len` be
 /// device memory of the stream's context, until the copy completes (record
-/// an [`Event`] after it and wait for it). For the copy to be asynchronous
+/// an [`Event`](super::stream::Event) after it and wait for it). For the copy to be asynchronous
 /// the host range must be pinned (registered or `cuMemAllocHost`).
 pub unsafe fn memcpy_htod_async(
     dst: CUdeviceptr,

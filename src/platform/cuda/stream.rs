@@ -20,7 +20,7 @@ unsafe impl Sync for Stream {}
 impl Stream {
     /// A non-blocking stream (`CU_STREAM_NON_BLOCKING`: no implicit
     /// synchronisation with the legacy default stream) in the current
-    /// context (see [`set_device`]).
+    /// context (see [`set_device`](super::set_device)).
     pub fn new() -> CudaResult<Stream> {
         driver_version()?;
         ensure_context()?;

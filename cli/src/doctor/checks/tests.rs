@@ -563,7 +563,7 @@ fn iommu_verdicts() {
 #[test]
 fn evaluate_gives_every_check_name_once_at_least() {
     let t = machine(1);
-    let view = crate::doctor::SystemView {
+    let view = crate::doctor::system::SystemView {
         memlock: Ok((u64::MAX, u64::MAX)),
         cap_ipc_lock: false,
         cuda_driver: DriverState::Unavailable("libcuda.so was not found".into()),
