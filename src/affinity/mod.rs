@@ -15,10 +15,13 @@ pub(crate) mod apply;
 mod error;
 pub mod launcher;
 mod plan;
+mod rank;
 
 pub use apply::{
-    bind_current_process, bind_current_thread, get_mempolicy, set_mempolicy, MemPolicy,
+    bind_current_process, bind_current_process_cpus, bind_current_thread, get_mempolicy,
+    set_mempolicy, MemPolicy,
 };
 pub use error::AffinityError;
 pub use launcher::{local_rank, LocalRank};
 pub use plan::{plan, plan_node, Mode, Plan, PlanOptions, RankPlan};
+pub use rank::{rank_plan, RankChoice};

@@ -1,0 +1,61 @@
+//! [`Memory`]: what a `PinnedBuffer` and its DLPack exports share.
+
+use numapin::PinnedBuf;
+
+/// Host memory a tensor or array is built over: a buffer lent by numapin's
+/// arena (given back to it when the last owner drops it, on whatever thread
+/// that is, without the GIL), or a plain heap block (tests, and the
+/// `copy=True` path without a runtime).
+#[derive(Debug)]
+pub(crate) enum Memory {
+    /// From the arena: pinned, on one NUMA node, registered when CUDA is.
+    Pinned {
+        /// The buffer (at least one byte: the arena lends no empty ones).
+        buf: PinnedBuf,
+        /// Bytes the tensor uses (`0` for an empty tensor).
+        len: usize,
+    },
+    /// Ordinary heap memory.
+    Heap(Box<[u8]>),
+}
+
+impl Memory {
+    /// `len` zeroed heap bytes.
+    pub(crate) fn heap(len: usize) -> Self {
+        Memory::Heap(vec![0u8; len].into_boxed_slice())
+    }
+
+    /// The first byte.
+    pub(crate) fn as_ptr(&self) -> *mut u8 {
+        match self {
+            // The arena's memory is handed out as raw bytes; writes go
+            // through tensors (never through a Rust reference).
+            Memory::Pinned { buf, .. } => buf.as_ptr().cast_mut(),
+            Memory::Heap(b) => b.as_ptr().cast_mut(),
+        }
+    }
+
+    /// Bytes the tensor uses.
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            Memory::Pinned { len, .. } => *len,
+            Memory::Heap(b) => b.len(),
+        }
+    }
+
+    /// The NUMA node of arena memory.
+    pub(crate) fn node(&self) -> Option<u32> {
+        match self {
+            Memory::Pinned { buf, .. } => Some(buf.node()),
+            Memory::Heap(_) => None,
+        }
+    }
+
+    /// Whether the memory is registered with CUDA (pinned for DMA).
+    pub(crate) fn registered(&self) -> bool {
+        match self {
+            Memory::Pinned { buf, .. } => buf.is_registered(),
+            Memory::Heap(_) => false,
+        }
+    }
+}
