@@ -13,7 +13,9 @@
 mod dlpack;
 mod dtype;
 mod errors;
+mod loader;
 mod memory;
+mod slots;
 
 use std::sync::{Arc, Mutex};
 
@@ -61,7 +63,7 @@ fn runtime() -> Result<Arc<Runtime>, numapin::Error> {
     Ok(rt)
 }
 
-fn rt(py: Python<'_>) -> PyResult<Arc<Runtime>> {
+pub(crate) fn rt(py: Python<'_>) -> PyResult<Arc<Runtime>> {
     py.detach(runtime).map_err(|e| to_py(py, &e))
 }
 
@@ -69,7 +71,7 @@ fn rt(py: Python<'_>) -> PyResult<Arc<Runtime>> {
 /// The memory lives until this object and every tensor or array exported
 /// from it (and their views) are gone.
 #[pyclass(frozen, module = "numapin._numapin", name = "PinnedBuffer")]
-struct PinnedBuffer {
+pub(crate) struct PinnedBuffer {
     mem: Arc<Memory>,
     dtype: DType,
     shape: Vec<i64>,
@@ -112,7 +114,7 @@ fn nbytes_of(py: Python<'_>, shape: &[i64], dtype: DType) -> PyResult<usize> {
 }
 
 /// The dtype called `name`, or an `InputError` listing the ones there are.
-fn dtype_of(py: Python<'_>, name: &str) -> PyResult<DType> {
+pub(crate) fn dtype_of(py: Python<'_>, name: &str) -> PyResult<DType> {
     dtype::by_name(name).ok_or_else(|| {
         input_error(
             py,
@@ -145,6 +147,24 @@ fn lend(rt: &Runtime, len: usize, target: Target) -> Result<Memory, numapin::Err
 }
 
 impl PinnedBuffer {
+    /// A view of `mem` as `shape` of `dtype`, whose bytes must be exactly
+    /// `mem`'s length.
+    pub(crate) fn checked(
+        py: Python<'_>,
+        mem: Memory,
+        dtype: DType,
+        shape: Vec<i64>,
+    ) -> PyResult<Self> {
+        if nbytes_of(py, &shape, dtype)? != mem.len() {
+            return Err(PyValueError::new_err(format!(
+                "{} bytes do not make a {shape:?} {} tensor",
+                mem.len(),
+                dtype.name
+            )));
+        }
+        Ok(Self::new(mem, dtype, shape))
+    }
+
     fn new(mem: Memory, dtype: DType, shape: Vec<i64>) -> Self {
         let strides = contiguous_strides(&shape);
         PinnedBuffer {
@@ -687,6 +707,8 @@ fn _delete_export_on_foreign_thread(buf: &PinnedBuffer) -> usize {
 #[pymodule]
 fn _numapin(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PinnedBuffer>()?;
+    m.add_class::<loader::SlotPool>()?;
+    m.add_class::<loader::PyLease>()?;
     m.add_function(wrap_pyfunction!(empty, m)?)?;
     m.add_function(wrap_pyfunction!(pin_address, m)?)?;
     m.add_function(wrap_pyfunction!(pin_buffer, m)?)?;

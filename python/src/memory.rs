@@ -1,6 +1,10 @@
 //! [`Memory`]: what a `PinnedBuffer` and its DLPack exports share.
 
+use std::sync::Arc;
+
 use numapin::PinnedBuf;
+
+use crate::slots::{Shm, SlotLease};
 
 /// Host memory a tensor or array is built over: a buffer lent by numapin's
 /// arena (given back to it when the last owner drops it, on whatever thread
@@ -17,7 +21,32 @@ pub(crate) enum Memory {
     },
     /// Ordinary heap memory.
     Heap(Box<[u8]>),
+    /// Part of a loader slot this process is responsible for giving back.
+    Slot {
+        /// The lease (the slot is freed when the last one goes).
+        lease: Arc<SlotLease>,
+        /// The first byte.
+        ptr: *mut u8,
+        /// Bytes.
+        len: usize,
+    },
+    /// Part of a loader slot a worker writes into (another process frees it).
+    Mapped {
+        /// Keeps the pool mapped (held, never read).
+        _shm: Arc<Shm>,
+        /// The first byte.
+        ptr: *mut u8,
+        /// Bytes.
+        len: usize,
+    },
 }
+
+// SAFETY: the raw pointers in the slot variants are addresses into the
+// pool's shared mapping, which the Arc they sit beside keeps mapped;
+// `PinnedBuf` and boxed bytes are Send.
+unsafe impl Send for Memory {}
+// SAFETY: as above; the memory is only read and written through tensors.
+unsafe impl Sync for Memory {}
 
 impl Memory {
     /// `len` zeroed heap bytes.
@@ -32,6 +61,7 @@ impl Memory {
             // through tensors (never through a Rust reference).
             Memory::Pinned { buf, .. } => buf.as_ptr().cast_mut(),
             Memory::Heap(b) => b.as_ptr().cast_mut(),
+            Memory::Slot { ptr, .. } | Memory::Mapped { ptr, .. } => *ptr,
         }
     }
 
@@ -40,6 +70,7 @@ impl Memory {
         match self {
             Memory::Pinned { len, .. } => *len,
             Memory::Heap(b) => b.len(),
+            Memory::Slot { len, .. } | Memory::Mapped { len, .. } => *len,
         }
     }
 
@@ -47,7 +78,7 @@ impl Memory {
     pub(crate) fn node(&self) -> Option<u32> {
         match self {
             Memory::Pinned { buf, .. } => Some(buf.node()),
-            Memory::Heap(_) => None,
+            _ => None,
         }
     }
 
@@ -55,7 +86,8 @@ impl Memory {
     pub(crate) fn registered(&self) -> bool {
         match self {
             Memory::Pinned { buf, .. } => buf.is_registered(),
-            Memory::Heap(_) => false,
+            Memory::Slot { lease, .. } => lease.shm.registered(),
+            _ => false,
         }
     }
 }

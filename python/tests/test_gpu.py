@@ -68,3 +68,31 @@ def test_pin_gives_a_pinned_tensor_on_the_gpus_node():
     x = torch.randn(1 << 20)
     p = numapin.pin(x, gpu=0)
     assert p.is_pinned() and torch.equal(p, x)
+
+
+def test_dataloader_batches_arrive_on_the_device_equal_to_torchs():
+    import torch
+    from torch.utils.data import DataLoader as TorchLoader
+    from torch.utils.data import Dataset
+
+    import numapin.torch as nt
+
+    class Pattern(Dataset):
+        def __len__(self):
+            return 96
+
+        def __getitem__(self, i):
+            return {"x": torch.full((1 << 16,), i % 251, dtype=torch.uint8), "y": i, "f": torch.randn(7)}
+
+    kw = dict(batch_size=8, num_workers=2, shuffle=True)
+    ref = TorchLoader(Pattern(), generator=torch.Generator().manual_seed(5), **kw)
+    ours = nt.DataLoader(Pattern(), generator=torch.Generator().manual_seed(5), device="cuda:0", **kw)
+    for a, b in zip(ref, ours, strict=True):
+        assert b["x"].is_cuda and b["y"].is_cuda and b["f"].is_cuda
+        assert torch.equal(a["x"].cuda(), b["x"]) and torch.equal(a["y"].cuda(), b["y"])
+        assert torch.equal(a["f"].cuda(), b["f"])
+    s = ours.stats()
+    assert s["registered"] and s["slotted_batches"] > 0, s
+    ours.close()
+    s = ours.stats()
+    assert s["free"] == s["nslots"], s
