@@ -94,16 +94,43 @@ CASES = {
 }
 
 
+def available_mib() -> float:
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
 def one(case: str, kind: str, batches: int) -> dict[str, float]:
-    """One loader in this process: its figures and this process's peaks."""
+    """One loader in this process: its figures, this process's peaks, and
+    the machine's peak memory use over the run (MemAvailable's drop: shared
+    memory counted once, whichever processes map it)."""
+    import threading
+
     size, batch, workers, work = CASES[case]
     nb = batches if not work else max(8, batches // 4)
     ds = Samples((nb + 8) * batch, size, work)
     torch.cuda.init()
+    torch.empty(1, device="cuda:0")
+    base = available_mib()
+    low = [base]
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            low[0] = min(low[0], available_mib())
+            time.sleep(0.01)
+
+    w = threading.Thread(target=watch, daemon=True)
+    w.start()
     r = run(kind, ds, batch, workers, nb, torch.device("cuda", 0))
+    stop.set()
+    w.join()
     me, kids = peak_mib()
     r["peak_rss_main_mib"] = me
     r["peak_rss_workers_mib"] = kids
+    r["peak_host_used_mib"] = base - low[0]
     return r
 
 

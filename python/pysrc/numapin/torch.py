@@ -7,7 +7,9 @@ It takes torch's arguments (``dataset``, ``batch_size``, ``shuffle``,
 ``generator``, ``prefetch_factor``, ``persistent_workers``) plus ``device``:
 a CUDA device (batches arrive on it) or ``None`` (pinned CPU batches), and
 the pool's ``slot_bytes`` (default: the first batch's bytes plus a quarter),
-``slots`` (default ``num_workers * prefetch_factor + 4``) and
+``slots`` (default ``2 * num_workers + 2``), ``keep_worker_heap`` (default
+true: workers keep freed memory for their next samples instead of faulting
+in fresh pages every batch) and
 ``slot_timeout`` (how long a worker waits for a free slot before the batch
 takes torch's path; default 5 s for a device, 50 ms for CPU batches, whose
 consumer may hold them all). It
@@ -232,10 +234,11 @@ class _SlotCollate:
 
 
 class _WorkerInit:
-    """Binds a worker to the device's CPUs, then runs the user's init."""
+    """Binds a worker to the device's CPUs, keeps its heap (see
+    ``keep_worker_heap``), then runs the user's init."""
 
-    def __init__(self, cpus: list[int], user: Callable[[int], None] | None) -> None:
-        self.cpus, self.user = cpus, user
+    def __init__(self, cpus: list[int], keep_heap: bool, user: Callable[[int], None] | None) -> None:
+        self.cpus, self.keep_heap, self.user = cpus, keep_heap, user
 
     def __call__(self, worker_id: int) -> None:
         if self.cpus:
@@ -243,8 +246,27 @@ class _WorkerInit:
                 os.sched_setaffinity(0, self.cpus)
             except OSError:
                 pass  # a cpuset narrower than the topology's: stay where allowed
+        if self.keep_heap:
+            _keep_heap()
         if self.user is not None:
             self.user(worker_id)
+
+
+def _keep_heap() -> None:
+    """Makes glibc keep freed memory in this process for reuse: blocks up to
+    32 MiB come from the heap (not fresh mappings) and the heap is not
+    trimmed, so a worker's samples land in pages already faulted in instead
+    of new zeroed pages every batch (the page faults, not the copies, bound
+    a worker that builds large samples)."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return
+    m_trim_threshold, m_mmap_threshold = -1, -3
+    libc.mallopt(m_mmap_threshold, 32 << 20)
+    libc.mallopt(m_trim_threshold, 1 << 30)
 
 
 class DataLoader:
@@ -273,6 +295,7 @@ class DataLoader:
         slot_bytes: int | None = None,
         slots: int | None = None,
         slot_timeout: float | None = None,
+        keep_worker_heap: bool = True,
     ) -> None:
         if batch_size is None and batch_sampler is None:
             raise numapin.InputError(
@@ -287,8 +310,9 @@ class DataLoader:
         if self.device is not None and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
         self._gpu = self.device.index if self.device is not None else None
-        pf = prefetch_factor if prefetch_factor is not None else (2 if num_workers > 0 else 1)
-        wanted = slots if slots is not None else max(4, max(num_workers, 1) * pf + 4)
+        # A slot is held from the start of a batch's collate to the end of
+        # its copy: the workers' batches in progress and a few done ahead.
+        wanted = slots if slots is not None else max(4, 2 * max(num_workers, 1) + 2)
         if not 1 <= wanted <= 4096:
             raise numapin.InputError(f"slots={wanted}: a pool holds 1 to 4096 slots\n  fix: ask for fewer slots")
         self._nslots = wanted
@@ -313,7 +337,7 @@ class DataLoader:
         if num_workers > 0:
             kwargs["prefetch_factor"] = prefetch_factor
             kwargs["persistent_workers"] = persistent_workers
-            kwargs["worker_init_fn"] = _WorkerInit(self._cpus, worker_init_fn)
+            kwargs["worker_init_fn"] = _WorkerInit(self._cpus, keep_worker_heap, worker_init_fn)
             kwargs["multiprocessing_context"] = multiprocessing_context
         elif worker_init_fn is not None:
             kwargs["worker_init_fn"] = worker_init_fn
