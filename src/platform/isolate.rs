@@ -35,6 +35,15 @@ pub(crate) fn in_child<T: Serialize + DeserializeOwned>(
     input: &str,
     f: impl FnOnce() -> Result<T, ChildError>,
 ) -> Result<T, ChildError> {
+    in_child_with_deadline(input, READ_DEADLINE, f)
+}
+
+/// [`in_child`], the child stopped after `deadline`.
+fn in_child_with_deadline<T: Serialize + DeserializeOwned>(
+    input: &str,
+    deadline: std::time::Duration,
+    f: impl FnOnce() -> Result<T, ChildError>,
+) -> Result<T, ChildError> {
     let crashed = |problem: String| {
         ChildError {
         input: input.to_string(),
@@ -84,7 +93,7 @@ pub(crate) fn in_child<T: Serialize + DeserializeOwned>(
         Ok(nix::unistd::ForkResult::Parent { child }) => {
             drop(wr);
             let registered = super::cleanup::ChildGuard::new(child.as_raw());
-            let (buf, read) = read_with_deadline(rd, READ_DEADLINE);
+            let (buf, read) = read_with_deadline(rd, deadline);
             if read.is_err() {
                 let _ = nix::sys::signal::kill(child, nix::sys::signal::Signal::SIGKILL);
             }
@@ -122,7 +131,7 @@ pub(crate) fn in_child<T: Serialize + DeserializeOwned>(
                     input: input.to_string(),
                     problem: format!(
                         "the reader did not finish in {} s and was stopped",
-                        READ_DEADLINE.as_secs()
+                        deadline.as_secs()
                     ),
                     fix: "give a capture of regular files only (a file that never ends, such as a link to /dev/zero, keeps hwloc reading)".into(),
                     system: false,
@@ -221,6 +230,83 @@ mod tests {
         })
         .unwrap_err();
         assert_eq!(e.problem, "bad");
+    }
+
+    #[test]
+    fn a_reader_past_its_deadline_is_reported_as_a_timeout() {
+        let e = in_child_with_deadline::<u32>("f.xml", std::time::Duration::from_secs(1), || {
+            std::thread::sleep(std::time::Duration::from_secs(30));
+            Ok(0)
+        })
+        .unwrap_err();
+        assert!(e.problem.contains("did not finish in 1 s"), "{}", e.problem);
+        assert!(!e.problem.contains("crash"), "{}", e.problem);
+        assert!(!e.system);
+    }
+
+    /// Started by `the_reader_dies_with_its_parent` in a process of its own:
+    /// starts a reader that records its pid and waits.
+    #[test]
+    #[ignore = "runs in a child process: started by the_reader_dies_with_its_parent"]
+    fn reader_parent_role() {
+        let Some(pidfile) = std::env::var_os("NUMAPIN_READER_PIDFILE") else {
+            return;
+        };
+        let _ = in_child::<u32>("f.xml", || {
+            let me = std::process::id().to_string();
+            let _ = std::fs::write(&pidfile, me);
+            std::thread::sleep(std::time::Duration::from_secs(60));
+            Ok(0)
+        });
+    }
+
+    #[test]
+    fn the_reader_dies_with_its_parent() {
+        let dir = tempfile::tempdir().unwrap();
+        let pidfile = dir.path().join("reader.pid");
+        let mut parent = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "platform::isolate::tests::reader_parent_role",
+                "--ignored",
+                "--test-threads=1",
+            ])
+            .env("NUMAPIN_READER_PIDFILE", &pidfile)
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let start = std::time::Instant::now();
+        let reader: i32 = loop {
+            if let Some(pid) = std::fs::read_to_string(&pidfile)
+                .ok()
+                .and_then(|s| s.parse().ok())
+            {
+                break pid;
+            }
+            assert!(start.elapsed().as_secs() < 20, "the reader never started");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        };
+        parent.kill().unwrap();
+        parent.wait().unwrap();
+        let gone = || {
+            std::fs::read_to_string(format!("/proc/{reader}/stat")).map_or(true, |s| {
+                s.rsplit(')')
+                    .next()
+                    .is_some_and(|r| r.trim_start().starts_with('Z'))
+            })
+        };
+        let start = std::time::Instant::now();
+        while !gone() && start.elapsed().as_secs() < 5 {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let alive = !gone();
+        if alive {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(reader),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        assert!(!alive, "reader {reader} outlived its parent's SIGKILL");
     }
 
     #[test]

@@ -55,7 +55,7 @@ pub(crate) fn check(t: &Topology, source: &str) -> Result<()> {
     limits::check_count(source, "caches", t.caches.len(), MAX_CPUS as usize)?;
 
     // NUMA nodes: numbered once each, within the limit, own CPUs no other
-    // node owns, in a package that exists.
+    // node owns (and, below, in a package that exists).
     let mut nodes = BTreeSet::new();
     let mut claims = Claims::new();
     for n in &t.numa_nodes {
@@ -77,14 +77,6 @@ pub(crate) fn check(t: &Topology, source: &str) -> Result<()> {
                 t.numa_nodes.len()
             )));
         }
-        if let Some(p) = n.package {
-            if t.package(p).is_none() {
-                return Err(bad(format!(
-                    "NUMA node {} names package {p}, which is not listed",
-                    n.os_index
-                )));
-            }
-        }
     }
 
     // Packages: indexed once each, CPUs of their own, nodes that exist.
@@ -105,6 +97,16 @@ pub(crate) fn check(t: &Topology, source: &str) -> Result<()> {
                 return Err(bad(format!(
                     "package {} lists NUMA node {n}, which is not listed",
                     p.index
+                )));
+            }
+        }
+    }
+    for n in &t.numa_nodes {
+        if let Some(p) = n.package {
+            if !packages.contains(&p) {
+                return Err(bad(format!(
+                    "NUMA node {} names package {p}, which is not listed",
+                    n.os_index
                 )));
             }
         }
