@@ -82,6 +82,8 @@ fn in_child_with_deadline<T: Serialize + DeserializeOwned>(
             // SAFETY: both descriptors are open; dup2 onto 2 redirects this
             // child's stderr (hwloc's messages) into the log file.
             unsafe { libc::dup2(errlog.as_raw_fd(), 2) };
+            // One descriptor fewer for the reader to run short of.
+            drop(errlog);
             let r = super::panic_guard::catch(f)
                 .unwrap_or_else(|msg| Err(crashed(format!("internal error: {msg}"))));
             let text = serde_json::to_vec(&r).unwrap_or_default();
@@ -99,9 +101,13 @@ fn in_child_with_deadline<T: Serialize + DeserializeOwned>(
             }
             let status = nix::sys::wait::waitpid(child, None);
             drop(registered);
-            let mut log = String::new();
-            let _ = errlog.rewind();
-            let _ = errlog.read_to_string(&mut log);
+            // The end of what the reader wrote to stderr (hwloc's last
+            // message); a hostile file can make hwloc write without end.
+            let mut tail = Vec::new();
+            let end = errlog.seek(std::io::SeekFrom::End(0)).unwrap_or(0);
+            let _ = errlog.seek(std::io::SeekFrom::Start(end.saturating_sub(64 << 10)));
+            let _ = errlog.take(64 << 10).read_to_end(&mut tail);
+            let log = String::from_utf8_lossy(&tail);
             let last = log
                 .lines()
                 .rev()

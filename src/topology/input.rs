@@ -21,10 +21,11 @@ pub(crate) enum Input {
     Folder(PathBuf),
 }
 
-/// The name `path` has in messages (shortened; control characters are
-/// escaped by the tools when they print to a terminal).
+/// The name `path` has in messages and in [`super::Topology::source`]
+/// (control characters are escaped by the tools when they print to a
+/// terminal).
 pub(crate) fn shown(path: &Path) -> String {
-    crate::report::shorten(&path.display().to_string())
+    path.display().to_string()
 }
 
 /// Reads `path` (`-` is standard input).
