@@ -12,10 +12,14 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-/// The largest CPU or node number accepted from text (2^20). Linux supports at
-/// most 8192 CPUs today; the bound keeps hostile input ("0-4000000000") from
-/// allocating gigabytes.
-pub const MAX_CPU: u32 = 1 << 20;
+/// How many CPUs numapin handles: CPU numbers run from 0 to `MAX_CPUS - 1`.
+/// 8,192 is the most any Linux kernel supports (x86 `MAXSMP`, `NR_CPUS`).
+pub const MAX_CPUS: u32 = 8192;
+
+/// The largest CPU (or node) number accepted from text, [`MAX_CPUS`]` - 1`.
+/// The bound is checked before anything is allocated, so hostile input
+/// (`"0-4000000000"`, a mask of a million bits) costs nothing.
+pub const MAX_CPU: u32 = MAX_CPUS - 1;
 
 /// A set of CPU (or NUMA node) numbers, kept sorted and without duplicates.
 ///
@@ -79,88 +83,49 @@ impl CpuList {
     /// Parses a Linux cpulist (`0-3,8-11`, `0-31:2/4`, whitespace and a trailing
     /// newline tolerated, empty string = empty set).
     pub fn parse(text: &str) -> Result<Self, CpuListError> {
-        let text = text.trim();
         let mut out = Vec::new();
-        if text.is_empty() {
-            return Ok(Self(out));
-        }
-        for element in text.split(',') {
-            let element = element.trim();
-            let bad = || CpuListError::BadElement {
-                element: element.to_string(),
-            };
-            if element.is_empty() {
-                return Err(bad());
+        for e in elements(text) {
+            let Element {
+                first,
+                last,
+                used,
+                group,
+            } = e?;
+            if used == group {
+                out.extend(first..=last);
+                continue;
             }
-            let (range, stride) = match element.split_once(':') {
-                Some((r, s)) => (r, Some(s)),
-                None => (element, None),
-            };
-            let num = |s: &str| -> Result<u32, CpuListError> {
-                let s = s.trim();
-                if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
-                    return Err(bad());
-                }
-                let v: u64 = s.parse().map_err(|_| CpuListError::TooLarge {
-                    element: element.to_string(),
-                    value: u64::MAX,
-                    max: MAX_CPU,
-                })?;
-                if v > u64::from(MAX_CPU) {
-                    return Err(CpuListError::TooLarge {
-                        element: element.to_string(),
-                        value: v,
-                        max: MAX_CPU,
-                    });
-                }
-                Ok(v as u32)
-            };
-            let (first, last) = match range.split_once('-') {
-                Some((a, b)) => (num(a)?, num(b)?),
-                None => {
-                    if stride.is_some() {
-                        return Err(bad());
-                    }
-                    let v = num(range)?;
-                    (v, v)
-                }
-            };
-            if last < first {
-                return Err(CpuListError::Backwards {
-                    element: element.to_string(),
-                });
-            }
-            match stride {
-                None => out.extend(first..=last),
-                Some(s) => {
-                    let (used, group) = s.split_once('/').ok_or_else(bad)?;
-                    let (used, group) = (num(used)?, num(group)?);
-                    if used == 0 || group == 0 || used > group {
-                        return Err(bad());
-                    }
-                    let mut base = first;
-                    while base <= last {
-                        for c in base..base.saturating_add(used).min(last.saturating_add(1)) {
-                            out.push(c);
-                        }
-                        match base.checked_add(group) {
-                            Some(b) => base = b,
-                            None => break,
-                        }
-                    }
+            let mut base = first;
+            while base <= last {
+                out.extend(base..base.saturating_add(used).min(last.saturating_add(1)));
+                match base.checked_add(group) {
+                    Some(b) => base = b,
+                    None => break,
                 }
             }
         }
         Ok(Self::from_iter_unsorted(out))
     }
 
+    /// How many numbers `text` lists, counting repeats, without building the
+    /// set: what [`CpuList::parse`] would allocate at most. The same errors
+    /// as `parse`.
+    pub fn parse_len(text: &str) -> Result<u64, CpuListError> {
+        let mut n = 0u64;
+        for e in elements(text) {
+            let e = e?;
+            let span = u64::from(e.last - e.first) + 1;
+            let (full, rest) = (span / u64::from(e.group), span % u64::from(e.group));
+            n += full * u64::from(e.used) + rest.min(u64::from(e.used));
+        }
+        Ok(n)
+    }
+
     /// Parses a hexadecimal CPU mask: comma-separated 32-bit words, most
     /// significant first (`00000000,00ffffff`), as in sysfs `cpumap` and NCCL
     /// topology files. An optional `0x` prefix is accepted.
     pub fn parse_mask(text: &str) -> Result<Self, CpuListError> {
-        let bad = || CpuListError::BadMask {
-            text: text.chars().take(80).collect(),
-        };
+        let bad = || CpuListError::BadMask { text: clip(text) };
         let t = text.trim();
         let t = t
             .strip_prefix("0x")
@@ -169,12 +134,8 @@ impl CpuList {
         if t.is_empty() {
             return Err(bad());
         }
-        let words: Vec<&str> = t.split(',').collect();
-        if words.len() as u64 * 32 > u64::from(MAX_CPU) + 32 {
-            return Err(bad());
-        }
         let mut out = Vec::new();
-        for (i, w) in words.iter().rev().enumerate() {
+        for (i, w) in t.rsplit(',').enumerate() {
             if w.is_empty() || w.len() > 8 || !w.bytes().all(|b| b.is_ascii_hexdigit()) {
                 return Err(bad());
             }
@@ -183,7 +144,11 @@ impl CpuList {
                 if v & (1 << bit) != 0 {
                     let cpu = i as u64 * 32 + bit;
                     if cpu > u64::from(MAX_CPU) {
-                        return Err(bad());
+                        return Err(CpuListError::TooLarge {
+                            element: clip(text),
+                            value: cpu,
+                            max: MAX_CPU,
+                        });
                     }
                     out.push(cpu as u32);
                 }
@@ -224,27 +189,75 @@ impl CpuList {
 
     /// The numbers in both sets.
     pub fn intersection(&self, other: &Self) -> Self {
-        Self(self.iter().filter(|c| other.contains(*c)).collect())
+        let (a, b) = (&self.0, &other.0);
+        let (mut i, mut j, mut out) = (0, 0, Vec::new());
+        while i < a.len() && j < b.len() {
+            match a[i].cmp(&b[j]) {
+                std::cmp::Ordering::Less => i += 1,
+                std::cmp::Ordering::Greater => j += 1,
+                std::cmp::Ordering::Equal => {
+                    out.push(a[i]);
+                    i += 1;
+                    j += 1;
+                }
+            }
+        }
+        Self(out)
     }
 
     /// The numbers in either set.
     pub fn union(&self, other: &Self) -> Self {
-        Self::from_iter_unsorted(self.iter().chain(other.iter()))
+        let (a, b) = (&self.0, &other.0);
+        let (mut i, mut j) = (0, 0);
+        let mut out = Vec::with_capacity(a.len() + b.len());
+        while i < a.len() && j < b.len() {
+            match a[i].cmp(&b[j]) {
+                std::cmp::Ordering::Less => {
+                    out.push(a[i]);
+                    i += 1;
+                }
+                std::cmp::Ordering::Greater => {
+                    out.push(b[j]);
+                    j += 1;
+                }
+                std::cmp::Ordering::Equal => {
+                    out.push(a[i]);
+                    i += 1;
+                    j += 1;
+                }
+            }
+        }
+        out.extend_from_slice(&a[i..]);
+        out.extend_from_slice(&b[j..]);
+        Self(out)
     }
 
     /// The numbers of `self` that are not in `other`.
     pub fn difference(&self, other: &Self) -> Self {
-        Self(self.iter().filter(|c| !other.contains(*c)).collect())
+        let (a, b) = (&self.0, &other.0);
+        let (mut i, mut j, mut out) = (0, 0, Vec::new());
+        while i < a.len() {
+            if j >= b.len() || a[i] < b[j] {
+                out.push(a[i]);
+                i += 1;
+            } else if a[i] > b[j] {
+                j += 1;
+            } else {
+                i += 1;
+                j += 1;
+            }
+        }
+        Self(out)
     }
 
     /// Whether every number of `self` is in `other`.
     pub fn is_subset(&self, other: &Self) -> bool {
-        self.iter().all(|c| other.contains(c))
+        self.len() <= other.len() && self.difference(other).is_empty()
     }
 
     /// Whether the two sets share no number.
     pub fn is_disjoint(&self, other: &Self) -> bool {
-        self.iter().all(|c| !other.contains(c))
+        self.intersection(other).is_empty()
     }
 
     /// The Linux cpulist text (`0-3,8-11`).
@@ -270,6 +283,90 @@ impl CpuList {
         }
         s
     }
+}
+
+/// `s` cut to 80 characters for a message (hostile text can be megabytes).
+fn clip(s: &str) -> String {
+    match s.char_indices().nth(80) {
+        Some((i, _)) => format!("{}... ({} bytes)", &s[..i], s.len()),
+        None => s.to_string(),
+    }
+}
+
+/// One comma-separated element of a cpulist: `first-last:used/group`
+/// (`used == group` for a plain range or number).
+struct Element {
+    first: u32,
+    last: u32,
+    used: u32,
+    group: u32,
+}
+
+/// The elements of a cpulist, each checked against [`MAX_CPU`].
+fn elements(text: &str) -> impl Iterator<Item = Result<Element, CpuListError>> + '_ {
+    let text = text.trim();
+    text.split(',')
+        .filter(move |_| !text.is_empty())
+        .map(|element| {
+            let element = element.trim();
+            let bad = || CpuListError::BadElement {
+                element: clip(element),
+            };
+            if element.is_empty() {
+                return Err(bad());
+            }
+            let (range, stride) = match element.split_once(':') {
+                Some((r, s)) => (r, Some(s)),
+                None => (element, None),
+            };
+            let num = |s: &str| -> Result<u32, CpuListError> {
+                let s = s.trim();
+                if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+                    return Err(bad());
+                }
+                let v: u64 = s.parse().unwrap_or(u64::MAX);
+                if v > u64::from(MAX_CPU) {
+                    return Err(CpuListError::TooLarge {
+                        element: clip(element),
+                        value: v,
+                        max: MAX_CPU,
+                    });
+                }
+                Ok(v as u32)
+            };
+            let (first, last) = match range.split_once('-') {
+                Some((a, b)) => (num(a)?, num(b)?),
+                None => {
+                    if stride.is_some() {
+                        return Err(bad());
+                    }
+                    let v = num(range)?;
+                    (v, v)
+                }
+            };
+            if last < first {
+                return Err(CpuListError::Backwards {
+                    element: clip(element),
+                });
+            }
+            let (used, group) = match stride {
+                None => (1, 1),
+                Some(s) => {
+                    let (used, group) = s.split_once('/').ok_or_else(bad)?;
+                    let (used, group) = (num(used)?, num(group)?);
+                    if used == 0 || group == 0 || used > group {
+                        return Err(bad());
+                    }
+                    (used, group)
+                }
+            };
+            Ok(Element {
+                first,
+                last,
+                used,
+                group,
+            })
+        })
 }
 
 impl FromIterator<u32> for CpuList {
@@ -303,10 +400,35 @@ impl Serialize for CpuList {
     }
 }
 
+thread_local! {
+    /// `(limit, left)` while [`with_budget`] runs on this thread.
+    static BUDGET: std::cell::Cell<Option<(u64, u64)>> = const { std::cell::Cell::new(None) };
+}
+
+/// Runs `f` with a budget on the CPU numbers that the `CpuList`s it
+/// deserializes (on this thread) may list together, so that a small file
+/// whose lists claim millions of CPUs fails before they are built.
+pub(crate) fn with_budget<T>(limit: u64, f: impl FnOnce() -> T) -> T {
+    let prev = BUDGET.with(|b| b.replace(Some((limit, limit))));
+    let r = f();
+    BUDGET.with(|b| b.set(prev));
+    r
+}
+
 impl<'de> Deserialize<'de> for CpuList {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::Error as _;
         let s = String::deserialize(d)?;
-        Self::parse(&s).map_err(serde::de::Error::custom)
+        if let Some((limit, left)) = BUDGET.with(std::cell::Cell::get) {
+            let n = Self::parse_len(&s).map_err(D::Error::custom)?;
+            if n > left {
+                return Err(D::Error::custom(format!(
+                    "the CPU lists name more than {limit} CPU numbers in all, the limit for one description"
+                )));
+            }
+            BUDGET.with(|b| b.set(Some((limit, left - n))));
+        }
+        Self::parse(&s).map_err(D::Error::custom)
     }
 }
 
@@ -343,6 +465,41 @@ mod tests {
         ] {
             assert!(CpuList::parse(bad).is_err(), "{bad:?} should fail");
         }
+    }
+
+    #[test]
+    fn limits_are_checked_before_expanding() {
+        let e = CpuList::parse("0-1048575").unwrap_err();
+        assert!(e.to_string().contains("8191"), "{e}");
+        assert!(CpuList::parse("8-1048575:1/1").is_err());
+        assert_eq!(CpuList::parse("0-8191").unwrap().len(), 8192);
+        assert_eq!(CpuList::parse_len("0-15:2/4,3,3").unwrap(), 10);
+        assert_eq!(CpuList::parse_len("0-8191").unwrap(), 8192);
+        let mask = format!("{}ffffffff", "ffffffff,".repeat(40_000));
+        let e = CpuList::parse_mask(&mask).unwrap_err();
+        assert!(e.to_string().contains("8191"), "{e}");
+        assert!(e.to_string().len() < 400, "the message quotes a short part");
+        assert_eq!(
+            CpuList::parse_mask(&format!("{}1", "0,".repeat(1000)))
+                .unwrap()
+                .to_cpulist(),
+            "0"
+        );
+    }
+
+    #[test]
+    fn deserializing_under_a_budget_refuses_claims() {
+        let many = format!("[{}]", vec!["\"0-8191\""; 100].join(","));
+        let e = with_budget(10_000, || serde_json::from_str::<Vec<CpuList>>(&many)).unwrap_err();
+        assert!(e.to_string().contains("10000"), "{e}");
+        let ok = with_budget(10_000, || {
+            serde_json::from_str::<Vec<CpuList>>("[\"0-3\",\"4-7\"]")
+        });
+        assert_eq!(ok.unwrap().len(), 2);
+        assert_eq!(
+            serde_json::from_str::<Vec<CpuList>>(&many).unwrap().len(),
+            100
+        );
     }
 
     #[test]
@@ -397,7 +554,19 @@ mod tests {
         fn never_panics_on_near_valid(s in "[0-9,:/ -]{0,30}") {
             if let Ok(set) = CpuList::parse(&s) {
                 prop_assert!(set.iter().all(|c| c <= MAX_CPU));
+                prop_assert!(CpuList::parse_len(&s).unwrap() >= set.len() as u64);
             }
+        }
+
+        #[test]
+        fn set_operations_match_a_model(a in proptest::collection::btree_set(0u32..200, 0..60), b in proptest::collection::btree_set(0u32..200, 0..60)) {
+            let (x, y) = (CpuList::from_iter_unsorted(a.clone()), CpuList::from_iter_unsorted(b.clone()));
+            let v = |s: std::collections::BTreeSet<u32>| CpuList::from_iter_unsorted(s);
+            prop_assert_eq!(x.union(&y), v(a.union(&b).copied().collect()));
+            prop_assert_eq!(x.intersection(&y), v(a.intersection(&b).copied().collect()));
+            prop_assert_eq!(x.difference(&y), v(a.difference(&b).copied().collect()));
+            prop_assert_eq!(x.is_subset(&y), a.is_subset(&b));
+            prop_assert_eq!(x.is_disjoint(&y), a.is_disjoint(&b));
         }
     }
 }

@@ -9,8 +9,8 @@ pub use crate::arena::region::{
 };
 pub use crate::arena::{fmt_bytes, NodeArena};
 pub use crate::measure::{arena as arena_measure, kernels, loader as loader_measure};
-pub use crate::platform::{cuda, numa, sys};
-pub use crate::report::table;
+pub use crate::platform::{cleanup, cuda, numa, sys};
+pub use crate::report::{quote, shorten, table};
 pub use crate::topology::hwloc::export_live_xml;
 
 use crate::runtime::{RuntimeConfig, Step};

@@ -7,7 +7,9 @@ use numapin::topology::Topology;
 use numapin::{CpuList, CudaOrdinal};
 
 use crate::error::{CliError, Result};
+use crate::output;
 use crate::{ModeArg, TopoSource};
+use numapin::topology::limits::{MAX_GPUS, MAX_RANKS};
 
 /// How the plan is printed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -35,12 +37,13 @@ pub(crate) struct AffinityArgs {
     #[arg(long, value_enum, default_value_t = ModeArg::Node)]
     pub(crate) mode: ModeArg,
     /// CUDA devices, one per local rank, in rank order (`0-3`, `3,2,1,0`;
-    /// default: every GPU this process sees).
+    /// default: every GPU this process sees). Devices 0-1023, at most 8192
+    /// entries (ranks).
     #[arg(long, value_name = "LIST", conflicts_with = "local_rank")]
     pub(crate) gpus: Option<String>,
     /// Print only this local rank's binding (its GPU chosen as `numapin
-    /// exec` would).
-    #[arg(long, value_name = "R")]
+    /// exec` would). 0-65535.
+    #[arg(long, value_name = "R", value_parser = clap::value_parser!(u32).range(0..=i64::from(launcher::MAX_LOCAL_RANK)))]
     pub(crate) local_rank: Option<u32>,
     /// In core mode, one hardware thread per rank instead of the whole core.
     #[arg(long)]
@@ -53,19 +56,34 @@ pub(crate) struct AffinityArgs {
     pub(crate) format: Format,
 }
 
-/// Parses `--gpus`: comma-separated ordinals or ranges, order kept.
+/// Parses `--gpus`: comma-separated ordinals or ranges, order kept; each
+/// device below [`MAX_GPUS`], at most [`MAX_RANKS`] entries.
 fn parse_gpus(text: &str) -> Result<Vec<CudaOrdinal>> {
+    let shown = numapin::internals::quote(text);
+    let usage = |problem: String| {
+        CliError::Usage {
+        problem: format!("--gpus {shown}: {problem}"),
+        fix: format!(
+            "list CUDA devices (0-{}) like 0-3 or 3,2,1,0, one entry per rank, at most {MAX_RANKS} entries",
+            MAX_GPUS - 1
+        ),
+    }
+    };
     let mut out = Vec::new();
     for part in text.split(',') {
-        let set = CpuList::parse(part).map_err(|e| CliError::Usage {
-            problem: format!("--gpus {text:?}: {e}"),
-            fix: "list CUDA devices like 0-3 or 3,2,1,0".into(),
-        })?;
+        let set = CpuList::parse(part).map_err(|e| usage(e.to_string()))?;
         if set.is_empty() {
-            return Err(CliError::Usage {
-                problem: format!("--gpus {text:?} has an empty entry"),
-                fix: "list CUDA devices like 0-3 or 3,2,1,0".into(),
-            });
+            return Err(usage("has an empty entry".into()));
+        }
+        if let Some(o) = set.iter().find(|&o| o as usize >= MAX_GPUS) {
+            return Err(usage(format!(
+                "CUDA device {o} is beyond the limit of {MAX_GPUS} devices"
+            )));
+        }
+        if out.len() + set.len() > MAX_RANKS {
+            return Err(usage(format!(
+                "lists more than {MAX_RANKS} ranks, the limit"
+            )));
         }
         out.extend(set.iter().map(CudaOrdinal));
     }
@@ -94,8 +112,14 @@ pub(crate) fn run(a: &AffinityArgs) -> Result<i32> {
             plan(&t, &gpus, mode, &opts)?
         }
         (None, Some(r)) => {
-            let (slot, _) = launcher::slot_for_rank(&t, r, "--local-rank")?;
+            let (slot, gpu) = launcher::slot_for_rank(&t, r, "--local-rank")?;
             let mut p = plan(&t, &launcher::rank_gpus(&t), mode, &opts)?;
+            if slot >= p.ranks.len() {
+                return Err(CliError::Usage {
+                    problem: format!("GPU {gpu} is not among the GPUs this process plans for"),
+                    fix: "check CUDA_VISIBLE_DEVICES".into(),
+                });
+            }
             let mut one = p.ranks.swap_remove(slot);
             one.local_rank = r;
             Plan {
@@ -119,11 +143,11 @@ pub(crate) fn run(a: &AffinityArgs) -> Result<i32> {
     if a.format != Format::Table && a.format != Format::Json {
         for r in &plan.ranks {
             for w in &r.warnings {
-                eprintln!("numapin: warning: rank {}: {w}", r.local_rank);
+                output::eprintln(&format!("numapin: warning: rank {}: {w}", r.local_rank));
             }
         }
     }
-    print!("{}", render(&t, &plan, a.format, policy));
+    output::print(&render(&t, &plan, a.format, policy))?;
     Ok(0)
 }
 
@@ -221,7 +245,7 @@ mod tests {
         assert_eq!(parse_gpus("0-3").unwrap(), ords(&[0, 1, 2, 3]));
         assert_eq!(parse_gpus("3,2,1,0").unwrap(), ords(&[3, 2, 1, 0]));
         assert_eq!(parse_gpus("1,1").unwrap(), ords(&[1, 1]));
-        for bad in ["", "a", "1,,2", "3-1"] {
+        for bad in ["", "a", "1,,2", "3-1", "1024", "0-2000"] {
             let e = parse_gpus(bad).unwrap_err();
             assert_eq!(e.exit_code(), 2, "{bad:?}");
             assert!(e.to_string().contains("--gpus"), "{e}");

@@ -87,6 +87,6 @@ pub(crate) fn report(e: &CliError) -> i32 {
     if let Some(fix) = e.fix() {
         text.push_str(&format!("\n  fix: {fix}"));
     }
-    eprintln!("{text}");
+    crate::output::eprintln(&text);
     e.exit_code()
 }

@@ -17,24 +17,28 @@ use numapin::internals as apply;
 use numapin::CudaOrdinal;
 
 use crate::error::{report, CliError, Result};
+use crate::output;
 use crate::ModeArg;
+use numapin::topology::limits::{MAX_GPUS, MAX_NODES};
 
 /// Arguments of `numapin exec`.
 #[derive(Debug, clap::Args)]
 pub(crate) struct ExecArgs {
-    /// Where the description comes from.
+    /// Where the description comes from. `--input` describes another
+    /// machine, whose binding means nothing here: it needs `--dry-run`.
     #[command(flatten)]
     pub(crate) source: TopoSource,
     /// How CPUs are chosen: node, socket, exclusive, cache (core-complex),
     /// core (default node).
     #[arg(long, value_enum)]
     pub(crate) mode: Option<ModeArg>,
-    /// Use this CUDA device instead of the local rank's.
-    #[arg(long, value_name = "G", conflicts_with = "node")]
+    /// Use this CUDA device instead of the local rank's (0-1023).
+    #[arg(long, value_name = "G", conflicts_with = "node",
+          value_parser = clap::value_parser!(u32).range(0..MAX_GPUS as i64))]
     pub(crate) gpu: Option<u32>,
     /// Bind to this NUMA node's CPUs and memory directly (machines without
-    /// GPUs, or jobs that are not one rank per GPU).
-    #[arg(long, value_name = "N")]
+    /// GPUs, or jobs that are not one rank per GPU). 0-1023.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(0..i64::from(MAX_NODES)))]
     pub(crate) node: Option<u32>,
     /// Allocate memory only on the plan's nodes (the default).
     #[arg(long, conflicts_with = "preferred")]
@@ -144,6 +148,15 @@ fn choose(a: &ExecArgs) -> Result<(RankPlan, String)> {
 }
 
 fn exec(a: &ExecArgs) -> Result<i32> {
+    if let (Some(input), false) = (&a.source.input, a.dry_run) {
+        return Err(CliError::Usage {
+            problem: format!(
+                "--input {} describes a saved machine: its binding cannot be applied to this one",
+                numapin::internals::shorten(&input.display().to_string())
+            ),
+            fix: "add --dry-run to print the binding the file gives, or drop --input to bind on this machine".into(),
+        });
+    }
     let policy = if a.preferred {
         MemPolicy::Preferred
     } else {
@@ -151,7 +164,7 @@ fn exec(a: &ExecArgs) -> Result<i32> {
     };
     let (r, why) = choose(a)?;
     for w in &r.warnings {
-        eprintln!("numapin: warning: {w}");
+        output::eprintln(&format!("numapin: warning: {w}"));
     }
     if r.cpus.is_empty() {
         return Err(CliError::Usage {
@@ -166,18 +179,20 @@ fn exec(a: &ExecArgs) -> Result<i32> {
             "mempolicy": policy.as_str(),
             "command": a.command.iter().map(|c| c.to_string_lossy()).collect::<Vec<_>>(),
         });
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&out).expect("JSON values serialize")
-        );
-        return Ok(0);
+        // Output that cannot be written is a failure of its own (exit 1),
+        // not one of the binding (exit 2).
+        let text = serde_json::to_string_pretty(&out).expect("JSON values serialize");
+        return Ok(match output::println(&text) {
+            Ok(()) => 0,
+            Err(e) => report(&e),
+        });
     }
     apply::find_program(&a.command[0])?;
     if a.verbose {
-        eprintln!(
+        output::eprintln(&format!(
             "numapin: {why}: numactl {}",
             numactl_args(&r, policy).join(" ")
-        );
+        ));
     }
     bind_current_process(&r, policy)?;
     let mut env: Vec<(OsString, OsString)> = std::env::vars_os()

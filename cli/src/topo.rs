@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 use crate::error::{CliError, Result};
+use crate::output;
 use crate::TopoSource;
 
 /// Arguments of `numapin topo`.
@@ -14,7 +15,9 @@ pub(crate) struct TopoArgs {
     /// Print the JSON form (schema in docs/topology-json.md).
     #[arg(long)]
     pub(crate) json: bool,
-    /// Also write this machine's hwloc XML to FILE (for a bug report).
+    /// Also write this machine's hwloc XML to FILE (for a bug report):
+    /// written only once the machine has been described without error,
+    /// through a temporary file renamed over FILE.
     #[arg(long, value_name = "FILE")]
     pub(crate) export: Option<PathBuf>,
 }
@@ -29,17 +32,23 @@ pub(crate) fn run(a: &TopoArgs) -> Result<i32> {
                 fix: "drop one of the two options".into(),
             });
         }
-        numapin::internals::export_live_xml(path)?;
-        eprintln!(
-            "numapin: wrote this machine's hwloc XML to {}",
-            path.display()
-        );
+        // Everything that can be refused is refused before the file is
+        // touched: the target, then the description itself.
+        output::check_target(path, "--export")?;
     }
     let t = a.source.topology()?;
+    if let Some(path) = &a.export {
+        let xml = numapin::internals::export_live_xml()?;
+        output::write_file(path, &xml, "--export")?;
+        output::eprintln(&format!(
+            "numapin: wrote this machine's hwloc XML to {}",
+            path.display()
+        ));
+    }
     if a.json {
-        println!("{}", t.to_json());
+        output::println(&t.to_json())?;
     } else {
-        print!("{}", t.to_text());
+        output::print(&t.to_text())?;
     }
     Ok(0)
 }

@@ -229,14 +229,14 @@ fn exec_errors_exit_2_and_run_nothing() {
                 "exec",
                 "--no-cuda",
                 "--node",
-                "4000",
+                "1000",
                 "--",
                 "sh",
                 "-c",
                 &touch,
             ],
             vec![],
-            "NUMA node 4000",
+            "NUMA node 1000",
         ),
         (
             vec![
@@ -283,45 +283,42 @@ fn exec_errors_exit_2_and_run_nothing() {
     }
 }
 
-/// A machine shaped like this one's first two CPUs: one node, CPUs 0 and 1
-/// as two cores, two GPUs on it. Binding to it is possible here when CPUs 0
-/// and 1 are both allowed.
+/// A machine with one node, CPUs 0 and 1 as two cores, two GPUs on it:
+/// each rank gets a core of its own.
 #[test]
 fn exec_core_mode_gives_each_rank_its_own_cpu() {
-    let t = live();
-    if !(t.allowed.cpus.contains(0)
-        && t.allowed.cpus.contains(1)
-        && t.node(0)
-            .is_some_and(|n| n.cpus.contains(0) && n.cpus.contains(1)))
-    {
-        eprintln!("skipped: needs CPUs 0 and 1 on node 0, allowed to this process");
-        return;
-    }
     let mut m = Shape::new(1, 1, 2, 1, 2);
     m.smt = false;
     let file = write_json(&m.build());
     for (rank, cpu) in [("0", "0"), ("1", "1")] {
         for mode in ["core", "exclusive"] {
-            let mut c = numapin(&[
-                "exec",
-                "--mode",
-                mode,
-                "--input",
+            // `--input` needs `--dry-run`: another machine's binding is
+            // never applied here (the binding itself is tested with --node).
+            let (o, v) = dry_run(
                 file.to_str().unwrap(),
-                "--",
-                "cat",
-                "/proc/self/status",
-            ]);
-            c.env("LOCAL_RANK", rank);
-            let o = out(c);
-            assert!(o.status.success(), "{}", stderr(&o));
-            assert_eq!(
-                status_field(&stdout(&o), "Cpus_allowed_list"),
-                cpu,
-                "rank {rank} {mode}"
+                &["--mode", mode],
+                &[("LOCAL_RANK", rank)],
             );
+            assert!(o.status.success(), "{}", stderr(&o));
+            assert_eq!(v.unwrap()["binding"]["cpus"], cpu, "rank {rank} {mode}");
         }
     }
+    // Without --dry-run, a described machine's binding is refused and the
+    // command does not run.
+    let mut c = numapin(&[
+        "exec",
+        "--input",
+        file.to_str().unwrap(),
+        "--",
+        "sh",
+        "-c",
+        "echo ran",
+    ]);
+    c.env("LOCAL_RANK", "0");
+    let o = out(c);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("--dry-run"), "{}", stderr(&o));
+    assert!(stdout(&o).is_empty(), "the command ran");
 }
 
 // ---- Launchers: rank -> GPU, checked with --dry-run on described machines.
@@ -400,6 +397,10 @@ fn one_gpu_per_rank_from_the_launcher() {
         gpu: Some(numapin::GpuIndex(2)),
         mig: false,
     }];
+    // As `numapin topo --json` writes it: only GPU 2 has an ordinal.
+    for g in &mut t.gpus {
+        g.cuda_ordinal = (g.index == numapin::GpuIndex(2)).then_some(numapin::CudaOrdinal(0));
+    }
     let file = write_json(&t);
     let f = file.to_str().unwrap();
     for rank in ["0", "3", "17"] {

@@ -211,6 +211,10 @@ fn cstring(s: &OsStr, what: &str) -> Result<CString> {
 
 /// Replaces this process with `argv[0]` run with `argv` and environment
 /// `env` (`execvpe`: `PATH` lookup as a shell does). Returns only on failure.
+///
+/// The command starts with the signal state a shell would give it: SIGPIPE
+/// at its default action (Rust's runtime ignores it, and an ignored signal
+/// survives `execvp`) and the signal mask the process started with.
 pub fn exec(argv: &[OsString], env: &[(OsString, OsString)]) -> Error {
     let run = || -> Result<std::convert::Infallible> {
         let Some(program) = argv.first() else {
@@ -232,6 +236,11 @@ pub fn exec(argv: &[OsString], env: &[(OsString, OsString)]) -> Error {
             kv.push(v);
             envp.push(cstring(&kv, "an environment variable")?);
         }
+        crate::platform::cleanup::restore_for_exec().map_err(|source| Error::System {
+            what: "restoring the signal mask before running the command".into(),
+            fix: "report this as a bug".into(),
+            source,
+        })?;
         nix::unistd::execvpe(&file, &args, &envp).map_err(|e| Error::Request {
             problem: format!("cannot run `{}`: {e}", program.to_string_lossy()),
             fix: "check the command".into(),

@@ -27,7 +27,7 @@ pub enum AffinityError {
         fix: String,
     },
     /// A launcher variable with a value that cannot be a local rank.
-    #[error("{variable}={value:?}: {problem}")]
+    #[error("{variable}={}: {problem}", crate::report::quote(value))]
     Env {
         /// The variable's name.
         variable: String,

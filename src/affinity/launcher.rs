@@ -79,7 +79,7 @@ pub fn gpu_of_ordinal(topo: &Topology, ordinal: CudaOrdinal, what: &str) -> Resu
     let seen = topo.cuda.ordinals.len();
     let Some(entry) = topo.cuda.ordinals.iter().find(|e| e.ordinal == ordinal) else {
         let cvd = match &topo.cuda.visible_devices {
-            Some(v) => format!(" (CUDA_VISIBLE_DEVICES={v:?})"),
+            Some(v) => format!(" (CUDA_VISIBLE_DEVICES={})", crate::report::quote(v)),
             None => String::new(),
         };
         return Err(Error::Request {
@@ -128,10 +128,16 @@ pub fn slot_of_ordinal(
     what: &str,
 ) -> Result<(usize, GpuIndex)> {
     let gpu = gpu_of_ordinal(topo, ordinal, what)?;
+    // The slot is the ordinal's place among those rank_gpus lists: ordinals
+    // whose GPU is unknown (a MIG UUID without the driver) take none.
     let slot = if one_visible_gpu(topo) {
         gpu.as_usize()
     } else {
-        ordinal.0 as usize
+        topo.cuda
+            .ordinals
+            .iter()
+            .filter(|e| e.gpu.is_some() && e.ordinal < ordinal)
+            .count()
     };
     debug_assert_eq!(rank_gpus(topo).get(slot), Some(&gpu));
     Ok((slot, gpu))

@@ -12,6 +12,8 @@
 //! allowed CPUs, and the rank carries a warning naming the cause; numapin
 //! never guesses node 0.
 
+use std::collections::{HashMap, HashSet};
+
 use serde::{Deserialize, Serialize};
 
 use super::AffinityError as Error;
@@ -127,7 +129,7 @@ pub struct Plan {
 }
 
 /// What a rank's CPUs are drawn from, before the mode divides it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 enum HomeKey {
     Node(u32),
     Package(u32),
@@ -170,6 +172,8 @@ impl Home {
 /// the "unknown" cases filled in.
 struct View<'a> {
     topo: &'a Topology,
+    /// Every CPU of the machine.
+    all: CpuList,
     allowed_cpus: CpuList,
     /// Allowed nodes that can hold ordinary memory.
     allowed_mem_nodes: Vec<u32>,
@@ -179,7 +183,7 @@ impl<'a> View<'a> {
     fn new(topo: &'a Topology) -> Result<Self> {
         let all = topo.all_cpus();
         let allowed_cpus = if topo.allowed.cpus.is_empty() {
-            all
+            all.clone()
         } else {
             topo.allowed.cpus.clone()
         };
@@ -201,6 +205,7 @@ impl<'a> View<'a> {
             .collect();
         Ok(Self {
             topo,
+            all,
             allowed_cpus,
             allowed_mem_nodes,
         })
@@ -241,10 +246,9 @@ impl<'a> View<'a> {
     /// The home of a GPU whose NUMA node is unknown or unusable.
     fn fallback_home(&self, gpu: GpuIndex, mut warnings: Vec<String>) -> Home {
         let g = &self.topo.gpus[gpu.as_usize()];
-        let all = self.topo.all_cpus();
         let local = g.local_cpus.intersection(&self.allowed_cpus);
         if !g.local_cpus.is_empty()
-            && g.local_cpus != all
+            && g.local_cpus != self.all
             && !local.is_empty()
             && !self.allowed_cpus.is_subset(&g.local_cpus)
         {
@@ -385,14 +389,13 @@ impl<'a> View<'a> {
     /// core; CPUs no listed core holds count as cores of their own.
     fn cores_in(&self, cpus: &CpuList) -> Vec<CpuList> {
         let mut out: Vec<CpuList> = Vec::new();
-        let mut covered = CpuList::new();
         for c in &self.topo.cores {
             let part = c.cpus.intersection(cpus);
             if !part.is_empty() {
-                covered = covered.union(&part);
                 out.push(part);
             }
         }
+        let covered = CpuList::from_iter_unsorted(out.iter().flat_map(CpuList::iter));
         out.extend(
             cpus.difference(&covered)
                 .iter()
@@ -406,15 +409,21 @@ impl<'a> View<'a> {
     /// lower CPU numbers. Without cache information the set is one cache.
     fn caches_in(&self, cpus: &CpuList) -> Vec<CpuList> {
         let mut out: Vec<CpuList> = Vec::new();
-        let mut covered = CpuList::new();
+        // CPUs already given to a cache (a CPU in two caches goes to the
+        // first).
+        let mut covered = std::collections::HashSet::new();
         for c in &self.topo.caches {
-            let part = c.cpus.intersection(cpus).difference(&covered);
+            let part: CpuList = c
+                .cpus
+                .intersection(cpus)
+                .iter()
+                .filter(|&x| covered.insert(x))
+                .collect();
             if !part.is_empty() {
-                covered = covered.union(&part);
                 out.push(part);
             }
         }
-        let rest = cpus.difference(&covered);
+        let rest: CpuList = cpus.iter().filter(|x| !covered.contains(x)).collect();
         if !rest.is_empty() {
             out.push(rest);
         }
@@ -464,44 +473,60 @@ pub fn plan(topo: &Topology, gpus: &[GpuIndex], mode: Mode, opts: &PlanOptions) 
             });
         }
     }
-    let mut homes: Vec<Home> = gpus
+    // One home per GPU, whatever the number of ranks on it.
+    let mut index_of: HashMap<GpuIndex, usize> = HashMap::new();
+    let mut distinct: Vec<Home> = Vec::new();
+    let rank_home: Vec<usize> = gpus
         .iter()
-        .map(|&g| match mode {
-            Mode::Socket => view.socket_home(g),
-            _ => view.node_home(g),
+        .map(|&g| {
+            *index_of.entry(g).or_insert_with(|| {
+                distinct.push(match mode {
+                    Mode::Socket => view.socket_home(g),
+                    _ => view.node_home(g),
+                });
+                distinct.len() - 1
+            })
         })
         .collect();
     if matches!(mode, Mode::Exclusive | Mode::Core) {
-        share_fallbacks(&mut homes)?;
+        share_fallbacks(&mut distinct, &rank_home)?;
     }
+    // The ranks sharing each home, in rank order, and each rank's place
+    // among them; the cores and caches of each home, worked out once.
+    let mut sharing: HashMap<&HomeKey, usize> = HashMap::new();
+    let places: Vec<usize> = rank_home
+        .iter()
+        .map(|&h| {
+            let n = sharing.entry(&distinct[h].key).or_insert(0);
+            *n += 1;
+            *n - 1
+        })
+        .collect();
+    let mut parts: HashMap<&HomeKey, Vec<CpuList>> = HashMap::new();
     let mut ranks = Vec::with_capacity(gpus.len());
-    for (r, (&g, home)) in gpus.iter().zip(&homes).enumerate() {
-        // The ranks sharing this home, in rank order, and this rank's place.
-        let sharing: Vec<usize> = homes
-            .iter()
-            .enumerate()
-            .filter(|(_, h)| h.key == home.key)
-            .map(|(i, _)| i)
-            .collect();
-        let pos = sharing.iter().position(|&i| i == r).unwrap_or(0);
-        let n = sharing.len();
+    for (r, (&g, &h)) in gpus.iter().zip(&rank_home).enumerate() {
+        let home = &distinct[h];
+        let pos = places[r];
+        let n = sharing[&home.key];
         let mut warnings = home.warnings.clone();
         let cpus = match mode {
             Mode::Node | Mode::Socket => home.cpus.clone(),
             Mode::Exclusive => {
-                let cores = view.cores_in(&home.cpus);
+                let cores = parts
+                    .entry(&home.key)
+                    .or_insert_with(|| view.cores_in(&home.cpus));
                 if cores.len() < n {
                     return Err(too_few_cores(home, cores.len(), n, mode));
                 }
                 let (per, extra) = (cores.len() / n, cores.len() % n);
                 let start = pos * per + pos.min(extra);
                 let end = start + per + usize::from(pos < extra);
-                cores[start..end]
-                    .iter()
-                    .fold(CpuList::new(), |a, c| a.union(c))
+                CpuList::from_iter_unsorted(cores[start..end].iter().flat_map(CpuList::iter))
             }
             Mode::Cache => {
-                let caches = view.caches_in(&home.cpus);
+                let caches = parts
+                    .entry(&home.key)
+                    .or_insert_with(|| view.caches_in(&home.cpus));
                 if caches.len() < n && pos >= caches.len() {
                     warnings.push(format!(
                         "{} has {} last-level cache(s) for {n} ranks: this rank shares one",
@@ -512,7 +537,9 @@ pub fn plan(topo: &Topology, gpus: &[GpuIndex], mode: Mode, opts: &PlanOptions) 
                 caches[pos % caches.len()].clone()
             }
             Mode::Core => {
-                let cores = view.cores_in(&home.cpus);
+                let cores = parts
+                    .entry(&home.key)
+                    .or_insert_with(|| view.cores_in(&home.cpus));
                 if cores.len() < n {
                     return Err(too_few_cores(home, cores.len(), n, mode));
                 }
@@ -537,12 +564,13 @@ pub fn plan(topo: &Topology, gpus: &[GpuIndex], mode: Mode, opts: &PlanOptions) 
     Ok(Plan { mode, ranks })
 }
 
-/// Makes the homes of a plan whose ranks get CPUs of their own disjoint:
+/// Makes the homes (one per GPU; `rank_home` gives each rank's) of a plan
+/// whose ranks get CPUs of their own disjoint:
 /// node homes never overlap each other, but a fallback home (the allowed
 /// CPUs, a GPU's local CPUs) overlaps them. The ranks with a fallback home
 /// share what those homes hold beyond the other ranks' nodes; when that is
 /// nothing, they share the overlapping nodes with those nodes' ranks.
-fn share_fallbacks(homes: &mut [Home]) -> Result<()> {
+fn share_fallbacks(homes: &mut [Home], rank_home: &[usize]) -> Result<()> {
     let is_fallback = |h: &Home| matches!(h.key, HomeKey::Local(_) | HomeKey::Allowed);
     let fallback: Vec<usize> = (0..homes.len())
         .filter(|&i| is_fallback(&homes[i]))
@@ -550,24 +578,28 @@ fn share_fallbacks(homes: &mut [Home]) -> Result<()> {
     if fallback.is_empty() {
         return Ok(());
     }
-    let claimed = homes
-        .iter()
-        .filter(|h| !is_fallback(h))
-        .fold(CpuList::new(), |a, h| a.union(&h.cpus));
-    let wanted = fallback
-        .iter()
-        .fold(CpuList::new(), |a, &i| a.union(&homes[i].cpus));
+    // Each distinct home once (many ranks may share one).
+    let union_of = |idx: &mut dyn Iterator<Item = usize>| {
+        let mut seen = HashSet::new();
+        CpuList::from_iter_unsorted(
+            idx.filter(|&i| seen.insert(&homes[i].key))
+                .flat_map(|i| homes[i].cpus.iter())
+                .collect::<Vec<_>>(),
+        )
+    };
+    let claimed = union_of(&mut (0..homes.len()).filter(|&i| !is_fallback(&homes[i])));
+    let wanted = union_of(&mut fallback.iter().copied());
     let leftover = wanted.difference(&claimed);
     let (group, cpus, note) = if leftover.is_empty() {
         let group: Vec<usize> = (0..homes.len())
             .filter(|&i| !homes[i].cpus.is_disjoint(&wanted))
             .collect();
-        let cpus = group
+        let cpus = union_of(&mut group.iter().copied());
+        let ranks = rank_home
             .iter()
-            .fold(CpuList::new(), |a, &i| a.union(&homes[i].cpus));
-        let ranks = fallback
-            .iter()
-            .map(|r| r.to_string())
+            .enumerate()
+            .filter(|(_, h)| fallback.contains(h))
+            .map(|(r, _)| r.to_string())
             .collect::<Vec<_>>()
             .join(",");
         (group, cpus.clone(), format!("every CPU of the fallback is on another rank's NUMA node: ranks {ranks} (no usable node) share {cpus} with that node's ranks"))

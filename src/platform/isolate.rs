@@ -22,6 +22,11 @@ pub(crate) struct ChildError {
     pub problem: String,
     /// What to do.
     pub fix: String,
+    /// Whether the system failed (a limit, a full disk) rather than the
+    /// file: such errors are reported as system errors, never as a
+    /// malformed file.
+    #[serde(default)]
+    pub system: bool,
 }
 
 /// Runs `f` in a forked child and returns what it returned. `input` names
@@ -30,14 +35,30 @@ pub(crate) fn in_child<T: Serialize + DeserializeOwned>(
     input: &str,
     f: impl FnOnce() -> Result<T, ChildError>,
 ) -> Result<T, ChildError> {
+    in_child_with_deadline(input, READ_DEADLINE, f)
+}
+
+/// [`in_child`], the child stopped after `deadline`.
+fn in_child_with_deadline<T: Serialize + DeserializeOwned>(
+    input: &str,
+    deadline: std::time::Duration,
+    f: impl FnOnce() -> Result<T, ChildError>,
+) -> Result<T, ChildError> {
     let crashed = |problem: String| {
         ChildError {
         input: input.to_string(),
         problem,
         fix: "the file is malformed: give a complete hwloc XML export (`lstopo --of xml FILE`) or an unmodified hwloc-gather-topology capture".into(),
+        system: false,
     }
     };
-    let sys = |what: &str, e: std::io::Error| crashed(format!("could not {what}: {e}"));
+    let sys = |what: &str, e: std::io::Error| ChildError {
+        input: input.to_string(),
+        problem: format!("could not {what} to read it: {e}"),
+        fix: super::sys::fix_for_io(&e).into(),
+        system: true,
+    };
+    let parent = nix::unistd::getpid();
     // Take every lock the child will need now, in the parent: a lock another
     // thread holds at fork time stays locked forever in the child.
     super::panic_guard::install_hook();
@@ -50,10 +71,19 @@ pub(crate) fn in_child<T: Serialize + DeserializeOwned>(
     match unsafe { nix::unistd::fork() } {
         Err(e) => Err(sys("fork", e.into())),
         Ok(nix::unistd::ForkResult::Child) => {
+            // The reader dies with numapin, whatever ends numapin (SIGKILL
+            // included); if numapin is already gone, it stops at once.
+            let _ = nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL);
+            if nix::unistd::getppid() != parent {
+                // SAFETY: _exit ends the child at once, as a forked child should.
+                unsafe { libc::_exit(4) }
+            }
             drop(rd);
             // SAFETY: both descriptors are open; dup2 onto 2 redirects this
             // child's stderr (hwloc's messages) into the log file.
             unsafe { libc::dup2(errlog.as_raw_fd(), 2) };
+            // One descriptor fewer for the reader to run short of.
+            drop(errlog);
             let r = super::panic_guard::catch(f)
                 .unwrap_or_else(|msg| Err(crashed(format!("internal error: {msg}"))));
             let text = serde_json::to_vec(&r).unwrap_or_default();
@@ -64,14 +94,20 @@ pub(crate) fn in_child<T: Serialize + DeserializeOwned>(
         }
         Ok(nix::unistd::ForkResult::Parent { child }) => {
             drop(wr);
-            let (buf, read) = read_with_deadline(rd, READ_DEADLINE);
+            let registered = super::cleanup::ChildGuard::new(child.as_raw());
+            let (buf, read) = read_with_deadline(rd, deadline);
             if read.is_err() {
                 let _ = nix::sys::signal::kill(child, nix::sys::signal::Signal::SIGKILL);
             }
             let status = nix::sys::wait::waitpid(child, None);
-            let mut log = String::new();
-            let _ = errlog.rewind();
-            let _ = errlog.read_to_string(&mut log);
+            drop(registered);
+            // The end of what the reader wrote to stderr (hwloc's last
+            // message); a hostile file can make hwloc write without end.
+            let mut tail = Vec::new();
+            let end = errlog.seek(std::io::SeekFrom::End(0)).unwrap_or(0);
+            let _ = errlog.seek(std::io::SeekFrom::Start(end.saturating_sub(64 << 10)));
+            let _ = errlog.take(64 << 10).read_to_end(&mut tail);
+            let log = String::from_utf8_lossy(&tail);
             let last = log
                 .lines()
                 .rev()
@@ -79,6 +115,14 @@ pub(crate) fn in_child<T: Serialize + DeserializeOwned>(
                 .unwrap_or("")
                 .trim()
                 .to_string();
+            let timed_out = read
+                .as_ref()
+                .is_err_and(|e| e.kind() == std::io::ErrorKind::TimedOut);
+            let tail = if last.is_empty() {
+                String::new()
+            } else {
+                format!(": {}", crate::report::shorten(&last))
+            };
             match status {
                 Ok(nix::sys::wait::WaitStatus::Exited(_, 0)) if read.is_ok() => {
                     serde_json::from_slice(&buf).unwrap_or_else(|e| {
@@ -87,26 +131,30 @@ pub(crate) fn in_child<T: Serialize + DeserializeOwned>(
                         )))
                     })
                 }
-                Ok(nix::sys::wait::WaitStatus::Signaled(_, sig, _)) => Err(crashed(format!(
-                    "hwloc crashed reading it ({sig}){}",
-                    if last.is_empty() {
-                        String::new()
-                    } else {
-                        format!(": {last}")
-                    }
-                ))),
-                _ if read.is_err() => Err(crashed(format!(
-                    "the reader did not finish in {} s and was stopped",
-                    READ_DEADLINE.as_secs()
-                ))),
-                other => Err(crashed(format!(
-                    "the reader failed ({other:?}){}",
-                    if last.is_empty() {
-                        String::new()
-                    } else {
-                        format!(": {last}")
-                    }
-                ))),
+                // The reader was stopped by numapin: report why, not the
+                // SIGKILL it took.
+                _ if timed_out => Err(ChildError {
+                    input: input.to_string(),
+                    problem: format!(
+                        "the reader did not finish in {} s and was stopped",
+                        deadline.as_secs()
+                    ),
+                    fix: "give a capture of regular files only (a file that never ends, such as a link to /dev/zero, keeps hwloc reading)".into(),
+                    system: false,
+                }),
+                _ if read.is_err() => Err(ChildError {
+                    input: input.to_string(),
+                    problem: format!(
+                        "the reader's reply could not be read ({})",
+                        read.as_ref().err().map_or(String::new(), ToString::to_string)
+                    ),
+                    fix: "check the file; a description that big is beyond numapin's limits".into(),
+                    system: false,
+                }),
+                Ok(nix::sys::wait::WaitStatus::Signaled(_, sig, _)) => {
+                    Err(crashed(format!("hwloc crashed reading it ({sig}){tail}")))
+                }
+                other => Err(crashed(format!("the reader failed ({other:?}){tail}"))),
             }
         }
     }
@@ -115,6 +163,10 @@ pub(crate) fn in_child<T: Serialize + DeserializeOwned>(
 /// How long a reader may take before it is killed (a sysfs capture of a
 /// large machine reads in well under a second).
 const READ_DEADLINE: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// Largest reply a reader may send (a description within numapin's limits
+/// is a few MiB).
+const MAX_REPLY: usize = 256 << 20;
 
 fn read_with_deadline(rd: OwnedFd, limit: std::time::Duration) -> (Vec<u8>, std::io::Result<()>) {
     use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
@@ -143,6 +195,15 @@ fn read_with_deadline(rd: OwnedFd, limit: std::time::Duration) -> (Vec<u8>, std:
             Ok(0) => continue,
             Ok(_) => match file.read(&mut chunk) {
                 Ok(0) => return (buf, Ok(())),
+                Ok(n) if buf.len() + n > MAX_REPLY => {
+                    return (
+                        buf,
+                        Err(std::io::Error::new(
+                            std::io::ErrorKind::OutOfMemory,
+                            format!("the reply is over {} MiB", MAX_REPLY >> 20),
+                        )),
+                    )
+                }
                 Ok(n) => buf.extend_from_slice(&chunk[..n]),
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(e) => return (buf, Err(e)),
@@ -170,10 +231,88 @@ mod tests {
                 input: "f.xml".into(),
                 problem: "bad".into(),
                 fix: "fix".into(),
+                system: false,
             })
         })
         .unwrap_err();
         assert_eq!(e.problem, "bad");
+    }
+
+    #[test]
+    fn a_reader_past_its_deadline_is_reported_as_a_timeout() {
+        let e = in_child_with_deadline::<u32>("f.xml", std::time::Duration::from_secs(1), || {
+            std::thread::sleep(std::time::Duration::from_secs(30));
+            Ok(0)
+        })
+        .unwrap_err();
+        assert!(e.problem.contains("did not finish in 1 s"), "{}", e.problem);
+        assert!(!e.problem.contains("crash"), "{}", e.problem);
+        assert!(!e.system);
+    }
+
+    /// Started by `the_reader_dies_with_its_parent` in a process of its own:
+    /// starts a reader that records its pid and waits.
+    #[test]
+    #[ignore = "runs in a child process: started by the_reader_dies_with_its_parent"]
+    fn reader_parent_role() {
+        let Some(pidfile) = std::env::var_os("NUMAPIN_READER_PIDFILE") else {
+            return;
+        };
+        let _ = in_child::<u32>("f.xml", || {
+            let me = std::process::id().to_string();
+            let _ = std::fs::write(&pidfile, me);
+            std::thread::sleep(std::time::Duration::from_secs(60));
+            Ok(0)
+        });
+    }
+
+    #[test]
+    fn the_reader_dies_with_its_parent() {
+        let dir = tempfile::tempdir().unwrap();
+        let pidfile = dir.path().join("reader.pid");
+        let mut parent = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "platform::isolate::tests::reader_parent_role",
+                "--ignored",
+                "--test-threads=1",
+            ])
+            .env("NUMAPIN_READER_PIDFILE", &pidfile)
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let start = std::time::Instant::now();
+        let reader: i32 = loop {
+            if let Some(pid) = std::fs::read_to_string(&pidfile)
+                .ok()
+                .and_then(|s| s.parse().ok())
+            {
+                break pid;
+            }
+            assert!(start.elapsed().as_secs() < 20, "the reader never started");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        };
+        parent.kill().unwrap();
+        parent.wait().unwrap();
+        let gone = || {
+            std::fs::read_to_string(format!("/proc/{reader}/stat")).map_or(true, |s| {
+                s.rsplit(')')
+                    .next()
+                    .is_some_and(|r| r.trim_start().starts_with('Z'))
+            })
+        };
+        let start = std::time::Instant::now();
+        while !gone() && start.elapsed().as_secs() < 5 {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let alive = !gone();
+        if alive {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(reader),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        assert!(!alive, "reader {reader} outlived its parent's SIGKILL");
     }
 
     #[test]

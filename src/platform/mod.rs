@@ -4,6 +4,7 @@
 //! place besides the arena's region and buffer code where `unsafe` appears,
 //! each block with a `// SAFETY:` comment.
 
+pub mod cleanup;
 pub mod cuda;
 pub(crate) mod isolate;
 pub mod numa;

@@ -72,6 +72,41 @@ pub fn locked_bytes() -> u64 {
         .map_or(0, |kb| kb * 1024)
 }
 
+/// What a person can do about a system error that is this process's or
+/// this machine's (an open-file limit, a full disk, memory), for messages.
+pub fn fix_for_io(e: &io::Error) -> &'static str {
+    match e.raw_os_error() {
+        Some(libc::EMFILE) | Some(libc::ENFILE) => {
+            "raise the open-file limit (`ulimit -n`) or close descriptors this process inherits"
+        }
+        Some(libc::ENOSPC) | Some(libc::EDQUOT) => {
+            "free space where numapin writes (TMPDIR for captures), or point TMPDIR at a folder with room"
+        }
+        Some(libc::ENOMEM) => "free memory, or raise this process's memory limit",
+        _ => "check the machine's limits (`ulimit -a`, dmesg) and try again",
+    }
+}
+
+/// Fails with the system's error (`EMFILE`, "Too many open files") unless
+/// this process can open `n` more files at once.
+pub fn check_free_fds(n: usize) -> io::Result<()> {
+    let mut held = Vec::with_capacity(n);
+    for _ in 0..n {
+        held.push(std::fs::File::open("/dev/null")?);
+    }
+    Ok(())
+}
+
+/// Whether `path` is on the kernel's own sysfs or procfs (a live system,
+/// not a copy of one).
+pub fn is_kernel_fs(path: &std::path::Path) -> bool {
+    use nix::sys::statfs::{statfs, PROC_SUPER_MAGIC, SYSFS_MAGIC};
+    statfs(path).is_ok_and(|s| {
+        let t = s.filesystem_type();
+        t == SYSFS_MAGIC || t == PROC_SUPER_MAGIC
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -82,6 +117,12 @@ mod tests {
         let listed = CpuList::parse(&proc_status_field("Cpus_allowed_list").unwrap()).unwrap();
         assert_eq!(mine, listed);
         assert!(!mine.is_empty());
+    }
+
+    #[test]
+    fn kernel_filesystems_are_recognised() {
+        assert!(is_kernel_fs(std::path::Path::new("/proc")));
+        assert!(!is_kernel_fs(&std::env::temp_dir()));
     }
 
     #[test]

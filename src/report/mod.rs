@@ -37,3 +37,40 @@ pub fn with_causes(e: &(dyn std::error::Error + 'static)) -> String {
     }
     s
 }
+
+/// Longest value (in characters) an error message quotes whole.
+pub(crate) const MAX_QUOTED: usize = 120;
+
+/// `text` as a message shows it: whole when it is short, otherwise its start
+/// and its size (`xxxx... (100000 bytes)`), so that a hostile value (an
+/// environment variable, a flag) cannot make a message megabytes long.
+pub fn shorten(text: &str) -> String {
+    match text.char_indices().nth(MAX_QUOTED) {
+        Some((i, _)) => format!("{}... ({} bytes)", &text[..i], text.len()),
+        None => text.to_string(),
+    }
+}
+
+/// `text` quoted (Rust string syntax, so control characters are escaped)
+/// and shortened as [`shorten`] does.
+pub fn quote(text: &str) -> String {
+    match text.char_indices().nth(MAX_QUOTED) {
+        Some((i, _)) => format!("{:?}... ({} bytes)", &text[..i], text.len()),
+        None => format!("{text:?}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_values_are_shortened() {
+        let long = "x".repeat(100_000);
+        assert!(shorten(&long).len() < 200);
+        assert!(shorten(&long).ends_with("(100000 bytes)"));
+        assert!(quote(&long).starts_with("\"xxx"));
+        assert_eq!(quote("a\u{1b}b"), "\"a\\u{1b}b\"");
+        assert_eq!(shorten("short"), "short");
+    }
+}

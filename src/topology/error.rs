@@ -24,7 +24,7 @@ pub enum TopologyError {
         source: Option<Cause>,
     },
     /// An environment variable with a value numapin cannot use.
-    #[error("{variable}={value:?}: {problem}")]
+    #[error("{variable}={}: {problem}", crate::report::quote(value))]
     Env {
         /// The variable's name.
         variable: String,
@@ -80,16 +80,37 @@ impl TopologyError {
         }
     }
 
-    /// An I/O error while reading an input file.
+    /// An I/O error while reading an input file: an input error when it is
+    /// about the file (missing, unreadable, not a file), a system error when
+    /// it is about this process or machine (too many open files, no memory,
+    /// a full disk, an I/O error of the device), so that the exit code and
+    /// the fix name the real cause.
     pub(crate) fn io_input(path: &std::path::Path, e: std::io::Error) -> Self {
+        Self::io_named(
+            &crate::report::shorten(&path.display().to_string()),
+            "cannot read it",
+            e,
+        )
+    }
+
+    /// An I/O error about `input` (a file or folder, already displayable),
+    /// `what` saying what was attempted; classified as [`Self::io_input`] says.
+    pub(crate) fn io_named(input: &str, what: &str, e: std::io::Error) -> Self {
+        if is_system_io(&e) {
+            return TopologyError::System {
+                what: format!("{input}: {what}"),
+                fix: crate::platform::sys::fix_for_io(&e).into(),
+                source: e.into(),
+            };
+        }
         let fix = match e.kind() {
             std::io::ErrorKind::NotFound => "check the path",
             std::io::ErrorKind::PermissionDenied => "make the file readable by this user",
             _ => "check the file",
         };
         TopologyError::Input {
-            input: path.display().to_string(),
-            problem: "cannot read it".into(),
+            input: input.to_string(),
+            problem: what.into(),
             fix: fix.into(),
             source: Some(e.into()),
         }
@@ -107,4 +128,22 @@ impl TopologyError {
             source: source.into(),
         }
     }
+}
+
+/// Whether an I/O error is the system's (a limit of this process, memory, a
+/// full disk, the device) rather than the file's.
+pub(crate) fn is_system_io(e: &std::io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(
+            libc::EMFILE
+                | libc::ENFILE
+                | libc::ENOMEM
+                | libc::ENOSPC
+                | libc::EDQUOT
+                | libc::EIO
+                | libc::EAGAIN
+                | libc::ENOBUFS
+        )
+    ) || e.kind() == std::io::ErrorKind::OutOfMemory
 }

@@ -136,8 +136,8 @@ pub(crate) fn finish(
                         kind: WarningKind::CudaVisibleDevices,
                         gpu: None,
                         message: format!(
-                            "CUDA_VISIBLE_DEVICES={:?} hides every GPU from CUDA",
-                            v.raw
+                            "CUDA_VISIBLE_DEVICES={} hides every GPU from CUDA",
+                            crate::report::quote(&v.raw)
                         ),
                     });
                 }
@@ -329,14 +329,13 @@ fn check_consistent(raw: &RawTopology, source: &str) -> Result<()> {
             return Err(bad(format!("two NUMA nodes are numbered {}", n.os_index)));
         }
     }
-    for (i, a) in raw.numa_nodes.iter().enumerate() {
-        for b in &raw.numa_nodes[i + 1..] {
-            if !a.cpus.is_disjoint(&b.cpus) {
+    let mut owner = std::collections::HashMap::new();
+    for n in &raw.numa_nodes {
+        for c in n.cpus.iter() {
+            if let Some(other) = owner.insert(c, n.os_index) {
                 return Err(bad(format!(
-                    "NUMA nodes {} and {} share CPUs {}",
-                    a.os_index,
-                    b.os_index,
-                    a.cpus.intersection(&b.cpus)
+                    "NUMA nodes {other} and {} share CPU {c}",
+                    n.os_index
                 )));
             }
         }

@@ -1,7 +1,7 @@
 //! Discovery through hwloc: this machine, an hwloc XML export, or a captured
 //! filesystem root.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Mutex;
 
 use hwlocality::object::attributes::ObjectAttributes;
@@ -10,6 +10,7 @@ use hwlocality::object::TopologyObject;
 use hwlocality::topology::builder::{BuildFlags, TypeFilter};
 use hwlocality::Topology as Hw;
 
+use super::limits::{self, MAX_CPUS, MAX_GPUS, MAX_NODES};
 use super::TopologyError as Error;
 use super::{
     is_accelerator, Cache, Core, NodeKind, NumaNode, Package, PcieLink, ProbeOptions, RawGpu,
@@ -69,8 +70,36 @@ fn guarded<T>(input: Option<&Path>, f: impl FnOnce() -> Result<T>) -> Result<T> 
     }
 }
 
+/// The `HWLOC_*` variables that make hwloc describe something other than
+/// this machine (in the order hwloc honours them). The live probe refuses
+/// to run under them: numapin reads such descriptions only as an explicit
+/// input (`--input`), with that input's limits.
+pub(crate) const HWLOC_REPLACING_VARS: [&str; 4] = [
+    "HWLOC_FSROOT",
+    "HWLOC_CPUID_PATH",
+    "HWLOC_SYNTHETIC",
+    "HWLOC_XMLFILE",
+];
+
+/// Refuses a live probe that hwloc would answer from a file or a synthetic
+/// description instead of this machine.
+fn check_env_overrides() -> Result<()> {
+    for var in HWLOC_REPLACING_VARS {
+        if let Some(v) = std::env::var_os(var) {
+            return Err(Error::Env {
+                variable: var.into(),
+                value: v.to_string_lossy().into_owned(),
+                problem: "hwloc would describe what this variable names instead of this machine".into(),
+                fix: format!("unset {var} to describe this machine; to read a saved machine, give its file with --input"),
+            });
+        }
+    }
+    Ok(())
+}
+
 /// This machine, with I/O objects, restricted to what this process may use.
 pub(crate) fn discover_live(opts: &ProbeOptions) -> Result<RawTopology> {
+    check_env_overrides()?;
     // The lock covers the whole life of the hwloc topology, its destruction
     // included: hwloc takes a process-wide mutex in init and destroy, and a
     // file reader forks (crate::isolate) only while holding this lock, so
@@ -80,7 +109,9 @@ pub(crate) fn discover_live(opts: &ProbeOptions) -> Result<RawTopology> {
         let topo = guarded(None, || {
             builder(None)?.build().map_err(|e| hw_err("build", None, e))
         })?;
-        let raw = guarded(None, || extract(&topo, opts, Some(Path::new("/"))))?;
+        let raw = guarded(None, || {
+            extract(&topo, opts, Some(Path::new("/")), "this machine")
+        })?;
         drop(topo);
         raw
     };
@@ -93,26 +124,27 @@ pub(crate) fn discover_live(opts: &ProbeOptions) -> Result<RawTopology> {
     Ok(raw)
 }
 
-/// An hwloc XML export. Read in a child process: hwloc aborts on some
-/// malformed files, and that must not take numapin down.
-pub(crate) fn discover_xml(path: &Path, opts: &ProbeOptions) -> Result<RawTopology> {
+/// An hwloc XML export (its text). Read in a child process: hwloc aborts
+/// on some malformed files, and that must not take numapin down.
+pub(crate) fn discover_xml(xml: &str, source: &str, opts: &ProbeOptions) -> Result<RawTopology> {
     let _g = lock();
-    isolated(path, || {
-        let b = builder(Some(path))?
-            .from_xml_file(path)
-            .map_err(|e| hw_err("XML", Some(path), e))?;
-        let topo = b.build().map_err(|e| hw_err("XML", Some(path), e))?;
-        extract(&topo, opts, None)
+    let input = Path::new(source);
+    isolated(source, || {
+        let b = builder(Some(input))?
+            .from_xml(xml)
+            .map_err(|e| hw_err("XML", Some(input), e))?;
+        let topo = b.build().map_err(|e| hw_err("XML", Some(input), e))?;
+        extract(&topo, opts, None, source)
     })
 }
 
 /// Runs a file reader in a child process (see [`crate::platform::isolate`]).
-fn isolated(path: &Path, f: impl FnOnce() -> Result<RawTopology>) -> Result<RawTopology> {
+fn isolated(source: &str, f: impl FnOnce() -> Result<RawTopology>) -> Result<RawTopology> {
     use crate::platform::isolate::{in_child, ChildError};
-    in_child(&path.display().to_string(), || {
+    in_child(source, || {
         // Errors cross the process boundary as text: the message with its
-        // causes, and the fix.
-        guarded(Some(path), f).map_err(|e| match e {
+        // causes, the fix, and whether the system (not the file) failed.
+        guarded(Some(Path::new(source)), f).map_err(|e| match e {
             Error::Input {
                 input,
                 problem,
@@ -125,38 +157,43 @@ fn isolated(path: &Path, f: impl FnOnce() -> Result<RawTopology>) -> Result<RawT
                     None => problem,
                 },
                 fix,
+                system: false,
+            },
+            Error::System { what, fix, source } => ChildError {
+                input: what,
+                problem: source.to_string(),
+                fix,
+                system: true,
             },
             other => ChildError {
-                input: path.display().to_string(),
+                input: source.to_string(),
                 problem: crate::report::with_causes(&other),
                 fix: "check the file".into(),
+                system: false,
             },
         })
     })
-    .map_err(|c| Error::input(c.input, c.problem, c.fix))
+    .map_err(|c| {
+        if c.system {
+            Error::System {
+                what: c.input,
+                fix: c.fix,
+                source: c.problem.into(),
+            }
+        } else {
+            Error::input(c.input, c.problem, c.fix)
+        }
+    })
 }
 
-/// A captured filesystem root (folder or tarball holding `sys/` and `proc/`).
-pub(crate) fn discover_fsroot(path: &Path, opts: &ProbeOptions) -> Result<RawTopology> {
-    let tmp;
-    let root: PathBuf = if path.is_dir() {
-        path.to_path_buf()
-    } else {
-        tmp = tempfile::tempdir().map_err(|e| {
-            Error::system(
-                "creating a temporary folder",
-                "set TMPDIR to a writable folder",
-                e,
-            )
-        })?;
-        unpack(path, tmp.path())?;
-        tmp.path().to_path_buf()
-    };
-    let root = find_root(&root).ok_or_else(|| Error::input(
-        path.display().to_string(),
-        "no `sys/devices/system` folder found in it",
-        "give a folder (or .tar.gz/.tar.bz2 of one) captured by hwloc-gather-topology, holding sys/ and proc/",
-    ))?;
+/// A captured filesystem root (a folder holding `sys/` and `proc/`, already
+/// checked by [`super::capture`]).
+pub(crate) fn discover_fsroot(
+    root: &Path,
+    source: &str,
+    opts: &ProbeOptions,
+) -> Result<RawTopology> {
+    let input = Path::new(source);
     let raw = {
         let _g = lock();
         let saved: Vec<(&str, Option<std::ffi::OsString>)> = [
@@ -170,8 +207,9 @@ pub(crate) fn discover_fsroot(path: &Path, opts: &ProbeOptions) -> Result<RawTop
         .collect();
         // hwloc reads these while it builds; HWLOC_LOCK keeps other builds
         // out until they are restored, and numapin sets no other variable
-        // from other threads.
-        std::env::set_var("HWLOC_FSROOT", &root);
+        // from other threads. HWLOC_FSROOT comes first among the variables
+        // hwloc honours, so a user's HWLOC_XMLFILE cannot replace it.
+        std::env::set_var("HWLOC_FSROOT", root);
         std::env::set_var("HWLOC_THISSYSTEM", "0");
         // A capture of a machine with broken firmware makes hwloc print a
         // banner; numapin reports what it found instead.
@@ -179,11 +217,15 @@ pub(crate) fn discover_fsroot(path: &Path, opts: &ProbeOptions) -> Result<RawTop
         // Only the Linux reader: the x86 CPUID reader would describe the
         // machine running numapin, not the captured one.
         std::env::set_var("HWLOC_COMPONENTS", "-x86");
-        let r = isolated(path, || {
-            let topo = builder(Some(path))?
+        let r = isolated(source, || {
+            // hwloc's Linux reader needs a few descriptors at once; without
+            // them it would skip files and describe a smaller machine.
+            crate::platform::sys::check_free_fds(8)
+                .map_err(|e| Error::io_named(source, "reading the capture", e))?;
+            let topo = builder(Some(input))?
                 .build()
-                .map_err(|e| hw_err("filesystem root", Some(path), e))?;
-            extract(&topo, opts, Some(&root))
+                .map_err(|e| hw_err("filesystem root", Some(input), e))?;
+            extract(&topo, opts, Some(root), source)
         });
         for (k, v) in saved {
             match v {
@@ -195,7 +237,7 @@ pub(crate) fn discover_fsroot(path: &Path, opts: &ProbeOptions) -> Result<RawTop
     };
     if raw.numa_nodes.is_empty() && raw.packages.is_empty() {
         return Err(Error::input(
-            path.display().to_string(),
+            source,
             "hwloc found no CPUs or NUMA nodes in the capture",
             "give a capture made by hwloc-gather-topology",
         ));
@@ -203,103 +245,70 @@ pub(crate) fn discover_fsroot(path: &Path, opts: &ProbeOptions) -> Result<RawTop
     Ok(raw)
 }
 
-/// Largest capture numapin unpacks (a bomb guard; real captures are a few MiB).
-const MAX_UNPACKED: u64 = 512 << 20;
-
-fn unpack(archive: &Path, dest: &Path) -> Result<()> {
-    let bad = |problem: String| {
-        Error::input(
-            archive.display().to_string(),
-            problem,
-            "give a .tar.gz or .tar.bz2 made by hwloc-gather-topology, or the unpacked folder",
-        )
+/// The members of an hwloc bitmap, refused (before it is expanded) when it
+/// is infinite or names a number from `bound` on.
+fn members<B: std::borrow::Borrow<hwlocality::bitmap::Bitmap>>(
+    set: Option<impl std::ops::Deref<Target = B>>,
+    what: &str,
+    bound: u32,
+    source: &str,
+) -> Result<Vec<u32>> {
+    let Some(set) = set else {
+        return Ok(Vec::new());
     };
-    // Read the magic bytes, then rewind the same file for the decoder.
-    let mut f = std::fs::File::open(archive).map_err(|e| Error::io_input(archive, e))?;
-    let mut head = [0u8; 3];
-    {
-        use std::io::{Read, Seek};
-        let n = f.read(&mut head).map_err(|e| Error::io_input(archive, e))?;
-        if n < head.len() {
-            head = [0; 3];
-        }
-        f.rewind().map_err(|e| Error::io_input(archive, e))?;
-    }
-    let reader: Box<dyn std::io::Read> = if head.starts_with(b"BZh") {
-        Box::new(bzip2::read::BzDecoder::new(f))
-    } else if head.starts_with(&[0x1f, 0x8b]) {
-        Box::new(flate2::read::GzDecoder::new(f))
-    } else {
-        Box::new(f)
-    };
-    let mut ar = tar::Archive::new(reader);
-    ar.set_preserve_permissions(false);
-    let mut total = 0u64;
-    let entries = ar
-        .entries()
-        .map_err(|e| bad(format!("not a readable tar archive: {e}")))?;
-    for entry in entries {
-        let mut entry = entry.map_err(|e| bad(format!("corrupt archive: {e}")))?;
-        total = total.saturating_add(entry.header().size().unwrap_or(0));
-        if total > MAX_UNPACKED {
-            return Err(bad(format!(
-                "unpacks to more than {} MiB",
-                MAX_UNPACKED >> 20
-            )));
-        }
-        // unpack_in refuses paths that would land outside `dest`.
-        entry
-            .unpack_in(dest)
-            .map_err(|e| bad(format!("corrupt archive: {e}")))?;
-    }
-    Ok(())
+    let b: &hwlocality::bitmap::Bitmap = (*set).borrow();
+    limits::check_bitmap(
+        source,
+        what,
+        b.weight(),
+        b.last_set().map(usize::from),
+        bound,
+    )?;
+    Ok(b.iter_set().map(|i| usize::from(i) as u32).collect())
 }
 
-fn find_root(dir: &Path) -> Option<PathBuf> {
-    if dir.join("sys/devices/system").is_dir() {
-        return Some(dir.to_path_buf());
-    }
-    let mut subdirs: Vec<PathBuf> = std::fs::read_dir(dir)
-        .ok()?
-        .filter_map(|e| e.ok())
-        .map(|e| e.path())
-        .filter(|p| p.is_dir() && !p.is_symlink())
-        .collect();
-    subdirs.sort();
-    subdirs
-        .into_iter()
-        .find(|d| d.join("sys/devices/system").is_dir())
+/// A CPU set as a list, within [`MAX_CPUS`].
+fn cpus_of(
+    set: Option<impl std::ops::Deref<Target = hwlocality::cpu::cpuset::CpuSet>>,
+    source: &str,
+) -> Result<CpuList> {
+    members(set, "a CPU set", MAX_CPUS, source).map(CpuList::from_iter_unsorted)
 }
 
-fn cpus_of(set: Option<impl std::ops::Deref<Target = hwlocality::cpu::cpuset::CpuSet>>) -> CpuList {
-    match set {
-        Some(s) => s.iter_set().map(|i| usize::from(i) as u32).collect(),
-        None => CpuList::new(),
-    }
-}
-
+/// A node set as a list, within [`MAX_NODES`].
 fn nodes_of(
     set: Option<impl std::ops::Deref<Target = hwlocality::memory::nodeset::NodeSet>>,
-) -> Vec<u32> {
-    match set {
-        Some(s) => s.iter_set().map(|i| usize::from(i) as u32).collect(),
-        None => Vec::new(),
-    }
+    source: &str,
+) -> Result<Vec<u32>> {
+    members(set, "a NUMA node set", MAX_NODES, source)
 }
 
 fn special_subtype(obj: &TopologyObject) -> Option<String> {
     obj.subtype().map(|s| s.to_string_lossy().into_owned())
 }
 
-fn extract(topo: &Hw, opts: &ProbeOptions, sysfs_root: Option<&Path>) -> Result<RawTopology> {
+/// What numapin needs of an hwloc topology; `source` names it in errors.
+fn extract(
+    topo: &Hw,
+    opts: &ProbeOptions,
+    sysfs_root: Option<&Path>,
+    source: &str,
+) -> Result<RawTopology> {
     let mut raw = RawTopology::default();
+    // What this process may use (checked first: a description whose sets
+    // run to infinity fails here, before anything is expanded).
+    raw.allowed.cpus = cpus_of(Some(topo.allowed_cpuset()), source)?;
+    raw.allowed.numa_nodes = nodes_of(Some(topo.allowed_nodeset()), source)?;
+    cpus_of(Some(topo.complete_cpuset()), source)?;
+    nodes_of(Some(topo.complete_nodeset()), source)?;
 
     // Packages.
     let pkg_objs: Vec<&TopologyObject> = topo.objects_with_type(ObjectType::Package).collect();
+    limits::check_count(source, "packages", pkg_objs.len(), MAX_CPUS as usize)?;
     for p in &pkg_objs {
         raw.packages.push(Package {
             index: p.logical_index() as u32,
-            cpus: cpus_of(p.cpuset()),
+            cpus: cpus_of(p.cpuset(), source)?,
             numa_nodes: Vec::new(),
         });
     }
@@ -309,8 +318,12 @@ fn extract(topo: &Hw, opts: &ProbeOptions, sysfs_root: Option<&Path>) -> Result<
     // nodes left with the same CPUs, ordinary memory keeps them.
     let mut node_objs: Vec<&TopologyObject> =
         topo.objects_with_type(ObjectType::NUMANode).collect();
+    limits::check_count(source, "NUMA nodes", node_objs.len(), MAX_NODES as usize)?;
     node_objs.sort_by_key(|n| n.os_index().unwrap_or(usize::MAX));
-    let full: Vec<CpuList> = node_objs.iter().map(|n| cpus_of(n.cpuset())).collect();
+    let full: Vec<CpuList> = node_objs
+        .iter()
+        .map(|n| cpus_of(n.cpuset(), source))
+        .collect::<Result<_>>()?;
     let subtypes: Vec<Option<String>> = node_objs.iter().map(|n| special_subtype(n)).collect();
     let mut own: Vec<CpuList> = full
         .iter()
@@ -338,7 +351,17 @@ fn extract(topo: &Hw, opts: &ProbeOptions, sysfs_root: Option<&Path>) -> Result<
         }
     }
     for (i, n) in node_objs.iter().enumerate() {
-        let os_index = n.os_index().unwrap_or(i) as u32;
+        let os_index = n.os_index().unwrap_or(i);
+        if os_index >= MAX_NODES as usize {
+            return Err(limits::over(
+                source,
+                format!(
+                    "it names NUMA node {os_index}, beyond the limit of {MAX_NODES} nodes (0-{})",
+                    MAX_NODES - 1
+                ),
+            ));
+        }
+        let os_index = os_index as u32;
         let memory_bytes = match n.attributes() {
             Some(ObjectAttributes::NUMANode(a)) => a.local_memory().map_or(0, |m| m.get()),
             _ => 0,
@@ -432,8 +455,10 @@ fn extract(topo: &Hw, opts: &ProbeOptions, sysfs_root: Option<&Path>) -> Result<
     }
 
     // Cores and last-level caches.
-    for c in topo.objects_with_type(ObjectType::Core) {
-        let cpus = cpus_of(c.cpuset());
+    let cores = topo.objects_with_type(ObjectType::Core);
+    limits::check_count(source, "cores", cores.len(), MAX_CPUS as usize)?;
+    for c in cores {
+        let cpus = cpus_of(c.cpuset(), source)?;
         if cpus.is_empty() {
             continue;
         }
@@ -454,6 +479,7 @@ fn extract(topo: &Hw, opts: &ProbeOptions, sysfs_root: Option<&Path>) -> Result<
         if caches.is_empty() {
             continue;
         }
+        limits::check_count(source, "caches", caches.len(), MAX_CPUS as usize)?;
         // An L4 that spans a whole package (a memory-side cache) is not a
         // core complex: prefer the level below when the upper spans a node.
         for c in caches {
@@ -464,7 +490,7 @@ fn extract(topo: &Hw, opts: &ProbeOptions, sysfs_root: Option<&Path>) -> Result<
             raw.caches.push(Cache {
                 level,
                 size_bytes,
-                cpus: cpus_of(c.cpuset()),
+                cpus: cpus_of(c.cpuset(), source)?,
             });
         }
         break;
@@ -497,9 +523,15 @@ fn extract(topo: &Hw, opts: &ProbeOptions, sysfs_root: Option<&Path>) -> Result<
             a.bus_device(),
             a.function()
         );
+        if raw.gpus.len() == MAX_GPUS {
+            return Err(limits::over(
+                source,
+                format!("it has more than {MAX_GPUS} GPUs, the limit"),
+            ));
+        }
         let anc = obj.first_non_io_ancestor();
-        let local_cpus = cpus_of(anc.and_then(|o| o.cpuset()));
-        let anc_nodes = nodes_of(anc.and_then(|o| o.nodeset()));
+        let local_cpus = cpus_of(anc.and_then(|o| o.cpuset()), source)?;
+        let anc_nodes = nodes_of(anc.and_then(|o| o.nodeset()), source)?;
         let with_cpus: Vec<u32> = anc_nodes
             .iter()
             .copied()
@@ -576,16 +608,23 @@ fn extract(topo: &Hw, opts: &ProbeOptions, sysfs_root: Option<&Path>) -> Result<
         });
     }
 
-    // What this process may use.
-    raw.allowed.cpus = cpus_of(Some(topo.allowed_cpuset()));
-    raw.allowed.numa_nodes = nodes_of(Some(topo.allowed_nodeset()));
     Ok(raw)
 }
 
 /// Reads a PCI device's link state from sysfs under `root`.
 pub(crate) fn read_pcie(root: &Path, bus_id: &str) -> Option<PcieLink> {
     let dir = root.join("sys/bus/pci/devices").join(bus_id);
-    let read = |f: &str| std::fs::read_to_string(dir.join(f)).ok();
+    // A sysfs attribute is a page at most: read no more than that.
+    let read = |f: &str| {
+        use std::io::Read;
+        let mut s = String::new();
+        std::fs::File::open(dir.join(f))
+            .ok()?
+            .take(4096)
+            .read_to_string(&mut s)
+            .ok()?;
+        Some(s)
+    };
     let link = PcieLink {
         current_gen: read("current_link_speed").and_then(|s| gen_of_speed(&s)),
         current_width: read("current_link_width").and_then(|s| s.trim().parse().ok()),
@@ -611,24 +650,22 @@ pub(crate) fn gen_of_speed(s: &str) -> Option<u8> {
     })
 }
 
-/// Writes this machine's hwloc XML (with I/O objects) to `path`.
-pub fn export_live_xml(path: &Path) -> Result<()> {
+/// This machine's hwloc XML (with I/O objects), as `lstopo --of xml`
+/// writes it.
+pub fn export_live_xml() -> Result<Vec<u8>> {
+    check_env_overrides()?;
     // Held until the topology is gone (see discover_live).
     let _g = lock();
     let topo = guarded(None, || {
         builder(None)?.build().map_err(|e| hw_err("build", None, e))
     })?;
-    topo.export_xml_file(
-        Some(path),
-        hwlocality::topology::export::xml::XMLExportFlags::empty(),
-    )
-    .map_err(|e| {
-        Error::input(
-            path.display().to_string(),
-            format!("cannot write the XML: {e}"),
-            "give a path in a writable folder",
-        )
-    })
+    let xml = topo
+        .export_xml(hwlocality::topology::export::xml::XMLExportFlags::empty())
+        .map_err(|e| hw_err("XML export", None, e))?;
+    let bytes = xml.as_str().as_bytes().to_vec();
+    drop(xml);
+    drop(topo);
+    Ok(bytes)
 }
 
 #[cfg(test)]

@@ -17,11 +17,15 @@
 //! The JSON form of a `Topology` (`numapin topo --json`) is documented in
 //! `docs/topology-json.md`; its field names are stable.
 
+mod capture;
 mod error;
 mod finish;
 pub(crate) mod hwloc;
+mod input;
+pub mod limits;
 mod nccl;
 mod text;
+mod validate;
 pub mod visible;
 
 use std::path::{Path, PathBuf};
@@ -376,47 +380,71 @@ impl Topology {
         finish::finish(raw, "live".into(), opts, cuda, true)
     }
 
-    /// Describes a saved machine: the format is detected by content.
+    /// Describes a saved machine: the format is detected by content. `path`
+    /// is a regular file, a folder (a captured root) or `-` for standard
+    /// input (read once); every input is held to the bounds of [`limits`].
     pub fn load(path: &Path, opts: &ProbeOptions) -> Result<Self> {
-        let source = path.display().to_string();
-        let fmt = detect_format(path)?;
-        match fmt {
+        let source = input::shown(path);
+        let data = match input::read(path)? {
+            input::Input::Folder(dir) => {
+                let cap = capture::folder(&dir, &source)?;
+                let raw = hwloc::discover_fsroot(&cap.root, &source, opts)?;
+                drop(cap);
+                return finish_file(raw, source, opts);
+            }
+            input::Input::Bytes(b) => b,
+        };
+        match detect_bytes(&data, &source)? {
             InputFormat::NumapinJson => {
-                let text = read_text(path)?;
-                let mut t: Topology = serde_json::from_str(&text).map_err(|e| Error::Input {
-                    input: source.clone(),
-                    problem: "not a valid numapin topology JSON file".into(),
-                    fix: "give a file written by `numapin topo --json`".into(),
-                    source: Some(e.into()),
-                })?;
-                if t.schema_version != SCHEMA_VERSION {
-                    return Err(Error::input(
-                        source,
-                        format!(
-                            "schema_version {} is not supported (this numapin reads {SCHEMA_VERSION})",
-                            t.schema_version
-                        ),
-                        "write the file again with this version of `numapin topo --json`",
-                    ));
-                }
-                t.validate(&source)?;
-                t.source = source;
-                Ok(t)
+                let text = utf8(&data, &source)?;
+                Self::from_json_str(text, &source)
             }
             InputFormat::HwlocXml => {
-                let raw = hwloc::discover_xml(path, opts)?;
-                finish::finish(raw, source, opts, None, false)
+                // hwloc's XML is UTF-8; a stray byte is kept as U+FFFD.
+                let text = String::from_utf8_lossy(&data);
+                let raw = hwloc::discover_xml(&text, &source, opts)?;
+                finish_file(raw, source, opts)
             }
             InputFormat::FsRoot => {
-                let raw = hwloc::discover_fsroot(path, opts)?;
-                finish::finish(raw, source, opts, None, false)
+                let cap = capture::archive(&data, &source)?;
+                drop(data);
+                let raw = hwloc::discover_fsroot(&cap.root, &source, opts)?;
+                drop(cap);
+                finish_file(raw, source, opts)
             }
             InputFormat::NcclXml => {
-                let text = read_text(path)?;
-                let raw = nccl::parse(&text, &source, opts)?;
-                finish::finish(raw, source, opts, None, false)
+                let text = utf8(&data, &source)?;
+                let raw = nccl::parse(text, &source, opts)?;
+                finish_file(raw, source, opts)
             }
         }
+    }
+
+    /// A numapin JSON description, checked as [`Topology::load`] checks a
+    /// file (`source` names it in errors and becomes [`Topology::source`]).
+    pub fn from_json_str(text: &str, source: &str) -> Result<Self> {
+        let parsed = crate::cpulist::with_budget(limits::MAX_LISTED_CPUS, || {
+            serde_json::from_str::<Topology>(text)
+        });
+        let mut t = parsed.map_err(|e| Error::Input {
+            input: source.to_string(),
+            problem: "not a valid numapin topology JSON file".into(),
+            fix: "give a file written by `numapin topo --json`".into(),
+            source: Some(e.into()),
+        })?;
+        if t.schema_version != SCHEMA_VERSION {
+            return Err(Error::input(
+                source,
+                format!(
+                    "schema_version {} is not supported (this numapin reads {SCHEMA_VERSION})",
+                    t.schema_version
+                ),
+                "write the file again with this version of `numapin topo --json`",
+            ));
+        }
+        validate::check(&t, source)?;
+        t.source = source.to_string();
+        Ok(t)
     }
 
     /// The JSON text of `numapin topo --json`.
@@ -476,60 +504,6 @@ impl Topology {
             .find(|n| n.cpus.contains(cpu))
             .map(|n| n.os_index)
     }
-
-    /// Checks the invariants that the rest of numapin relies on (used for
-    /// files a person may have edited).
-    fn validate(&self, source: &str) -> Result<()> {
-        let bad = |problem: String| {
-            Error::input(
-                source,
-                problem,
-                "write the file again with `numapin topo --json`",
-            )
-        };
-        for (i, g) in self.gpus.iter().enumerate() {
-            if g.index.as_usize() != i {
-                return Err(bad(format!("gpus[{i}] has index {}", g.index)));
-            }
-            if let Some(n) = g.numa_node {
-                if self.node(n).is_none() {
-                    return Err(bad(format!(
-                        "GPU {i} names NUMA node {n}, which is not listed"
-                    )));
-                }
-            }
-        }
-        let mut seen = std::collections::BTreeSet::new();
-        for node in &self.numa_nodes {
-            if !seen.insert(node.os_index) {
-                return Err(bad(format!(
-                    "two NUMA nodes are numbered {}",
-                    node.os_index
-                )));
-            }
-        }
-        let n = self.numa_nodes.len();
-        for node in &self.numa_nodes {
-            if !node.distances.is_empty() && node.distances.len() != n {
-                return Err(bad(format!(
-                    "node {} has {} distances for {n} nodes",
-                    node.os_index,
-                    node.distances.len()
-                )));
-            }
-        }
-        for e in &self.cuda.ordinals {
-            if let Some(g) = e.gpu {
-                if g.as_usize() >= self.gpus.len() {
-                    return Err(bad(format!(
-                        "CUDA ordinal {} maps to missing GPU {g}",
-                        e.ordinal
-                    )));
-                }
-            }
-        }
-        Ok(())
-    }
 }
 
 /// The intermediate description produced by each reader, before ordinals and
@@ -571,34 +545,39 @@ pub(crate) fn is_accelerator(vendor: u16, device: u16, class: u16, extra: &[PciI
             .any(|id| id.matches(vendor, device) && (id.device.is_some() || !bridge))
 }
 
-fn read_text(path: &Path) -> Result<String> {
-    let bytes = std::fs::read(path).map_err(|e| Error::io_input(path, e))?;
-    String::from_utf8(bytes).map_err(|_| {
+/// A reader's description of a file, finished and checked.
+fn finish_file(raw: RawTopology, source: String, opts: &ProbeOptions) -> Result<Topology> {
+    let t = finish::finish(raw, source, opts, None, false)?;
+    validate::check(&t, &t.source)?;
+    Ok(t)
+}
+
+fn utf8<'a>(data: &'a [u8], source: &str) -> Result<&'a str> {
+    std::str::from_utf8(data).map_err(|_| {
         Error::input(
-            path.display().to_string(),
+            source,
             "the file is not UTF-8 text",
             "give an hwloc XML export, a numapin JSON file, an NCCL topology XML or a captured sysfs root",
         )
     })
 }
 
-/// Works out what kind of description a path holds.
+/// Works out what kind of description a path holds (reading it as
+/// [`Topology::load`] does).
 pub fn detect_format(path: &Path) -> Result<InputFormat> {
-    let meta = std::fs::metadata(path).map_err(|e| Error::io_input(path, e))?;
-    if meta.is_dir() {
+    match input::read(path)? {
+        input::Input::Folder(_) => Ok(InputFormat::FsRoot),
+        input::Input::Bytes(b) => detect_bytes(&b, &input::shown(path)),
+    }
+}
+
+/// Works out what kind of description `data` is, from its start.
+fn detect_bytes(data: &[u8], source: &str) -> Result<InputFormat> {
+    let head = &data[..data.len().min(4096)];
+    if head.starts_with(b"BZh") || head.starts_with(&[0x1f, 0x8b]) || is_tar(head) {
         return Ok(InputFormat::FsRoot);
     }
-    let mut head = vec![0u8; 4096];
-    let n = {
-        use std::io::Read;
-        let mut f = std::fs::File::open(path).map_err(|e| Error::io_input(path, e))?;
-        f.read(&mut head).map_err(|e| Error::io_input(path, e))?
-    };
-    head.truncate(n);
-    if head.starts_with(b"BZh") || head.starts_with(&[0x1f, 0x8b]) || is_tar(&head) {
-        return Ok(InputFormat::FsRoot);
-    }
-    let text = String::from_utf8_lossy(&head);
+    let text = String::from_utf8_lossy(head);
     let t = text.trim_start_matches('\u{feff}').trim_start();
     if t.starts_with('{') {
         return Ok(InputFormat::NumapinJson);
@@ -610,7 +589,7 @@ pub fn detect_format(path: &Path) -> Result<InputFormat> {
         return Ok(InputFormat::NcclXml);
     }
     Err(Error::input(
-        path.display().to_string(),
+        source,
         "the file is not a topology description numapin knows",
         "give an hwloc XML export (`lstopo --of xml`), a file from `numapin topo --json`, an NCCL topology XML (NCCL_TOPO_DUMP_FILE), or a filesystem root captured by hwloc-gather-topology (folder, .tar.gz or .tar.bz2)",
     ))
@@ -629,7 +608,21 @@ pub mod fuzzing {
     pub fn load_nccl_str(text: &str) -> Result<Topology> {
         let opts = ProbeOptions::default();
         let raw = nccl::parse(text, "fuzz.xml", &opts)?;
-        finish::finish(raw, "fuzz.xml".into(), &opts, None, false)
+        finish_file(raw, "fuzz.xml".into(), &opts)
+    }
+
+    /// Reads numapin JSON from a string, as `Topology::load` would.
+    pub fn load_json_str(text: &str) -> Result<Topology> {
+        Topology::from_json_str(text, "fuzz.json")
+    }
+
+    /// Surveys, unpacks and checks a capture archive (its bytes), as
+    /// `Topology::load` would before hwloc reads it; the unpacked folder is
+    /// removed again. Returns how many entries the unpacked root holds.
+    pub fn unpack_capture(bytes: &[u8]) -> Result<usize> {
+        let cap = capture::archive(bytes, "fuzz.tar")?;
+        let n = std::fs::read_dir(&cap.root).map_or(0, |d| d.count());
+        Ok(n)
     }
 }
 

@@ -9,6 +9,7 @@
 use quick_xml::events::Event;
 use quick_xml::Reader;
 
+use super::limits::{self, MAX_GPUS, MAX_NODES};
 use super::{
     is_accelerator, NodeKind, NumaNode, PcieLink, ProbeOptions, RawGpu, RawTopology, Warning,
     WarningKind,
@@ -78,14 +79,13 @@ pub(crate) fn parse(text: &str, source: &str, opts: &ProbeOptions) -> Result<Raw
                 let numaid = attrs
                     .get("numaid")
                     .ok_or_else(|| bad("a <cpu> element has no numaid".into()))?;
-                let id: u32 = numaid
-                    .trim()
-                    .parse()
-                    .ok()
-                    .filter(|v| *v < 1 << 16)
-                    .ok_or_else(|| {
-                        bad(format!("<cpu numaid=\"{numaid}\"> is not a node number"))
-                    })?;
+                let id: u32 = numaid.trim().parse().ok().ok_or_else(|| {
+                    bad(format!(
+                        "<cpu numaid={}> is not a node number",
+                        crate::report::quote(numaid)
+                    ))
+                })?;
+                limits::check_node(source, "a <cpu> element", id)?;
                 let cpus = match attrs.get("affinity") {
                     Some(mask) => CpuList::parse_mask(mask)
                         .map_err(|e| bad(format!("<cpu numaid=\"{id}\"> affinity: {e}")))?,
@@ -94,6 +94,12 @@ pub(crate) fn parse(text: &str, source: &str, opts: &ProbeOptions) -> Result<Raw
                 if let Some(existing) = raw.numa_nodes.iter_mut().find(|n| n.os_index == id) {
                     existing.cpus = existing.cpus.union(&cpus);
                 } else {
+                    limits::check_count(
+                        source,
+                        "NUMA nodes",
+                        raw.numa_nodes.len() + 1,
+                        MAX_NODES as usize,
+                    )?;
                     raw.numa_nodes.push(NumaNode {
                         os_index: id,
                         package: None,
@@ -134,6 +140,7 @@ pub(crate) fn parse(text: &str, source: &str, opts: &ProbeOptions) -> Result<Raw
                         let bus = super::normalize_bus_id(busid).ok_or_else(|| {
                             bad(format!("<pci busid=\"{busid}\"> is not a PCI bus id"))
                         })?;
+                        limits::check_count(source, "GPUs", raw.gpus.len() + 1, MAX_GPUS)?;
                         let (node, cpus) = match &parent_node {
                             Some((n, c)) => (Some(*n), c.clone()),
                             None => (None, CpuList::new()),

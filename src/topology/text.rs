@@ -138,7 +138,7 @@ pub(crate) fn render(t: &Topology) -> String {
         .cuda
         .visible_devices
         .as_deref()
-        .map_or("unset".to_string(), |v| format!("{v:?}"));
+        .map_or("unset".to_string(), crate::report::quote);
     let map: Vec<String> = t
         .cuda
         .ordinals

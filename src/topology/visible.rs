@@ -119,6 +119,8 @@ impl VisibleDevices {
         if !trimmed.is_empty() {
             for raw_tok in trimmed.split(',') {
                 let tok = raw_tok.trim();
+                // As messages quote it: a hostile value can be megabytes.
+                let shown = crate::report::shorten(tok);
                 if tok.is_empty() {
                     return Err(env_err(
                         value,
@@ -140,7 +142,7 @@ impl VisibleDevices {
                         _ => {
                             return Err(env_err(
                                 value,
-                                format!("`{tok}` is not a MIG-GPU-<uuid>/<gi>/<ci> identifier"),
+                                format!("`{shown}` is not a MIG-GPU-<uuid>/<gi>/<ci> identifier"),
                             ))
                         }
                     }
@@ -148,7 +150,7 @@ impl VisibleDevices {
                     if !is_uuid_text(rest) {
                         return Err(env_err(
                             value,
-                            format!("`{tok}` is not a MIG-<uuid> identifier"),
+                            format!("`{shown}` is not a MIG-<uuid> identifier"),
                         ));
                     }
                     VisibleToken::MigUuid(rest.into())
@@ -156,7 +158,7 @@ impl VisibleDevices {
                     if !is_uuid_text(rest) {
                         return Err(env_err(
                             value,
-                            format!("`{tok}` is not a GPU-<uuid> identifier"),
+                            format!("`{shown}` is not a GPU-<uuid> identifier"),
                         ));
                     }
                     VisibleToken::GpuUuid(rest.into())
@@ -168,7 +170,7 @@ impl VisibleDevices {
                     }
                     return Err(env_err(
                         value,
-                        format!("`{tok}` is not a GPU index or UUID"),
+                        format!("`{shown}` is not a GPU index or UUID"),
                     ));
                 } else if tok.bytes().all(|b| b.is_ascii_digit()) {
                     match tok.parse::<u32>() {
@@ -176,14 +178,14 @@ impl VisibleDevices {
                         _ => {
                             return Err(env_err(
                                 value,
-                                format!("GPU index `{tok}` is out of range"),
+                                format!("GPU index `{shown}` is out of range"),
                             ))
                         }
                     }
                 } else {
                     return Err(env_err(
                         value,
-                        format!("`{tok}` is not a GPU index, GPU-<uuid> or MIG-<uuid>"),
+                        format!("`{shown}` is not a GPU index, GPU-<uuid> or MIG-<uuid>"),
                     ));
                 };
                 tokens.push((tok.to_string(), parsed));

@@ -183,3 +183,90 @@ pub(crate) fn runnable_by_everyone(
     std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755)).unwrap();
     (dir, copy)
 }
+
+/// A minimal hwloc-gather-topology root: 2 packages, 2 nodes, 8 CPUs, one
+/// NVIDIA GPU on node 1.
+pub(crate) fn make_capture(root: &std::path::Path) {
+    let w = |rel: &str, text: &str| {
+        let p = root.join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, text).unwrap();
+    };
+    let mask = |ids: &[u32]| format!("{:08x}\n", ids.iter().fold(0u32, |m, i| m | 1 << i));
+    for f in ["possible", "present", "online"] {
+        w(&format!("sys/devices/system/cpu/{f}"), "0-7\n");
+    }
+    for c in 0..8u32 {
+        let node = c / 4;
+        let sib = [c - c % 2, c - c % 2 + 1];
+        let pkg: Vec<u32> = (node * 4..node * 4 + 4).collect();
+        let t = format!("sys/devices/system/cpu/cpu{c}/topology/");
+        w(&format!("{t}physical_package_id"), &format!("{node}\n"));
+        w(&format!("{t}core_id"), &format!("{}\n", (c % 4) / 2));
+        w(&format!("{t}thread_siblings"), &mask(&sib));
+        w(
+            &format!("{t}thread_siblings_list"),
+            &format!("{}-{}\n", sib[0], sib[1]),
+        );
+        w(&format!("{t}core_siblings"), &mask(&pkg));
+        w(
+            &format!("{t}core_siblings_list"),
+            &format!("{}-{}\n", pkg[0], pkg[3]),
+        );
+    }
+    for n in 0..2u32 {
+        let ids: Vec<u32> = (n * 4..n * 4 + 4).collect();
+        let d = format!("sys/devices/system/node/node{n}/");
+        w(&format!("{d}cpumap"), &mask(&ids));
+        w(&format!("{d}cpulist"), &format!("{}-{}\n", ids[0], ids[3]));
+        w(
+            &format!("{d}distance"),
+            if n == 0 { "10 21\n" } else { "21 10\n" },
+        );
+        w(
+            &format!("{d}meminfo"),
+            &format!("Node {n} MemTotal:       16777216 kB\n"),
+        );
+    }
+    for f in [
+        "possible",
+        "online",
+        "has_cpu",
+        "has_normal_memory",
+        "has_memory",
+    ] {
+        w(&format!("sys/devices/system/node/{f}"), "0-1\n");
+    }
+    let g = "sys/bus/pci/devices/0000:07:00.0/";
+    for (f, v) in [
+        ("vendor", "0x10de\n"),
+        ("device", "0x2330\n"),
+        ("class", "0x030200\n"),
+        ("numa_node", "1\n"),
+        ("local_cpus", "000000f0\n"),
+        ("current_link_speed", "32.0 GT/s PCIe\n"),
+        ("current_link_width", "16\n"),
+    ] {
+        w(&format!("{g}{f}"), v);
+    }
+    let cpuinfo: String = (0..8)
+        .map(|c| {
+            format!(
+                "processor\t: {c}\nphysical id\t: {}\ncore id\t\t: {}\n\n",
+                c / 4,
+                (c % 4) / 2
+            )
+        })
+        .collect();
+    w("proc/cpuinfo", &cpuinfo);
+    w("proc/meminfo", "MemTotal:       33554432 kB\n");
+}
+
+/// A gzipped tar of `root`'s contents under `top/`, links kept as links.
+pub(crate) fn tar_gz(root: &std::path::Path) -> Vec<u8> {
+    let gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    let mut b = tar::Builder::new(gz);
+    b.follow_symlinks(false);
+    b.append_dir_all("top", root).unwrap();
+    b.into_inner().unwrap().finish().unwrap()
+}

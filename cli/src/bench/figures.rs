@@ -171,12 +171,15 @@ fn machine(rt: &Runtime, ordinals: &[CudaOrdinal]) -> Machine {
     }
 }
 
-/// Runs the measurements; `progress` hears what runs now.
+/// Runs the measurements; `progress` hears what runs now. A measurement
+/// that pins memory may fail (the memlock limit): the ones that follow it
+/// and pin memory too are skipped, the others still run, and the failure
+/// comes back beside the report.
 pub(super) fn run(
     rt: &Runtime,
     opts: &BenchOptions,
     progress: &mut dyn FnMut(&str),
-) -> Result<BenchReport> {
+) -> Result<(BenchReport, Option<CliError>)> {
     if opts.reps == 0 {
         return Err(CliError::Usage {
             problem: "--reps must be at least 1".into(),
@@ -224,61 +227,84 @@ pub(super) fn run(
     let has = |m: Measure| opts.measures.contains(&m);
     let node0 = rt.calling_thread_node();
 
+    let mut failure: Option<CliError> = None;
+    // Runs a measurement that pins memory, unless one already failed.
+    let mut pinned = |f: &mut dyn FnMut() -> Result<()>| {
+        if failure.is_none() {
+            if let Err(e) = f() {
+                failure = Some(e);
+            }
+        }
+    };
     if has(Measure::Arena) {
-        progress("arena alloc+free latency");
-        let s = measure::alloc_free_ns(rt, node0, 64 << 10, 20_000 * opts.reps.max(1))?;
-        report.results.push(
-            BenchResult::new("arena_alloc_free", "ns", &s)
-                .with("node", node0)
-                .with("bytes", 64 << 10)
-                .with("threads", 1),
-        );
-        let threads = rt.topology().allowed.cpus.len().clamp(2, 8);
-        progress(&format!(
-            "arena alloc+free latency, {threads} threads at once"
-        ));
-        let s =
-            measure::alloc_free_ns_threads(rt, node0, 64 << 10, threads, 2_000 * opts.reps.max(1))?;
-        report.results.push(
-            BenchResult::new("arena_alloc_free", "ns", &s)
-                .with("node", node0)
-                .with("bytes", 64 << 10)
-                .with("threads", threads),
-        );
+        pinned(&mut || {
+            progress("arena alloc+free latency");
+            let s = measure::alloc_free_ns(rt, node0, 64 << 10, 20_000 * opts.reps.max(1))?;
+            report.results.push(
+                BenchResult::new("arena_alloc_free", "ns", &s)
+                    .with("node", node0)
+                    .with("bytes", 64 << 10)
+                    .with("threads", 1),
+            );
+            let threads = rt.topology().allowed.cpus.len().clamp(2, 8);
+            progress(&format!(
+                "arena alloc+free latency, {threads} threads at once"
+            ));
+            let s = measure::alloc_free_ns_threads(
+                rt,
+                node0,
+                64 << 10,
+                threads,
+                2_000 * opts.reps.max(1),
+            )?;
+            report.results.push(
+                BenchResult::new("arena_alloc_free", "ns", &s)
+                    .with("node", node0)
+                    .with("bytes", 64 << 10)
+                    .with("threads", threads),
+            );
+            Ok(())
+        });
         let base = measure::malloc_free_ns(64 << 10, 20_000 * opts.reps.max(1));
         report
             .results
             .push(BenchResult::new("malloc_free", "ns", &base).with("bytes", 64 << 10));
-        progress("region creation per GiB");
-        let s = measure::region_create_ms_per_gib(
-            rt,
-            node0,
-            256 << 20,
-            rt.config().populate_threads,
-            opts.reps.min(5),
-        )?;
-        report.results.push(
-            BenchResult::new("region_create_per_gib", "ms", &s)
-                .with("node", node0)
-                .with("region_bytes", 256 << 20),
-        );
-        if gpu_ok {
-            let s = host_alloc_ms_per_gib(256 << 20, opts.reps.min(5))?;
+        pinned(&mut || {
+            progress("region creation per GiB");
+            let s = measure::region_create_ms_per_gib(
+                rt,
+                node0,
+                256 << 20,
+                rt.config().populate_threads,
+                opts.reps.min(5),
+            )?;
             report.results.push(
-                BenchResult::new("cuMemAllocHost_per_gib", "ms", &s).with("bytes", 256 << 20),
+                BenchResult::new("region_create_per_gib", "ms", &s)
+                    .with("node", node0)
+                    .with("region_bytes", 256 << 20),
             );
-        } else {
-            let s = measure::mmap_mlock_ms_per_gib(256 << 20, opts.reps.min(5))?;
-            report
-                .results
-                .push(BenchResult::new("mmap_mlock_per_gib", "ms", &s).with("bytes", 256 << 20));
-        }
+            if gpu_ok {
+                let s = host_alloc_ms_per_gib(256 << 20, opts.reps.min(5))?;
+                report.results.push(
+                    BenchResult::new("cuMemAllocHost_per_gib", "ms", &s).with("bytes", 256 << 20),
+                );
+            } else {
+                let s = measure::mmap_mlock_ms_per_gib(256 << 20, opts.reps.min(5))?;
+                report.results.push(
+                    BenchResult::new("mmap_mlock_per_gib", "ms", &s).with("bytes", 256 << 20),
+                );
+            }
+            Ok(())
+        });
         progress("arena overhead");
         let s = measure::overhead_ratio(SizeMix::LogUniform, 256, 256 << 20, 10);
         report.results.push(
             BenchResult::new("arena_overhead", "ratio", &s)
                 .with("sizes", "4 KiB-256 MiB log-uniform"),
         );
+    }
+    if failure.is_some() {
+        return Ok((report, failure));
     }
 
     if gpu_ok && has(Measure::Copy) {
@@ -327,7 +353,7 @@ pub(super) fn run(
         );
     }
     extra::run(rt, opts, &ordinals, gpu_ok, &mut report, progress)?;
-    Ok(report)
+    Ok((report, None))
 }
 
 mod extra {

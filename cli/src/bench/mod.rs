@@ -7,8 +7,10 @@ use numapin::internals::table::Table;
 mod figures;
 
 use crate::error::{CliError, Result};
+use crate::output;
 use figures::{self as bench, BenchOptions, Measure};
 use numapin::runtime::{Runtime, RuntimeConfig};
+use numapin::topology::limits::MAX_GPUS;
 
 /// Arguments of `numapin bench`.
 #[derive(Debug, clap::Args)]
@@ -17,17 +19,18 @@ pub(crate) struct BenchArgs {
     /// measures this machine).
     #[command(flatten)]
     pub(crate) source: TopoSource,
-    /// CUDA ordinals to measure, comma-separated (default: every visible GPU).
-    #[arg(long, value_delimiter = ',')]
+    /// CUDA ordinals to measure, comma-separated, each 0-1023 (default:
+    /// every visible GPU).
+    #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u32).range(0..MAX_GPUS as i64))]
     pub(crate) gpus: Option<Vec<u32>>,
-    /// Bytes per copy (suffixes K, M, G: powers of 1024).
+    /// Bytes per copy, 1 byte to 1 TiB (suffixes K, M, G: powers of 1024).
     #[arg(long, default_value = "256M", value_parser = parse_size)]
     pub(crate) size: usize,
-    /// Timed repetitions per figure.
-    #[arg(long, default_value_t = 10)]
+    /// Timed repetitions per figure, 1-100.
+    #[arg(long, default_value_t = 10, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=MAX_REPS))]
     pub(crate) reps: usize,
-    /// Untimed repetitions before them.
-    #[arg(long, default_value_t = 2)]
+    /// Untimed repetitions before them, 0-100.
+    #[arg(long, default_value_t = 2, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(0..=MAX_REPS))]
     pub(crate) warmup: usize,
     /// Measurements to run (default: all).
     #[arg(long, value_delimiter = ',')]
@@ -36,6 +39,10 @@ pub(crate) struct BenchArgs {
     #[arg(long)]
     pub(crate) json: bool,
 }
+
+/// Most timed (or warm-up) repetitions per figure: the host figures keep
+/// 20,000 samples per repetition.
+const MAX_REPS: u64 = 100;
 
 /// Parses `256M`, `1G`, `4096`.
 pub(crate) fn parse_size(s: &str) -> Result<usize, String> {
@@ -76,25 +83,39 @@ pub(crate) fn run(a: &BenchArgs) -> Result<i32> {
             .clone()
             .unwrap_or_else(|| BenchOptions::default().measures),
     };
+    if a.gpus.as_ref().is_some_and(|g| g.len() > MAX_GPUS) {
+        return Err(CliError::Usage {
+            problem: format!("--gpus lists more than {MAX_GPUS} GPUs"),
+            fix: "list each GPU once".into(),
+        });
+    }
     let tty = std::io::stderr().is_terminal();
     let mut progress = |what: &str| {
         if tty {
-            eprint!("\r\x1b[2Kbench: {what}...");
+            output::progress(&format!("\r\x1b[2Kbench: {what}..."));
         }
     };
-    let report = bench::run(&rt, &opts, &mut progress)?;
+    // Figures measured before a failure (pinned memory refused by the
+    // memlock limit) are printed, then the failure.
+    let (report, failure) = bench::run(&rt, &opts, &mut progress)?;
     if tty {
-        eprint!("\r\x1b[2K");
+        output::progress("\r\x1b[2K");
     }
-    if a.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&report).expect("the report serializes")
+    print_report(&report, a.json)?;
+    match failure {
+        Some(e) => Err(e),
+        None => Ok(0),
+    }
+}
+
+fn print_report(report: &figures::BenchReport, json: bool) -> Result<()> {
+    if json {
+        return output::println(
+            &serde_json::to_string_pretty(&report).expect("the report serializes"),
         );
-        return Ok(0);
     }
     let m = &report.machine;
-    println!(
+    output::println(&format!(
         "{} ({}, {} CPUs, {} NUMA node(s), {})\n",
         m.hostname,
         m.cpu,
@@ -106,7 +127,7 @@ pub(crate) fn run(a: &BenchArgs) -> Result<i32> {
                 v / 1000,
                 (v % 1000) / 10
             ))
-    );
+    ))?;
     let mut t = Table::new([
         "FIGURE",
         "PARAMETERS",
@@ -139,18 +160,18 @@ pub(crate) fn run(a: &BenchArgs) -> Result<i32> {
             r.reps.to_string(),
         ]);
     }
-    print!("{}", t.render());
+    let mut text = t.render();
     let ratios = bench::ratios(&report.results);
     if !ratios.is_empty() {
-        println!("\nRatios (medians):");
+        text.push_str("\nRatios (medians):\n");
         for (what, v) in ratios {
-            println!("  {what}: {v:.2}x");
+            text.push_str(&format!("  {what}: {v:.2}x\n"));
         }
     }
     for n in &report.notes {
-        println!("\nNote: {n}");
+        text.push_str(&format!("\nNote: {n}\n"));
     }
-    Ok(0)
+    output::print(&text)
 }
 
 #[cfg(test)]

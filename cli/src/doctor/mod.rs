@@ -91,12 +91,11 @@ pub(crate) fn run(a: &DoctorArgs) -> Result<i32> {
         },
     };
     if a.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&report).expect("a report always serializes")
-        );
+        crate::output::println(
+            &serde_json::to_string_pretty(&report).expect("a report always serializes"),
+        )?;
     } else {
-        print!("{}", render(&report));
+        crate::output::print(&render(&report))?;
     }
     Ok(code)
 }

@@ -1,0 +1,103 @@
+//! The limits every topology input is held to, checked before anything is
+//! allocated for what the input claims.
+//!
+//! A description is text that may come from anyone; the memory and time
+//! numapin spends on it must follow what the input is, not what it claims.
+//! Every reader (hwloc XML, numapin JSON, NCCL XML, captured roots, the live
+//! probe) checks these bounds; `docs/topology-json.md` ("Limits") lists them.
+
+use super::TopologyError as Error;
+
+pub use crate::cpulist::MAX_CPUS;
+pub use crate::platform::numa::MAX_NODES;
+
+/// Most GPUs (and chosen accelerators) in one description. The largest
+/// single hosts have a few dozen; the bound keeps the GPU-by-GPU views
+/// (the locality matrix, ordinal lookups) small.
+pub const MAX_GPUS: usize = 1024;
+
+/// Most ranks a plan is made for: one per CPU at most.
+pub const MAX_RANKS: usize = MAX_CPUS as usize;
+
+/// Largest file (or standard input) read as a description. Real hwloc XML
+/// exports and captures of the largest machines are a few MiB.
+pub const MAX_INPUT_BYTES: u64 = 64 << 20;
+
+/// Most CPU numbers all the CPU lists of one JSON file may name together:
+/// every CPU once in each of the packages, nodes, cores, caches and allowed
+/// CPUs, and once in each GPU's local CPUs (what a real machine of
+/// [`MAX_CPUS`] CPUs and [`MAX_GPUS`] GPUs needs). A 100 KB file that
+/// claims millions is refused before they are built.
+pub const MAX_LISTED_CPUS: u64 = MAX_CPUS as u64 * (MAX_GPUS as u64 + 8);
+
+/// Most bytes a captured root may unpack to, counted as they are written.
+pub const MAX_CAPTURE_BYTES: u64 = 512 << 20;
+
+/// Largest single file in a captured root (sysfs files are a page;
+/// `/proc/cpuinfo` of an 8,192-CPU machine is about 12 MiB).
+pub const MAX_CAPTURE_FILE_BYTES: u64 = 16 << 20;
+
+/// Most entries (files, folders, links) in a captured root: 32 per CPU at
+/// the CPU limit. Captures of large real machines hold a few tens of
+/// thousands.
+pub const MAX_CAPTURE_ENTRIES: usize = 32 * MAX_CPUS as usize;
+
+/// The error for an input over a limit: names the input, the limit and
+/// what to do.
+pub(crate) fn over(source: &str, problem: String) -> Error {
+    Error::input(
+        source,
+        problem,
+        "give the description of a real machine: numapin handles at most 8192 CPUs, 1024 NUMA nodes, 1024 GPUs and inputs of 64 MiB (docs/topology-json.md, \"Limits\")",
+    )
+}
+
+/// Checks an hwloc bitmap (CPU or node set) before it is expanded: `weight`
+/// is `None` for an infinite set, `last` its highest member.
+pub(crate) fn check_bitmap(
+    source: &str,
+    what: &str,
+    weight: Option<usize>,
+    last: Option<usize>,
+    bound: u32,
+) -> Result<(), Error> {
+    match (weight, last) {
+        (None, _) => Err(over(
+            source,
+            format!("{what} is infinite (every number from some point on)"),
+        )),
+        (Some(_), Some(l)) if l >= bound as usize => Err(over(
+            source,
+            format!(
+                "{what} names number {l}, beyond the limit of {bound} (0-{})",
+                bound - 1
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Checks a count of things against its limit.
+pub(crate) fn check_count(source: &str, what: &str, n: usize, max: usize) -> Result<(), Error> {
+    if n > max {
+        return Err(over(
+            source,
+            format!("it lists {n} {what}, more than the limit of {max}"),
+        ));
+    }
+    Ok(())
+}
+
+/// Checks a NUMA node number.
+pub(crate) fn check_node(source: &str, what: &str, node: u32) -> Result<(), Error> {
+    if node >= MAX_NODES {
+        return Err(over(
+            source,
+            format!(
+                "{what} names NUMA node {node}, beyond the limit of {MAX_NODES} nodes (0-{})",
+                MAX_NODES - 1
+            ),
+        ));
+    }
+    Ok(())
+}

@@ -1,0 +1,493 @@
+//! Hostile inputs (the hostile-input issue's classes, library side): memory
+//! and time follow what an input is, not what it claims; special files and
+//! captures that reach outside themselves are refused; descriptions that
+//! contradict themselves are refused; plans stay near-linear. Each input is
+//! a few hundred KB at most and each test takes well under a second.
+#![allow(clippy::unwrap_used)] // tests and examples fail loudly
+
+mod common;
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use numapin::affinity::{plan, Mode, PlanOptions};
+use numapin::topology::limits::{MAX_CPUS, MAX_GPUS, MAX_NODES};
+use numapin::topology::{ProbeOptions, Topology};
+use numapin::{ErrorKind, GpuIndex};
+use serde_json::{json, Value};
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("topology")
+        .join(name)
+}
+
+fn load(path: &Path) -> numapin::Result<Topology> {
+    Ok(Topology::load(path, &ProbeOptions::default())?)
+}
+
+/// A fixture's JSON form, to edit.
+fn json_of(name: &str) -> Value {
+    serde_json::from_str(&load(&fixture(name)).unwrap().to_json()).unwrap()
+}
+
+fn write(dir: &Path, name: &str, bytes: &[u8]) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, bytes).unwrap();
+    p
+}
+
+/// Loads `v` as a JSON file: the error's text, which must be an input
+/// error, must come fast and name `want`.
+fn refused(v: &Value, want: &str) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let p = write(dir.path(), "t.json", v.to_string().as_bytes());
+    let start = Instant::now();
+    let e = load(&p).expect_err(want);
+    assert!(start.elapsed() < Duration::from_secs(2), "slow: {e}");
+    assert_eq!(e.kind(), ErrorKind::Input, "{e}");
+    let text = numapin::error::with_causes(&e);
+    assert!(text.contains(want), "wanted {want:?} in: {text}");
+    assert!(e.fix().is_some());
+    text
+}
+
+// ---- Class 2: amplification.
+
+#[test]
+fn cpu_numbers_beyond_the_limit_are_refused_before_allocating() {
+    let mut v = json_of("dgx-h100.xml");
+    // 3,000 cores claiming a million CPUs each: 100 KB of text.
+    v["cores"] = Value::Array(vec![json!({"cpus": "0-1048575", "numa_node": 0}); 3000]);
+    refused(&v, "8191");
+    let mut v = json_of("dgx-h100.xml");
+    v["allowed"]["cpus"] = json!("0-1048575");
+    refused(&v, "8191");
+    let mut v = json_of("dgx-h100.xml");
+    v["numa_nodes"][0]["cpus"] = json!("8-1048575:1/1");
+    refused(&v, "8191");
+}
+
+#[test]
+fn cpu_lists_that_claim_too_much_in_all_are_refused() {
+    // Every list within the CPU limit, but 8,192 of them each naming every
+    // CPU: 260 MB of numbers from 200 KB of text.
+    let mut v = json_of("dgx-h100.xml");
+    v["cores"] = Value::Array(vec![json!({"cpus": "0-8191", "numa_node": 0}); 8192]);
+    refused(&v, "CPU numbers in all");
+}
+
+#[test]
+fn counts_beyond_the_limits_are_refused() {
+    let mut v = json_of("cloud-vm-1n.xml");
+    let node = v["numa_nodes"][0].clone();
+    v["numa_nodes"] = Value::Array(
+        (0..=MAX_NODES)
+            .map(|i| {
+                let mut n = node.clone();
+                n["os_index"] = json!(i);
+                n["cpus"] = json!("");
+                n["distances"] = json!([]);
+                n
+            })
+            .collect(),
+    );
+    refused(&v, "1024");
+    let mut v = json_of("cloud-vm-1n.xml");
+    v["numa_nodes"][0]["os_index"] = json!(1_048_576);
+    refused(&v, "1023");
+    let mut v = json_of("cloud-vm-1n.xml");
+    let gpu = v["gpus"][0].clone();
+    v["gpus"] = Value::Array(
+        (0..=MAX_GPUS)
+            .map(|i| {
+                let mut g = gpu.clone();
+                g["index"] = json!(i);
+                g["pci_bus_id"] = json!(format!("0000:{:02x}:{:02x}.0", i / 32, i % 32));
+                g
+            })
+            .collect(),
+    );
+    refused(&v, "1024");
+}
+
+#[test]
+fn nccl_files_are_held_to_the_limits_while_parsed() {
+    let dir = tempfile::tempdir().unwrap();
+    let gpus: String = (0..100_000)
+        .map(|i| {
+            format!(
+                "<pci busid=\"0000:{:02x}:{:02x}.0\" class=\"0x030200\"/>",
+                (i / 32) % 256,
+                i % 32
+            )
+        })
+        .collect();
+    let xml = format!(
+        "<system version=\"1\"><cpu numaid=\"0\" affinity=\"ffffffff\">{gpus}</cpu></system>"
+    );
+    let start = Instant::now();
+    let e = load(&write(dir.path(), "many.xml", xml.as_bytes())).unwrap_err();
+    assert!(start.elapsed() < Duration::from_secs(2), "{e}");
+    assert!(e.to_string().contains("1024"), "{e}");
+    let mask = format!("{}ffffffff", "ffffffff,".repeat(32_767));
+    let xml = format!("<system version=\"1\"><cpu numaid=\"0\" affinity=\"{mask}\"/></system>");
+    let e = load(&write(dir.path(), "mask.xml", xml.as_bytes())).unwrap_err();
+    assert!(e.to_string().contains("8191"), "{e}");
+    let xml = "<system version=\"1\"><cpu numaid=\"1048576\" affinity=\"ff\"/></system>";
+    let e = load(&write(dir.path(), "node.xml", xml.as_bytes())).unwrap_err();
+    assert!(e.to_string().contains("1023"), "{e}");
+}
+
+#[test]
+fn infinite_hwloc_bitmaps_are_refused_not_expanded() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = std::fs::read_to_string(fixture("cloud-vm-1n.xml")).unwrap();
+    // The Machine's sets (or every CPU set) become infinite, in hwloc's own
+    // syntax.
+    let machine = |attrs: &[&str]| {
+        let mut out = src.clone();
+        for attr in attrs {
+            let key = format!(" {attr}=\"");
+            let start = out.find(&key).unwrap() + key.len();
+            let end = start + out[start..].find('"').unwrap();
+            out = format!("{}0xf...f{}", &out[..start], &out[end..]);
+        }
+        out
+    };
+    for (what, xml) in [
+        ("machine cpuset", machine(&["cpuset", "complete_cpuset"])),
+        ("machine nodeset", machine(&["nodeset", "complete_nodeset"])),
+        ("every cpuset", src.replace("\"0x0000ffff\"", "\"0xf...f\"")),
+    ] {
+        let start = Instant::now();
+        let e = load(&write(dir.path(), "inf.xml", xml.as_bytes())).unwrap_err();
+        let text = numapin::error::with_causes(&e);
+        assert!(start.elapsed() < Duration::from_secs(2), "{what}: {text}");
+        assert_eq!(e.kind(), ErrorKind::Input, "{what}: {text}");
+        assert!(!text.contains("crash"), "{what}: {text}");
+    }
+}
+
+#[test]
+fn a_machine_at_the_limits_loads() {
+    // 8,192 CPUs in 8 nodes of 512 two-thread cores, one GPU per node.
+    let t = common::Shape::new(1, 8, 1, 1, 512).build();
+    assert_eq!(t.all_cpus().len(), MAX_CPUS as usize);
+    let dir = tempfile::tempdir().unwrap();
+    let p = write(dir.path(), "big.json", t.to_json().as_bytes());
+    let start = Instant::now();
+    let back = load(&p).unwrap();
+    assert!(start.elapsed() < Duration::from_secs(2));
+    assert_eq!(back.all_cpus().len(), MAX_CPUS as usize);
+    // Class 9: plans on it stay near-linear.
+    let start = Instant::now();
+    let ranks = vec![GpuIndex(0); 4096];
+    let p = plan(
+        &back,
+        &ranks[..256],
+        Mode::Exclusive,
+        &PlanOptions::default(),
+    )
+    .unwrap();
+    assert_eq!(p.ranks.len(), 256);
+    let p = plan(&back, &ranks[..512], Mode::Core, &PlanOptions::default()).unwrap();
+    assert_eq!(p.ranks.len(), 512);
+    let all: Vec<GpuIndex> = (0..8192).map(|r| GpuIndex(r % 8)).collect();
+    let p = plan(&back, &all, Mode::Node, &PlanOptions::default()).unwrap();
+    assert_eq!(p.ranks.len(), 8192);
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "plans took {:?}",
+        start.elapsed()
+    );
+}
+
+// ---- Class 4: special files and sizes.
+
+#[test]
+fn special_files_are_refused_without_opening_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("fifo");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).unwrap();
+    let start = Instant::now();
+    let e = load(&fifo).unwrap_err();
+    assert!(
+        start.elapsed() < Duration::from_secs(1),
+        "blocked on the FIFO"
+    );
+    assert!(e.to_string().contains("FIFO"), "{e}");
+    assert_eq!(e.kind(), ErrorKind::Input);
+    let e = load(Path::new("/dev/zero")).unwrap_err();
+    assert!(e.to_string().contains("character device"), "{e}");
+}
+
+#[test]
+fn files_over_the_size_limit_are_refused_unread() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("huge.json");
+    let mut f = std::fs::File::create(&p).unwrap();
+    f.write_all(b"{").unwrap();
+    f.set_len(3 << 30).unwrap(); // sparse: nothing is written
+    let e = load(&p).unwrap_err();
+    assert!(e.to_string().contains("64 MiB"), "{e}");
+}
+
+// ---- Class 5: captures.
+
+fn leftovers() -> Vec<PathBuf> {
+    std::fs::read_dir(std::env::temp_dir())
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("numapin-capture-"))
+        })
+        .collect()
+}
+
+#[test]
+fn captures_hold_only_what_stays_inside_them() {
+    let before = leftovers();
+    let dir = tempfile::tempdir().unwrap();
+    let ok = dir.path().join("ok");
+    common::make_capture(&ok);
+    let t = load(&ok).unwrap();
+    assert_eq!((t.numa_nodes.len(), t.gpus.len()), (2, 1));
+    let archive = write(dir.path(), "ok.tar.gz", &common::tar_gz(&ok));
+    let t = load(&archive).unwrap();
+    assert_eq!((t.numa_nodes.len(), t.gpus.len()), (2, 1));
+
+    // Links leaving the capture, as hwloc would follow them: to a file that
+    // never ends, to the live sysfs (this machine), relative escapes.
+    let cases: [(&str, &str, &str); 4] = [
+        ("proc/cpuinfo", "/dev/zero", "outside the capture"),
+        (
+            "sys/devices/system/node/node0/cpumap",
+            "/dev/zero",
+            "outside the capture",
+        ),
+        (
+            "sys/bus/pci/devices/0000:07:00.0/current_link_speed",
+            "/dev/zero",
+            "outside the capture",
+        ),
+        (
+            "proc/meminfo",
+            "../../../../../../../../etc/hostname",
+            "outside the capture",
+        ),
+    ];
+    for (i, (at, target, want)) in cases.iter().enumerate() {
+        let root = dir.path().join(format!("link{i}"));
+        common::make_capture(&root);
+        std::fs::remove_file(root.join(at)).unwrap();
+        std::os::unix::fs::symlink(target, root.join(at)).unwrap();
+        for p in [
+            root.clone(),
+            write(
+                dir.path(),
+                &format!("link{i}.tar.gz"),
+                &common::tar_gz(&root),
+            ),
+        ] {
+            let start = Instant::now();
+            let e = load(&p).unwrap_err();
+            assert!(start.elapsed() < Duration::from_secs(2), "{e}");
+            assert!(e.to_string().contains(want), "{at} -> {target}: {e}");
+        }
+    }
+    let live = dir.path().join("live");
+    std::fs::create_dir(&live).unwrap();
+    std::os::unix::fs::symlink("/sys", live.join("sys")).unwrap();
+    std::os::unix::fs::symlink("/proc", live.join("proc")).unwrap();
+    let e = load(&live).unwrap_err();
+    assert!(e.to_string().contains("outside the capture"), "{e}");
+    let e = load(Path::new("/")).unwrap_err();
+    assert!(e.to_string().contains("live system"), "{e}");
+
+    // A FIFO inside: refused, not read.
+    let fifo = dir.path().join("fifo");
+    common::make_capture(&fifo);
+    std::fs::remove_file(fifo.join("sys/devices/system/node/node0/cpumap")).unwrap();
+    nix::unistd::mkfifo(
+        &fifo.join("sys/devices/system/node/node0/cpumap"),
+        nix::sys::stat::Mode::S_IRWXU,
+    )
+    .unwrap();
+    let e = load(&fifo).unwrap_err();
+    assert!(e.to_string().contains("FIFO"), "{e}");
+
+    // A PAX header declaring 1 GiB (the plain header says 0): refused by
+    // the size it declares, before anything is written.
+    let mut b = tar::Builder::new(Vec::new());
+    b.append_pax_extensions([("size", b"1073741824".as_slice())])
+        .unwrap();
+    let mut h = tar::Header::new_ustar();
+    h.set_path("top/proc/cpuinfo").unwrap();
+    h.set_size(0);
+    h.set_cksum();
+    b.append(&h, std::io::empty()).unwrap();
+    let p = write(dir.path(), "pax.tar", &b.into_inner().unwrap());
+    let e = load(&p).unwrap_err();
+    assert!(e.to_string().contains("MiB"), "{e}");
+
+    // Members that climb out, and links in the archive that leave it.
+    let mut b = tar::Builder::new(Vec::new());
+    let mut h = tar::Header::new_gnu();
+    h.set_entry_type(tar::EntryType::Symlink);
+    h.set_size(0);
+    b.append_link(&mut h, "top/sys", "/sys").unwrap();
+    let p = write(dir.path(), "link.tar", &b.into_inner().unwrap());
+    let e = load(&p).unwrap_err();
+    assert!(e.to_string().contains("outside the capture"), "{e}");
+
+    // Too many entries: refused by the survey, before one is created.
+    let gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    let mut b = tar::Builder::new(gz);
+    let mut h = tar::Header::new_gnu();
+    h.set_size(0);
+    h.set_mode(0o644);
+    for i in 0..=numapin::topology::limits::MAX_CAPTURE_ENTRIES {
+        b.append_data(&mut h, format!("top/f{i}"), std::io::empty())
+            .unwrap();
+    }
+    let p = write(
+        dir.path(),
+        "many.tar.gz",
+        &b.into_inner().unwrap().finish().unwrap(),
+    );
+    let start = Instant::now();
+    let e = load(&p).unwrap_err();
+    assert!(e.to_string().contains("entries"), "{e}");
+    assert!(start.elapsed() < Duration::from_secs(5), "{e}");
+
+    // Nothing unpacked is left behind, on success or on error.
+    let after: Vec<PathBuf> = leftovers()
+        .into_iter()
+        .filter(|p| !before.contains(p))
+        .collect();
+    assert!(after.is_empty(), "left behind: {after:?}");
+}
+
+// ---- Class 8: messages.
+
+#[test]
+fn hwloc_xml_at_a_path_that_is_not_utf8_loads() {
+    use std::os::unix::ffi::OsStrExt;
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir
+        .path()
+        .join(std::ffi::OsStr::from_bytes(b"machine-\xff.xml"));
+    std::fs::copy(fixture("cloud-vm-1n.xml"), &p).unwrap();
+    let t = load(&p).unwrap();
+    assert_eq!(t.gpus.len(), 1);
+}
+
+#[test]
+fn long_values_are_shortened_in_messages() {
+    let opts = ProbeOptions::default().with_env(numapin::topology::ProbeEnv {
+        cuda_visible_devices: Some("x".repeat(100_000)),
+        cuda_device_order: None,
+    });
+    let e = Topology::load(&fixture("dgx-h100.xml"), &opts).unwrap_err();
+    let text = numapin::error::with_causes(&e);
+    assert!(text.contains("CUDA_VISIBLE_DEVICES"), "{text}");
+    assert!(text.len() < 2048, "{} bytes", text.len());
+}
+
+// ---- Class 10: inconsistent descriptions.
+
+#[test]
+fn contradictions_are_refused() {
+    type Edit = fn(&mut Value);
+    let cases: [(&str, Edit, &str); 12] = [
+        (
+            "cloud-vm-1n.xml",
+            |v| v["allowed"]["numa_nodes"] = json!([4294967295u32]),
+            "1023",
+        ),
+        (
+            "dgx-h100.xml",
+            |v| v["allowed"]["numa_nodes"] = json!([0, 5]),
+            "node 5",
+        ),
+        (
+            "dgx-h100.xml",
+            |v| v["cuda"]["ordinals"][1]["gpu"] = json!(0),
+            "GPU 0",
+        ),
+        (
+            "dgx-h100.xml",
+            |v| v["cuda"]["ordinals"][1]["ordinal"] = json!(0),
+            "ordinal 0",
+        ),
+        (
+            "dgx-h100.xml",
+            |v| v["gpus"][1]["pci_bus_id"] = v["gpus"][0]["pci_bus_id"].clone(),
+            "PCI bus id",
+        ),
+        (
+            "dgx-h100.xml",
+            |v| v["gpus"][1]["pci_bus_id"] = json!("../../../etc"),
+            "PCI bus id",
+        ),
+        (
+            "dgx-h100.xml",
+            |v| v["packages"][0]["numa_nodes"] = json!([0, 7]),
+            "node 7",
+        ),
+        (
+            "dgx-h100.xml",
+            |v| v["gpus"][0]["package"] = json!(9),
+            "package 9",
+        ),
+        (
+            "dgx-h100.xml",
+            |v| v["numa_nodes"][1]["cpus"] = v["numa_nodes"][0]["cpus"].clone(),
+            "both hold CPU",
+        ),
+        (
+            "cloud-vm-1n.xml",
+            |v| v["allowed"]["cpus"] = json!("0-999"),
+            "allowed.cpus",
+        ),
+        (
+            "dgx-h100.xml",
+            |v| v["packages"][1]["index"] = json!(0),
+            "index 0",
+        ),
+        (
+            "dgx-h100.xml",
+            |v| {
+                v["cuda"]["ordinals"] =
+                    json!([{"ordinal": 5, "entry": "*", "gpu": 0, "mig": false}])
+            },
+            "ordinal 5",
+        ),
+    ];
+    for (name, edit, want) in cases {
+        let mut v = json_of(name);
+        edit(&mut v);
+        refused(&v, want);
+    }
+}
+
+#[test]
+fn mig_entries_without_a_gpu_keep_the_other_ranks_on_their_gpus() {
+    use numapin::affinity::launcher;
+    let opts = ProbeOptions::default().with_env(numapin::topology::ProbeEnv {
+        cuda_visible_devices: Some("MIG-1234abcd-aaaa-bbbb-cccc-000011112222,0,4".into()),
+        cuda_device_order: None,
+    });
+    let t = Topology::load(&fixture("dgx-h100.xml"), &opts).unwrap();
+    let slots = launcher::rank_gpus(&t);
+    for (ordinal, gpu) in [(1, 0), (2, 4)] {
+        let (slot, g) =
+            launcher::slot_of_ordinal(&t, numapin::CudaOrdinal(ordinal), "--gpu").unwrap();
+        assert_eq!(g, GpuIndex(gpu));
+        assert_eq!(slots[slot], g, "ordinal {ordinal}");
+    }
+    assert!(launcher::slot_of_ordinal(&t, numapin::CudaOrdinal(0), "--gpu").is_err());
+}
