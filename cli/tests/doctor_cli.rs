@@ -16,6 +16,7 @@ use serde_json::Value;
 /// docs/doctor.md lists, in report order.
 const NAMES: &[&str] = &[
     "memlock",
+    "cgroup_memory",
     "cuda_driver",
     "gpu_visible",
     "pcie_link",
@@ -23,6 +24,8 @@ const NAMES: &[&str] = &[
     "gpu_cpus_allowed",
     "gpu_memory_allowed",
     "memory_policy",
+    "numa_syscalls",
+    "container",
     "transparent_hugepages",
     "numa_balancing",
     "iommu",
@@ -33,8 +36,11 @@ const NAMES: &[&str] = &[
 /// machine (docs/doctor.md).
 const LIVE_CHECKS: &[&str] = &[
     "memlock",
+    "cgroup_memory",
     "cuda_driver",
     "memory_policy",
+    "numa_syscalls",
+    "container",
     "transparent_hugepages",
     "numa_balancing",
     "iommu",
@@ -306,7 +312,10 @@ fn a_vm_without_gpu_locality_gets_the_locality_warning() {
     let out = String::from_utf8_lossy(&text_out.stdout);
     assert!(out.contains("WARN  gpu_locality (GPU 0)"), "{out}");
     assert!(out.contains("a saved machine"), "{out}");
-    assert!(out.contains("not run: memlock, cuda_driver"), "{out}");
+    assert!(
+        out.contains("not run: memlock, cgroup_memory, cuda_driver"),
+        "{out}"
+    );
 }
 
 #[test]

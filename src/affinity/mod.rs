@@ -17,7 +17,8 @@ pub mod launcher;
 mod plan;
 
 pub use apply::{
-    bind_current_process, bind_current_thread, get_mempolicy, set_mempolicy, MemPolicy,
+    bind_current_process, bind_current_thread, get_mempolicy, probe_memory_binding, set_mempolicy,
+    Binding, MemPolicy,
 };
 pub use error::AffinityError;
 pub use launcher::{local_rank, LocalRank};

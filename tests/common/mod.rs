@@ -183,3 +183,4 @@ pub(crate) fn runnable_by_everyone(
     std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755)).unwrap();
     (dir, copy)
 }
+pub(crate) mod seccomp;
