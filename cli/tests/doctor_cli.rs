@@ -231,18 +231,7 @@ fn unprivileged_user_below_the_memlock_need_fails_with_the_fix() {
         // SAFETY: only system calls (setrlimit, setgroups, setgid, setuid)
         // run between fork and exec.
         unsafe {
-            c.pre_exec(|| {
-                let limit = 8 << 20;
-                nix::sys::resource::setrlimit(
-                    nix::sys::resource::Resource::RLIMIT_MEMLOCK,
-                    limit,
-                    limit,
-                )?;
-                nix::unistd::setgroups(&[])?;
-                nix::unistd::setgid(nix::unistd::Gid::from_raw(65534))?;
-                nix::unistd::setuid(nix::unistd::Uid::from_raw(65534))?;
-                Ok(())
-            });
+            c.pre_exec(common::as_nobody(8 << 20));
         }
         run(c)
     };

@@ -206,6 +206,17 @@ impl SharedBudget {
             .is_ok()
     }
 
+    /// The error for `requested` bytes on `node` that do not fit.
+    fn exceeded(&self, node: u32, requested: u64) -> ArenaError {
+        ArenaError::CgroupBudget {
+            node,
+            requested,
+            in_use: self.used(),
+            limit: self.limit,
+            cgroup: self.source.clone(),
+        }
+    }
+
     /// Gives back `bytes` charged before.
     fn release(&self, bytes: u64) {
         self.used.fetch_sub(bytes, Ordering::SeqCst);
@@ -604,6 +615,15 @@ impl NodeArena {
                 size = fitted;
             }
             if reserved + size > self.cfg.budget {
+                // A budget the memory cgroup set says so, with its fix.
+                if let Some(shared) = self
+                    .cfg
+                    .shared
+                    .as_ref()
+                    .filter(|s| s.limit() == self.cfg.budget)
+                {
+                    return Err(shared.exceeded(self.node, bytes as u64));
+                }
                 return Err(ArenaError::BudgetExceeded {
                     node: self.node,
                     requested: bytes as u64,
@@ -642,13 +662,7 @@ impl NodeArena {
                 if size > fitted && shared.try_reserve(fitted) {
                     size = fitted;
                 } else if !shared.try_reserve(size) {
-                    return Err(ArenaError::CgroupBudget {
-                        node: self.node,
-                        requested: bytes as u64,
-                        in_use: shared.used(),
-                        limit: shared.limit(),
-                        cgroup: shared.source().to_string(),
-                    });
+                    return Err(shared.exceeded(self.node, bytes as u64));
                 }
             }
         }
