@@ -723,37 +723,13 @@ fn child_nobody_64k() {
     assert_eq!(node_stats(&rt).regions, 0);
 }
 
-/// A fake filesystem root whose process sits in a cgroup v2 with
-/// `memory.max` = `limit`.
-fn cgroup_v2_root(limit: u64) -> tempfile::TempDir {
-    let d = tempfile::tempdir().unwrap();
-    for (p, c) in [
-        ("proc/self/cgroup", "0::/job\n".to_string()),
-        (
-            "proc/self/mountinfo",
-            "30 23 0:26 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n".to_string(),
-        ),
-        (
-            "sys/fs/cgroup/cgroup.controllers",
-            "cpu memory\n".to_string(),
-        ),
-        ("sys/fs/cgroup/job/memory.max", format!("{limit}\n")),
-        ("sys/fs/cgroup/job/memory.high", "max\n".to_string()),
-    ] {
-        let p = d.path().join(p);
-        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-        std::fs::write(p, c).unwrap();
-    }
-    d
-}
-
 /// A memory cgroup limit caps the default budget at half of it (the
 /// default fraction), and the error says where the cap comes from; an
 /// explicit budget is taken as given.
 #[test]
 fn a_memory_cgroup_limit_caps_the_default_budget() {
     let _g = serial();
-    let root = cgroup_v2_root(64 * MIB as u64);
+    let root = common::cgroup_v2_root(64 * MIB as u64);
     let mut cfg = small();
     numapin::internals::cgroup_root(&mut cfg, Some(root.path().to_path_buf()));
     let rt = runtime(cfg.clone());

@@ -267,3 +267,27 @@ pub(crate) fn as_nobody(memlock: u64) -> impl FnMut() -> std::io::Result<()> + S
         Ok(())
     }
 }
+
+/// A fake filesystem root whose process sits in a cgroup v2 with
+/// `memory.max` = `limit`.
+pub(crate) fn cgroup_v2_root(limit: u64) -> tempfile::TempDir {
+    let d = tempfile::tempdir().unwrap();
+    for (p, c) in [
+        ("proc/self/cgroup", "0::/job\n".to_string()),
+        (
+            "proc/self/mountinfo",
+            "30 23 0:26 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n".to_string(),
+        ),
+        (
+            "sys/fs/cgroup/cgroup.controllers",
+            "cpu memory\n".to_string(),
+        ),
+        ("sys/fs/cgroup/job/memory.max", format!("{limit}\n")),
+        ("sys/fs/cgroup/job/memory.high", "max\n".to_string()),
+    ] {
+        let p = d.path().join(p);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, c).unwrap();
+    }
+    d
+}
