@@ -132,7 +132,8 @@ fn region_create(c: &mut Criterion) {
                         threads,
                         iters as usize,
                     )
-                    .unwrap();
+                    .unwrap()
+                    .0;
                     // Back from ms/GiB to the time of `iters` regions.
                     Duration::from_secs_f64(per.median / 1e3 * iters as f64 / 4.0)
                 })

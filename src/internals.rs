@@ -5,11 +5,11 @@
 pub use crate::affinity::apply::{exec, find_program};
 pub use crate::arena::alloc;
 pub use crate::arena::region::{
-    last_mapped_addr, thp_enabled, Region, RegionOptions, Registration, HUGE_PAGE, PAGE,
+    last_mapped_addr, thp_enabled, PageCounts, Region, RegionOptions, Registration, HUGE_PAGE, PAGE,
 };
 pub use crate::arena::{fmt_bytes, NodeArena};
 pub use crate::measure::{arena as arena_measure, kernels, loader as loader_measure};
-pub use crate::platform::{cleanup, cuda, numa, sys};
+pub use crate::platform::{cgroup, cleanup, container, cuda, numa, numa_maps, probe, sys};
 pub use crate::report::{quote, shorten, table};
 pub use crate::topology::hwloc::export_live_xml;
 
@@ -24,6 +24,13 @@ pub fn fail_after(config: &mut RuntimeConfig, step: Option<Step>) {
 /// itself fails.
 pub fn skip_memlock_check(config: &mut RuntimeConfig, skip: bool) {
     config.hooks.skip_memlock_check = skip;
+}
+
+/// Test hook: read the memory cgroup limits under `root` (a fake
+/// filesystem root with `proc/self/cgroup`, `proc/self/mountinfo` and the
+/// cgroup files) instead of `/`.
+pub fn cgroup_root(config: &mut RuntimeConfig, root: Option<std::path::PathBuf>) {
+    config.hooks.cgroup_root = root;
 }
 
 /// The fuzzing entry points of the topology readers.

@@ -28,8 +28,8 @@ use crate::topology::{NodeKind, Topology};
 
 pub use crate::arena::region::Step;
 pub use crate::arena::{
-    ArenaError, CacheLimits, NodeStats, PinnedBuf, Placement, DEFAULT_ALIGNMENT,
-    DEFAULT_BUDGET_FRACTION, DEFAULT_REGION_BYTES, MAX_ALIGNMENT,
+    ArenaError, CacheLimits, NodeStats, PinnedBuf, PinnedBy, PlacedBy, Placement, RegionMethods,
+    VerifiedBy, DEFAULT_ALIGNMENT, DEFAULT_BUDGET_FRACTION, DEFAULT_REGION_BYTES, MAX_ALIGNMENT,
 };
 
 /// Most threads that fault in a new region when
@@ -39,13 +39,15 @@ pub const MAX_POPULATE_THREADS: usize = 16;
 
 /// Hooks numapin's own tests set through [`crate::internals`]; never set
 /// in normal use.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub(crate) struct TestHooks {
     /// Fail region creation right after this step.
     pub(crate) fail_after: Option<Step>,
     /// Skip the RLIMIT_MEMLOCK check before mlock (to exercise a real
     /// mlock failure).
     pub(crate) skip_memlock_check: bool,
+    /// Read the memory cgroup limits under this root instead of `/`.
+    pub(crate) cgroup_root: Option<std::path::PathBuf>,
 }
 
 /// How a [`Runtime`] builds and limits its arenas. Start from
@@ -62,9 +64,15 @@ pub struct RuntimeConfig {
     /// 2 MiB. Sizes are rounded up to it.
     pub alignment: usize,
     /// Per-node budget as a fraction of the node's memory, in (0, 1]
-    /// (default [`arena::DEFAULT_BUDGET_FRACTION`], one half).
+    /// (default [`arena::DEFAULT_BUDGET_FRACTION`], one half). Under a
+    /// memory cgroup limit (v2 `memory.max`/`memory.high`, v1
+    /// `memory.limit_in_bytes`) the same fraction of the limit also caps
+    /// each node's budget and the pinned bytes over all nodes together:
+    /// pinned pages are charged to the cgroup and cannot be reclaimed.
     pub budget_fraction: f64,
-    /// Per-node budget in bytes; overrides `budget_fraction` when set.
+    /// Per-node budget in bytes; overrides `budget_fraction` when set (and
+    /// then no cgroup cap applies: pinning beyond the cgroup's limit gets
+    /// the process killed by the OOM killer).
     pub budget_bytes: Option<u64>,
     /// Threads that populate a new region, bound to the node's CPUs; 0
     /// picks one per allowed CPU of the node, up to
@@ -132,9 +140,32 @@ fn config_error(setting: &'static str, value: String, problem: &str, fix: &str) 
     }
 }
 
+/// The budget over all nodes under the process's memory cgroup limit:
+/// `budget_fraction` of the tightest limit, or `None` without one.
+fn cgroup_budget(config: &RuntimeConfig) -> Option<Arc<arena::SharedBudget>> {
+    let limits = match &config.hooks.cgroup_root {
+        Some(root) => crate::platform::cgroup::read_limits(root),
+        None => crate::platform::cgroup::read_self(),
+    };
+    let l = limits.tightest()?;
+    let f = config.budget_fraction;
+    let cap = (l.bytes as f64 * f) as u64;
+    Some(Arc::new(arena::SharedBudget::new(
+        cap,
+        format!(
+            "budget_fraction {f} of {} = {}, in /{}",
+            arena::fmt_bytes(l.bytes),
+            arena::fmt_bytes(cap),
+            l.path.display()
+        ),
+    )))
+}
+
 impl Runtime {
     /// A runtime over `topology` (normally [`Topology::probe`] of this
     /// machine). Makes no region yet: the first allocation on a node does.
+    /// Reads the process's memory cgroup limit (see
+    /// [`RuntimeConfig::budget_fraction`]).
     pub fn new(topology: Topology, config: RuntimeConfig) -> Result<Runtime, ArenaError> {
         let a = config.alignment;
         if !a.is_power_of_two() || !(arena::DEFAULT_ALIGNMENT..=arena::MAX_ALIGNMENT).contains(&a) {
@@ -164,6 +195,10 @@ impl Runtime {
         }
         let region_bytes =
             arena::alloc::round_up(config.region_bytes as u64, arena::region::HUGE_PAGE as u64);
+        let shared = match config.budget_bytes {
+            Some(_) => None,
+            None => cgroup_budget(&config),
+        };
         let memlock_applies =
             !crate::platform::sys::has_cap_ipc_lock() && !config.hooks.skip_memlock_check;
         // 0: every allowed CPU of the node, up to MAX_POPULATE_THREADS
@@ -179,9 +214,12 @@ impl Runtime {
             .iter()
             .filter(|n| n.memory_bytes > 0 && n.kind != NodeKind::GpuMemory)
             .map(|n| {
-                let budget = config
+                let mut budget = config
                     .budget_bytes
                     .unwrap_or((n.memory_bytes as f64 * f) as u64);
+                if let Some(s) = &shared {
+                    budget = budget.min(s.limit());
+                }
                 let allowed = &topology.allowed.cpus;
                 let cpus = if allowed.is_empty() {
                     n.cpus.clone()
@@ -200,6 +238,7 @@ impl Runtime {
                         placement: config.placement,
                         cache: config.thread_cache,
                         memlock_applies,
+                        shared: shared.clone(),
                         fail_after: config.hooks.fail_after,
                     },
                 )
@@ -361,13 +400,18 @@ impl Runtime {
 
     /// Binds the whole process (CPUs and memory policy, `MPOL_BIND`) near
     /// CUDA device `gpu` as `mode` plans it, the way `numapin exec` does.
+    /// When `set_mempolicy` is refused (a seccomp profile), only the CPUs
+    /// are bound and the returned plan's warnings say so.
     pub fn bind_current_process(
         &self,
         gpu: CudaOrdinal,
         mode: Mode,
     ) -> Result<RankPlan, AffinityError> {
-        let plan = self.gpu_plan(gpu, mode)?;
-        crate::affinity::bind_current_process(&plan, crate::affinity::MemPolicy::Bind)?;
+        let mut plan = self.gpu_plan(gpu, mode)?;
+        let b = crate::affinity::bind_current_process(&plan, crate::affinity::MemPolicy::Bind)?;
+        if let crate::affinity::Binding::CpusOnly { reason } = b {
+            plan.warnings.push(reason);
+        }
         Ok(plan)
     }
 

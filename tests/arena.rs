@@ -3,14 +3,13 @@
 //!
 //! Tests here measure VmLck of the whole process, so they take one lock
 //! and run one at a time. Tests that need a fresh process (another user,
-//! another memlock limit) re-run this test binary as a child with
-//! `NUMAPIN_ARENA_CHILD` set; those child tests are `#[ignore]`d and do
-//! nothing unless that variable names them.
+//! another memlock limit, a seccomp filter, a memory cgroup) re-run this
+//! test binary as a child (`common::run_child`); those child tests are
+//! `#[ignore]`d and do nothing unless `NUMAPIN_TEST_CHILD` names them.
 #![allow(clippy::unwrap_used)] // tests and examples fail loudly
 
 mod common;
 
-use std::process::Command;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -58,51 +57,7 @@ fn is_root() -> bool {
     nix::unistd::geteuid().is_root()
 }
 
-/// Re-runs this binary's `name` test in a child process with
-/// `NUMAPIN_ARENA_CHILD=name`, `pre` run in the child before exec.
-fn run_child(
-    name: &str,
-    pre: impl FnMut() -> std::io::Result<()> + Send + Sync + 'static,
-) -> Option<std::process::Output> {
-    use std::os::unix::process::CommandExt;
-    // A copy any user can run: the child may drop to user `nobody`.
-    let (_dir, exe) = common::runnable_by_everyone(&std::env::current_exe().unwrap());
-    let mut cmd = Command::new(&exe);
-    cmd.current_dir("/");
-    cmd.args([
-        "--exact",
-        name,
-        "--ignored",
-        "--nocapture",
-        "--test-threads=1",
-    ])
-    .env("NUMAPIN_ARENA_CHILD", name);
-    // SAFETY: `pre` only makes system calls (setrlimit, setgid, setuid).
-    unsafe { cmd.pre_exec(pre) };
-    match cmd.output() {
-        Ok(out) => {
-            eprintln!(
-                "--- child {name} ---\n{}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-            Some(out)
-        }
-        Err(e) => {
-            eprintln!("skipped: cannot start the child test {name}: {e}");
-            None
-        }
-    }
-}
-
-fn in_child(name: &str) -> bool {
-    if std::env::var("NUMAPIN_ARENA_CHILD").as_deref() == Ok(name) {
-        true
-    } else {
-        eprintln!("skipped: {name} runs in a child process started by its parent test");
-        false
-    }
-}
+use common::{as_nobody, assert_child_passed, in_child, run_child};
 
 #[test]
 fn region_is_on_its_node_and_locked() {
@@ -441,33 +396,38 @@ fn runtime_is_send_sync_and_buffers_send() {
 #[test]
 fn unprivileged_memlock_limit_gives_a_clear_error() {
     let _g = serial();
+    run_as_nobody("child_unprivileged", &[], 8 << 20);
+}
+
+/// Runs child test `name` as user `nobody` with RLIMIT_MEMLOCK `memlock`
+/// and asserts that it passed (skipped with a message unless root).
+fn run_as_nobody(name: &str, env: &[(&str, &str)], memlock: u64) {
     if !is_root() {
         eprintln!("skipped: needs root to run a child as user nobody");
         return;
     }
-    let Some(out) = run_child("child_unprivileged", || {
-        let limit = 8 << 20;
-        nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_MEMLOCK, limit, limit)?;
-        nix::unistd::setgroups(&[])?;
-        nix::unistd::setgid(nix::unistd::Gid::from_raw(65534))?;
-        nix::unistd::setuid(nix::unistd::Uid::from_raw(65534))?;
-        Ok(())
-    }) else {
-        return;
-    };
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "child failed");
-    assert!(text.contains("1 passed"), "the child test did not run");
+    if let Some(out) = run_child(name, env, as_nobody(memlock)) {
+        assert_child_passed(&out);
+    }
+}
+
+/// [`in_child`], and then the memlock limit is `memlock` and CAP_IPC_LOCK
+/// is gone.
+fn in_child_with_memlock(name: &str, memlock: u64) -> bool {
+    if !in_child(name) {
+        return false;
+    }
+    assert!(!numapin::internals::sys::has_cap_ipc_lock());
+    assert_eq!(numapin::internals::sys::memlock_limit().unwrap().0, memlock);
+    true
 }
 
 #[test]
 #[ignore = "runs in a child process as user nobody: started by unprivileged_memlock_limit_gives_a_clear_error"]
 fn child_unprivileged() {
-    if !in_child("child_unprivileged") {
+    if !in_child_with_memlock("child_unprivileged", 8 << 20) {
         return;
     }
-    assert!(!numapin::internals::sys::has_cap_ipc_lock());
-    assert_eq!(numapin::internals::sys::memlock_limit().unwrap().0, 8 << 20);
     let rt = runtime(small());
     let node = first_node(&rt);
     let before = locked_bytes();
@@ -527,6 +487,412 @@ fn child_unprivileged() {
         !is_mapped(last_mapped_addr()),
         "the failed region is still mapped"
     );
+}
+
+// ---- Where users run: seccomp filters, low memlock limits, cgroups ----
+
+use numapin::internals::{numa_maps, Region, RegionOptions};
+use numapin::runtime::{PinnedBy, PlacedBy, Placement, VerifiedBy};
+
+fn region_options(node: u32, size: usize, cpus: numapin::CpuList) -> RegionOptions {
+    RegionOptions {
+        node,
+        size,
+        cpus,
+        populate_threads: 2,
+        register: false,
+        placement: Placement::Strict,
+        pin_by_registration: None,
+        fail_after: None,
+    }
+}
+
+/// The CPUs of `node` this process may use.
+fn node_cpus(node: u32) -> numapin::CpuList {
+    let t = topology();
+    let n = t.node(node).expect("the node");
+    n.cpus.intersection(&t.allowed.cpus)
+}
+
+/// Two regions made one after the other are VMAs of their own (the guard
+/// pages keep the kernel from merging them), so numa_maps counts them
+/// exactly, and the counts agree with move_pages page by page.
+#[test]
+fn regions_are_vmas_of_their_own_and_numa_maps_agrees_with_move_pages() {
+    let _g = serial();
+    let rt = runtime(small());
+    let node = first_node(&rt);
+    let opts = region_options(node, 8 * MIB, node_cpus(node));
+    let a = Region::create(&opts).unwrap();
+    let b = Region::create(&opts).unwrap();
+    for r in [&a, &b] {
+        let start = r.ptr() as u64;
+        let p = numa_maps::read_self(start..start + r.len() as u64, 3).unwrap();
+        assert_eq!(p.straddling, 0, "merged with a neighbour: {p:?}");
+        assert!(p.is_exact(), "{p:?}");
+        let counts = r.count_pages().unwrap();
+        assert_eq!(counts.by, VerifiedBy::MovePages);
+        let from_maps: Vec<(u32, u64)> = p
+            .exact_nodes()
+            .unwrap()
+            .into_iter()
+            .map(|(n, b)| (n, b / 4096))
+            .collect();
+        assert_eq!(from_maps, counts.nodes);
+        assert_eq!(counts.on(node), (8 * MIB / 4096) as u64);
+        assert_eq!(
+            r.methods(),
+            numapin::runtime::RegionMethods {
+                placed: PlacedBy::Mbind,
+                pinned: PinnedBy::Mlock,
+                verified: VerifiedBy::MovePages
+            }
+        );
+        assert!(r.notes().is_empty(), "{:?}", r.notes());
+    }
+}
+
+/// The filter a `child_under_filter` run gets (`NUMAPIN_FILTER`): Docker's
+/// default profile (all six calls, EPERM), the same answering ENOSYS, or
+/// Docker's default with CAP_SYS_NICE (only move_pages and migrate_pages).
+fn filter_for(kind: &str) -> Vec<libc::sock_filter> {
+    use common::seccomp::{build_filter, docker_default, NUMA_CALLS};
+    match kind {
+        "enosys" => {
+            let all: Vec<&str> = NUMA_CALLS.iter().map(|c| c.0).collect();
+            build_filter(&all, libc::ENOSYS as u32)
+        }
+        "sys_nice" => build_filter(&["move_pages", "migrate_pages"], libc::EPERM as u32),
+        _ => docker_default(),
+    }
+}
+
+/// Under a seccomp filter that refuses the NUMA calls, regions on this
+/// machine's node are placed by first touch (or still bound, where only
+/// move_pages is refused) and verified through numa_maps, and the stats
+/// say so.
+#[test]
+fn regions_under_a_seccomp_filter_fall_back_and_say_so() {
+    let _g = serial();
+    for kind in ["eperm", "enosys", "sys_nice"] {
+        let prog = filter_for(kind);
+        let Some(out) = run_child(
+            "child_under_filter",
+            &[("NUMAPIN_FILTER", kind)],
+            move || common::seccomp::install(&prog),
+        ) else {
+            return;
+        };
+        assert_child_passed(&out);
+    }
+}
+
+#[test]
+#[ignore = "runs in a child process under a seccomp filter: started by regions_under_a_seccomp_filter_fall_back_and_say_so"]
+fn child_under_filter() {
+    if !in_child("child_under_filter") {
+        return;
+    }
+    let kind = std::env::var("NUMAPIN_FILTER").unwrap();
+    assert_eq!(
+        numapin::internals::sys::proc_status_field("Seccomp").as_deref(),
+        Some("2")
+    );
+    let (placed, errno) = match kind.as_str() {
+        "enosys" => (PlacedBy::FirstTouch, "ENOSYS"),
+        "sys_nice" => (PlacedBy::Mbind, "EPERM"),
+        _ => (PlacedBy::FirstTouch, "EPERM"),
+    };
+    let before = locked_bytes();
+    let rt = runtime(small());
+    let node = first_node(&rt);
+    // Two regions: a standard one and one of a 12 MiB buffer's own.
+    let mut a = rt.alloc_on_node(node, 5 * MIB).unwrap();
+    let mut b = rt.alloc_on_node(node, 12 * MIB).unwrap();
+    a.fill(1);
+    b.fill(2);
+    let s = node_stats(&rt);
+    println!("{kind}: {}; {:?}", s.methods(), s.method_notes);
+    let first_touch = u64::from(placed == PlacedBy::FirstTouch);
+    assert_eq!(s.regions, 2, "{s:?}");
+    assert_eq!(
+        (s.regions_first_touch, s.regions_bound),
+        (2 * first_touch, 2 - 2 * first_touch),
+        "{s:?}"
+    );
+    assert_eq!(s.regions_verified_numa_maps, 2, "{s:?}");
+    assert_eq!(
+        (s.regions_mlocked, s.bytes_locked),
+        (2, 28 * MIB as u64),
+        "{s:?}"
+    );
+    assert_eq!(s.pages_on_node, (28 * MIB / 4096) as u64, "{s:?}");
+    assert_eq!(s.pages_off_node, 0, "{s:?}");
+    assert!(
+        s.methods()
+            .contains("verified through /proc/self/numa_maps"),
+        "{}",
+        s.methods()
+    );
+    if placed == PlacedBy::FirstTouch {
+        let note = format!(
+            "mbind refused ({errno}): touched first from CPUs {}",
+            node_cpus(node)
+        );
+        assert_eq!(s.method_notes, [note], "{s:?}");
+    } else {
+        assert!(s.method_notes.is_empty(), "{s:?}");
+    }
+    drop((a, b));
+    drop(rt);
+    assert_eq!(locked_bytes(), before, "everything unlocked");
+
+    // A region on its own: each is its own VMAs, with the policy the
+    // placement left (first touch: none of its own).
+    let r = Region::create(&region_options(node, 4 * MIB, node_cpus(node))).unwrap();
+    let start = r.ptr() as u64;
+    let p = numa_maps::read_self(start..start + r.len() as u64, 3).unwrap();
+    assert_eq!((p.straddling, p.is_exact()), (0, true), "{p:?}");
+    let text = std::fs::read("/proc/self/numa_maps").unwrap();
+    let line = text
+        .split(|&c| c == b'\n')
+        .find(|l| numa_maps::line_start(l) == Some(start))
+        .unwrap();
+    let policy = numa_maps::line_policy(line).unwrap();
+    let expect = if placed == PlacedBy::Mbind {
+        format!("bind:{node}")
+    } else {
+        "default".to_string()
+    };
+    assert_eq!(policy, expect);
+    assert_eq!(r.count_pages().unwrap().by, VerifiedBy::NumaMaps);
+    let mapped = r.ptr() as usize;
+    drop(r);
+    assert!(!is_mapped(mapped), "the region and its guards are unmapped");
+    assert!(!is_mapped(mapped - 4096), "the front guard is unmapped");
+
+    // First touch needs its threads bound: a CPU that is not there is an
+    // error, and nothing stays mapped.
+    if placed == PlacedBy::FirstTouch {
+        let bad = numapin::CpuList::from_iter_unsorted([4000]);
+        let e = Region::create(&region_options(node, 2 * MIB, bad)).unwrap_err();
+        let msg = numapin::error::with_causes(&e);
+        assert!(
+            matches!(
+                e,
+                ArenaError::System {
+                    step: Step::Populate,
+                    ..
+                }
+            ),
+            "{msg}"
+        );
+        assert!(
+            msg.contains("binding a first-touch thread to CPUs 4000"),
+            "{msg}"
+        );
+        assert!(!is_mapped(last_mapped_addr()));
+    }
+}
+
+/// As user `nobody` with a 64 KiB memlock limit (Docker's default) and no
+/// CUDA driver: nothing else would pin the pages, so the clear memlock
+/// error, before anything is mapped.
+#[test]
+fn nobody_with_a_64_kib_memlock_limit_and_no_cuda_gets_the_memlock_error() {
+    let _g = serial();
+    run_as_nobody("child_nobody_64k", &[("NUMAPIN_NO_CUDA", "1")], 64 << 10);
+}
+
+#[test]
+#[ignore = "runs in a child process as user nobody: started by nobody_with_a_64_kib_memlock_limit_and_no_cuda_gets_the_memlock_error"]
+fn child_nobody_64k() {
+    if !in_child_with_memlock("child_nobody_64k", 64 << 10) {
+        return;
+    }
+    assert!(!numapin::internals::cuda::available());
+    let rt = runtime(small());
+    let node = first_node(&rt);
+    let mapped_before = last_mapped_addr();
+    let e = arena_err(rt.alloc_on_node(node, MIB).unwrap_err());
+    let msg = format!(
+        "{}\n  fix: {}",
+        numapin::error::with_causes(&e),
+        e.fix().unwrap()
+    );
+    println!("{msg}");
+    assert!(
+        matches!(e, ArenaError::Memlock { limit, source: None, .. } if limit == 64 << 10),
+        "{msg}"
+    );
+    for part in [
+        "RLIMIT_MEMLOCK is 64 KiB",
+        "ulimit -l",
+        "--ulimit memlock=-1",
+    ] {
+        assert!(msg.contains(part), "{part}: {msg}");
+    }
+    assert_eq!(last_mapped_addr(), mapped_before, "nothing was mapped");
+    assert_eq!(node_stats(&rt).regions, 0);
+}
+
+/// A memory cgroup limit caps the default budget at half of it (the
+/// default fraction), and the error says where the cap comes from; an
+/// explicit budget is taken as given.
+#[test]
+fn a_memory_cgroup_limit_caps_the_default_budget() {
+    let _g = serial();
+    let root = common::cgroup_v2_root(64 * MIB as u64);
+    let mut cfg = small();
+    numapin::internals::cgroup_root(&mut cfg, Some(root.path().to_path_buf()));
+    let rt = runtime(cfg.clone());
+    let node = first_node(&rt);
+    assert_eq!(node_stats(&rt).budget, 32 * MIB as u64);
+    let a = rt.alloc_on_node(node, 16 * MIB).unwrap();
+    let b = rt.alloc_on_node(node, 16 * MIB).unwrap();
+    let e = arena_err(rt.alloc_on_node(node, 2 * MIB).unwrap_err());
+    let msg = numapin::error::with_causes(&e);
+    assert!(
+        matches!(e, ArenaError::CgroupBudget { limit, in_use, .. } if limit == 32 * MIB as u64 && in_use == limit),
+        "{msg}"
+    );
+    assert!(msg.contains("memory.max"), "{msg}");
+    assert_eq!(e.kind(), numapin::ErrorKind::Budget);
+    assert!(e.fix().unwrap().contains("docker run --memory"));
+    // Freed room is room again.
+    drop(a);
+    assert_eq!(rt.trim(), 16 * MIB as u64);
+    drop(rt.alloc_on_node(node, 8 * MIB).unwrap());
+    drop((b, rt));
+    // budget_bytes set: the cgroup is not consulted.
+    let rt = runtime(cfg.with_budget_bytes(Some(48 * MIB as u64)));
+    assert_eq!(node_stats(&rt).budget, 48 * MIB as u64);
+    // No limit: half the node's memory.
+    let t = topology();
+    let half = t.node(node).unwrap().memory_bytes / 2;
+    let mut cfg = small();
+    numapin::internals::cgroup_root(&mut cfg, Some("/nonexistent-root".into()));
+    assert_eq!(node_stats(&runtime(cfg)).budget, half);
+}
+
+/// A memory cgroup this test makes (v1 `memory.limit_in_bytes` or v2
+/// `memory.max`), removed on drop.
+struct TestCgroup(std::path::PathBuf);
+
+impl TestCgroup {
+    /// A cgroup limited to `limit` bytes, or why one cannot be made here.
+    fn new(limit: u64) -> Result<TestCgroup, String> {
+        let mounts = std::fs::read_to_string("/proc/self/mountinfo").map_err(|e| e.to_string())?;
+        let name = format!("numapin-test-{}", std::process::id());
+        for l in mounts.lines() {
+            let Some((pre, post)) = l.split_once(" - ") else {
+                continue;
+            };
+            let point = std::path::PathBuf::from(pre.split(' ').nth(4).unwrap_or(""));
+            let mut post = post.split(' ');
+            let (fstype, opts) = (post.next().unwrap_or(""), post.nth(1).unwrap_or(""));
+            let file = match fstype {
+                "cgroup" if opts.split(',').any(|o| o == "memory") => "memory.limit_in_bytes",
+                "cgroup2"
+                    if std::fs::read_to_string(point.join("cgroup.subtree_control"))
+                        .is_ok_and(|c| c.split_whitespace().any(|w| w == "memory")) =>
+                {
+                    "memory.max"
+                }
+                _ => continue,
+            };
+            let dir = point.join(&name);
+            std::fs::create_dir(&dir)
+                .map_err(|e| format!("{} is not writable: {e}", point.display()))?;
+            let cg = TestCgroup(dir);
+            std::fs::write(cg.0.join(file), limit.to_string())
+                .map_err(|e| format!("cannot set {file}: {e}"))?;
+            return Ok(cg);
+        }
+        Err("no memory cgroup hierarchy (v1 memory controller, or v2 with memory in the root's subtree_control)".into())
+    }
+}
+
+impl Drop for TestCgroup {
+    fn drop(&mut self) {
+        if let Err(e) = std::fs::remove_dir(&self.0) {
+            eprintln!("cannot remove {}: {e}", self.0.display());
+        }
+    }
+}
+
+/// In a real memory cgroup of 256 MiB (where the hierarchy is writable):
+/// the budget is half of it, and pinning up to it works while the next
+/// region is refused with the cgroup's error, instead of the OOM killer
+/// ending the process. The child runs in the cgroup; this process does not.
+#[test]
+fn a_real_memory_cgroup_caps_what_is_pinned() {
+    let _g = serial();
+    let cg = match TestCgroup::new(256 * MIB as u64) {
+        Ok(cg) => cg,
+        Err(why) => {
+            eprintln!("skipped: cannot make a memory cgroup here: {why}");
+            return;
+        }
+    };
+    let procs = cg.0.join("cgroup.procs");
+    let Some(out) = run_child(
+        "child_in_memory_cgroup",
+        // Without CUDA: a driver's context would take much of the 256 MiB.
+        &[
+            ("NUMAPIN_CGROUP_PROCS", procs.to_str().unwrap()),
+            ("NUMAPIN_NO_CUDA", "1"),
+        ],
+        || Ok(()),
+    ) else {
+        return;
+    };
+    assert_child_passed(&out);
+    drop(cg);
+}
+
+#[test]
+#[ignore = "runs in a child process in a memory cgroup: started by a_real_memory_cgroup_caps_what_is_pinned"]
+fn child_in_memory_cgroup() {
+    if !in_child("child_in_memory_cgroup") {
+        return;
+    }
+    let procs = std::env::var("NUMAPIN_CGROUP_PROCS").unwrap();
+    std::fs::write(&procs, std::process::id().to_string()).unwrap();
+    let limits = numapin::internals::cgroup::read_self();
+    let t = limits.tightest().expect("the test cgroup's limit");
+    assert_eq!(t.bytes, 256 * MIB as u64, "{limits:?}");
+    let rt = runtime(RuntimeConfig::default().with_region_bytes(32 * MIB));
+    let node = first_node(&rt);
+    assert_eq!(node_stats(&rt).budget, 128 * MIB as u64);
+    let bufs: Vec<_> = (0..4)
+        .map(|_| {
+            let mut b = rt.alloc_on_node(node, 32 * MIB).unwrap();
+            b.fill(3);
+            b
+        })
+        .collect();
+    let e = arena_err(rt.alloc_on_node(node, 32 * MIB).unwrap_err());
+    println!("{}", numapin::error::with_causes(&e));
+    assert!(
+        matches!(e, ArenaError::CgroupBudget { limit, .. } if limit == 128 * MIB as u64),
+        "{e}"
+    );
+    let usage = std::fs::read_to_string(std::path::Path::new(&procs).with_file_name(
+        if t.kind.file() == "memory.max" {
+            "memory.current"
+        } else {
+            "memory.usage_in_bytes"
+        },
+    ))
+    .unwrap();
+    let usage: u64 = usage.trim().parse().unwrap();
+    println!("cgroup usage with 128 MiB pinned: {usage} bytes");
+    assert!(
+        usage >= 128 * MIB as u64 && usage < 256 * MIB as u64,
+        "{usage}"
+    );
+    drop(bufs);
 }
 
 // ---- GPU tests: run with --ignored on a machine with a CUDA GPU. ----
@@ -620,6 +986,52 @@ fn gpu_async_round_trip() {
         .all(|s| s.bytes_in_use == 0 && s.deferred == 0));
 }
 
+/// The best host-to-device rate of 10 copies of `n` bytes from `src` into
+/// `dev` on `stream`, in GB/s (timed with CUDA events).
+fn h2d_gbps(
+    stream: &numapin::internals::cuda::Stream,
+    dev: &numapin::internals::cuda::DeviceBuffer,
+    src: *const std::ffi::c_void,
+    n: usize,
+) -> f64 {
+    use numapin::internals::cuda::{memcpy_htod_async, Event};
+    let (a, b) = (Event::new(true).unwrap(), Event::new(true).unwrap());
+    let mut best = f64::MAX;
+    for _ in 0..10 {
+        // SAFETY: `src` and `dev` hold n bytes and outlive the copy, which
+        // is waited for before the next one.
+        unsafe {
+            a.record(stream.raw()).unwrap();
+            memcpy_htod_async(dev.ptr(), src, n, stream.raw()).unwrap();
+            b.record(stream.raw()).unwrap();
+        }
+        b.synchronize().unwrap();
+        best = best.min(f64::from(b.elapsed_ms_since(&a).unwrap()));
+    }
+    n as f64 / (best / 1e3) / 1e9
+}
+
+/// H2D rates of 256 MiB from an arena buffer and from `cuMemAllocHost`
+/// memory, each the best of three interleaved rounds (to share any drift
+/// in clocks or link state): `(arena, driver)` in GB/s.
+fn arena_and_driver_h2d(rt: &Runtime, gpu: numapin::CudaOrdinal) -> (f64, f64) {
+    let n = 256 * MIB;
+    let stream = numapin::internals::cuda::Stream::new().unwrap();
+    let dev = numapin::internals::cuda::DeviceBuffer::new(n).unwrap();
+    let arena = rt.alloc_for_gpu(gpu, n).unwrap();
+    let host = numapin::internals::cuda::HostAlloc::new(n).unwrap();
+    let (mut arena_gbs, mut host_gbs) = (0.0f64, 0.0f64);
+    for _ in 0..3 {
+        arena_gbs = arena_gbs.max(h2d_gbps(&stream, &dev, arena.as_ptr().cast(), n));
+        host_gbs = host_gbs.max(h2d_gbps(&stream, &dev, host.ptr(), n));
+    }
+    eprintln!(
+        "H2D 256 MiB: arena {arena_gbs:.2} GB/s, cuMemAllocHost {host_gbs:.2} GB/s (node {})",
+        arena.node()
+    );
+    (arena_gbs, host_gbs)
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU: run with --ignored on a GPU machine"]
 fn gpu_h2d_bandwidth_matches_cuda_pinned_memory() {
@@ -627,44 +1039,92 @@ fn gpu_h2d_bandwidth_matches_cuda_pinned_memory() {
     let Some((rt, gpu)) = gpu_runtime() else {
         return;
     };
-    let n = 256 * MIB;
-    let stream = numapin::internals::cuda::Stream::new().unwrap();
-    let dev = numapin::internals::cuda::DeviceBuffer::new(n).unwrap();
-    let arena = rt.alloc_for_gpu(gpu, n).unwrap();
-    let host = numapin::internals::cuda::HostAlloc::new(n).unwrap();
-    let time = |src: *const std::ffi::c_void| -> f64 {
-        let (a, b) = (
-            numapin::internals::cuda::Event::new(true).unwrap(),
-            numapin::internals::cuda::Event::new(true).unwrap(),
-        );
-        let mut best = f64::MAX;
-        for _ in 0..10 {
-            // SAFETY: both buffers hold n bytes and outlive the copies,
-            // which are waited for before the next iteration.
-            unsafe {
-                a.record(stream.raw()).unwrap();
-                numapin::internals::cuda::memcpy_htod_async(dev.ptr(), src, n, stream.raw())
-                    .unwrap();
-                b.record(stream.raw()).unwrap();
-            }
-            b.synchronize().unwrap();
-            best = best.min(f64::from(b.elapsed_ms_since(&a).unwrap()));
-        }
-        n as f64 / (best / 1e3) / 1e9
-    };
-    // Interleave to share any drift in clocks or link state.
-    let (mut arena_gbs, mut host_gbs) = (0.0f64, 0.0f64);
-    for _ in 0..3 {
-        arena_gbs = arena_gbs.max(time(arena.as_ptr().cast()));
-        host_gbs = host_gbs.max(time(host.ptr()));
-    }
-    eprintln!(
-        "H2D 256 MiB: arena {arena_gbs:.2} GB/s, cuMemAllocHost {host_gbs:.2} GB/s (node {})",
-        arena.node()
-    );
+    let (arena_gbs, host_gbs) = arena_and_driver_h2d(&rt, gpu);
     assert!(
         arena_gbs >= 0.97 * host_gbs,
         "arena {arena_gbs:.2} GB/s vs cuMemAllocHost {host_gbs:.2} GB/s"
+    );
+}
+
+/// As user `nobody` with a 64 KiB memlock limit (Docker's default) on a
+/// GPU machine: regions are pinned by CUDA registration instead of mlock,
+/// stay on their node, and copy at the rate the privileged run (this
+/// process, same run) gets.
+#[test]
+#[ignore = "needs a CUDA GPU: run with --ignored on a GPU machine (as root: the child runs as nobody)"]
+fn gpu_registration_pins_regions_when_memlock_is_too_low() {
+    let _g = serial();
+    let Some((rt, gpu)) = gpu_runtime() else {
+        return;
+    };
+    let (privileged, _) = arena_and_driver_h2d(&rt, gpu);
+    drop(rt);
+    let rate = privileged.to_string();
+    run_as_nobody(
+        "child_gpu_registration_pinned",
+        &[("NUMAPIN_PRIVILEGED_GBS", &rate)],
+        64 << 10,
+    );
+}
+
+#[test]
+#[ignore = "runs in a child process as user nobody: started by gpu_registration_pins_regions_when_memlock_is_too_low"]
+fn child_gpu_registration_pinned() {
+    if !in_child_with_memlock("child_gpu_registration_pinned", 64 << 10) {
+        return;
+    }
+    let (rt, gpu) = gpu_runtime().expect("a GPU, as in the parent");
+    let (arena_gbs, host_gbs) = arena_and_driver_h2d(&rt, gpu);
+    let buf = rt.alloc_for_gpu(gpu, 64 * MIB).unwrap();
+    assert!(buf.is_registered());
+    let s = rt
+        .stats()
+        .into_iter()
+        .find(|s| s.node == buf.node())
+        .unwrap();
+    assert!(s.regions >= 1, "{s:?}");
+    assert_eq!(
+        (
+            s.regions_registration_pinned,
+            s.regions_mlocked,
+            s.bytes_locked
+        ),
+        (s.regions, 0, 0),
+        "{s:?}"
+    );
+    assert_eq!(s.bytes_registered, s.bytes_reserved, "{s:?}");
+    assert_eq!(locked_bytes(), 0, "nothing mlocked");
+    assert!(
+        s.method_notes
+            .iter()
+            .any(|n| n.contains("RLIMIT_MEMLOCK is 64 KiB")),
+        "{s:?}"
+    );
+    // The pages stayed where they were put, after the copies.
+    let mut elsewhere = 0usize;
+    // SAFETY: the buffer's memory stays mapped for the call.
+    unsafe {
+        numapin::internals::numa::page_nodes(buf.as_ptr(), buf.len(), 4096, |b| {
+            elsewhere += b.iter().filter(|&&n| n != buf.node() as i32).count();
+        })
+    }
+    .unwrap();
+    assert_eq!(elsewhere, 0, "pages left node {}", buf.node());
+    let privileged: f64 = std::env::var("NUMAPIN_PRIVILEGED_GBS")
+        .unwrap()
+        .parse()
+        .unwrap();
+    println!(
+        "registration-pinned arena {arena_gbs:.2} GB/s, cuMemAllocHost {host_gbs:.2} GB/s, privileged arena {privileged:.2} GB/s"
+    );
+    assert!(
+        arena_gbs >= 0.97 * host_gbs,
+        "arena {arena_gbs:.2} vs cuMemAllocHost {host_gbs:.2} GB/s"
+    );
+    // Another process, a little later: a looser bound than in-process.
+    assert!(
+        arena_gbs >= 0.95 * privileged,
+        "as nobody {arena_gbs:.2} GB/s vs privileged {privileged:.2} GB/s"
     );
 }
 

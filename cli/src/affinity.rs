@@ -1,7 +1,9 @@
 //! `numapin affinity`: print each local rank's binding.
 
 use numapin::affinity::launcher;
-use numapin::affinity::{plan, MemPolicy, Plan, PlanOptions, RankPlan};
+use numapin::affinity::{
+    plan, probe_memory_binding, Binding, MemPolicy, Plan, PlanOptions, RankPlan,
+};
 use numapin::internals::table::Table;
 use numapin::topology::Topology;
 use numapin::{CpuList, CudaOrdinal};
@@ -16,7 +18,7 @@ use numapin::topology::limits::{MAX_GPUS, MAX_RANKS};
 pub(crate) enum Format {
     /// Aligned columns for a person, warnings below.
     Table,
-    /// `{"mode":..,"ranks":[{"local_rank":0,"gpu":0,...}]}`.
+    /// `{"mode":..,"ranks":[{"local_rank":0,"gpu":0,...}],"memory_binding":{"applies":..}}`.
     Json,
     /// `export NUMAPIN_CPUS_<rank>=...` lines (and unsuffixed ones for a
     /// single rank).
@@ -147,7 +149,15 @@ pub(crate) fn run(a: &AffinityArgs) -> Result<i32> {
             }
         }
     }
-    output::print(&render(&t, &plan, a.format, policy))?;
+    // What `numapin exec` in this process would apply.
+    let mems: Vec<u32> = plan.ranks.iter().flat_map(|r| r.mems.clone()).collect();
+    let binding = probe_memory_binding(&mems);
+    if let (Binding::CpusOnly { reason }, Format::Shell | Format::Numactl | Format::Taskset) =
+        (&binding, a.format)
+    {
+        output::eprintln(&format!("numapin: warning: {reason}"));
+    }
+    output::print(&render(&t, &plan, a.format, policy, &binding))?;
     Ok(0)
 }
 
@@ -168,11 +178,22 @@ pub(crate) fn numactl_args(r: &RankPlan, policy: MemPolicy) -> Vec<String> {
 }
 
 /// The plan in one of the output formats.
-pub(crate) fn render(t: &Topology, plan: &Plan, format: Format, policy: MemPolicy) -> String {
+/// The plan in one of the output formats; `binding` is what `numapin exec`
+/// in this process would apply (JSON carries it as `memory_binding`, the
+/// table says when memory would not be bound).
+pub(crate) fn render(
+    t: &Topology,
+    plan: &Plan,
+    format: Format,
+    policy: MemPolicy,
+    binding: &Binding,
+) -> String {
     let mut out = String::new();
     match format {
         Format::Json => {
-            out.push_str(&serde_json::to_string_pretty(plan).expect("a plan always serializes"));
+            let mut v = serde_json::to_value(plan).expect("a plan always serializes");
+            v["memory_binding"] = serde_json::to_value(binding).expect("a binding serializes");
+            out.push_str(&serde_json::to_string_pretty(&v).expect("JSON values serialize"));
             out.push('\n');
         }
         Format::Table => {
@@ -197,6 +218,9 @@ pub(crate) fn render(t: &Topology, plan: &Plan, format: Format, policy: MemPolic
                 .iter()
                 .filter(|r| !r.warnings.is_empty())
                 .collect();
+            if let Binding::CpusOnly { reason } = binding {
+                out.push_str(&format!("\nCPUs only: {reason}\n"));
+            }
             if !warned.is_empty() {
                 out.push_str("\nWarnings:\n");
                 for r in warned {

@@ -4,14 +4,17 @@
 //! the binding is applied with `sched_setaffinity` and `set_mempolicy`, and
 //! `execvp` replaces numapin with the command, so its exit status and signals
 //! are the command's own. Every failure before that exits with code 2 and
-//! runs nothing.
+//! runs nothing. When `set_mempolicy` is refused (a seccomp profile such as
+//! Docker's default without CAP_SYS_NICE), the CPUs are bound alone with a
+//! warning on standard error, or, with `--strict`, that is a failure too.
 
 use std::ffi::OsString;
 
 use crate::affinity::numactl_args;
 use crate::TopoSource;
 use numapin::affinity::{
-    bind_current_process, launcher, plan, plan_node, MemPolicy, Mode, PlanOptions, RankPlan,
+    bind_current_process, launcher, plan, plan_node, probe_memory_binding, Binding, MemPolicy,
+    Mode, PlanOptions, RankPlan,
 };
 use numapin::internals as apply;
 use numapin::CudaOrdinal;
@@ -58,6 +61,11 @@ pub(crate) struct ExecArgs {
     /// Print the binding as JSON and exit without binding or running.
     #[arg(long)]
     pub(crate) dry_run: bool,
+    /// Fail (exit 2, running nothing) when the memory policy cannot be set
+    /// (`set_mempolicy` refused by a seccomp profile), instead of binding
+    /// the CPUs only with a warning.
+    #[arg(long)]
+    pub(crate) strict: bool,
     /// The command and its arguments.
     #[arg(
         required = true,
@@ -177,6 +185,7 @@ fn exec(a: &ExecArgs) -> Result<i32> {
             "binding": r,
             "chosen_by": why,
             "mempolicy": policy.as_str(),
+            "memory_binding": probe_memory_binding(&r.mems),
             "command": a.command.iter().map(|c| c.to_string_lossy()).collect::<Vec<_>>(),
         });
         // Output that cannot be written is a failure of its own (exit 1),
@@ -194,7 +203,16 @@ fn exec(a: &ExecArgs) -> Result<i32> {
             numactl_args(&r, policy).join(" ")
         ));
     }
-    bind_current_process(&r, policy)?;
+    if let Binding::CpusOnly { reason } = bind_current_process(&r, policy)? {
+        if a.strict {
+            return Err(CliError::system(
+                "--strict asks for the memory binding, and it cannot be applied",
+                "give the container CAP_SYS_NICE (`docker run --cap-add SYS_NICE`; Kubernetes securityContext.capabilities.add: [\"SYS_NICE\"]) or a seccomp profile that allows set_mempolicy; or drop --strict to bind the CPUs only",
+                reason,
+            ));
+        }
+        output::eprintln(&format!("numapin: warning: {reason}"));
+    }
     let mut env: Vec<(OsString, OsString)> = std::env::vars_os()
         .filter(|(k, _)| !(a.threads_env && k == "OMP_NUM_THREADS"))
         .collect();

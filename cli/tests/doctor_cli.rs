@@ -16,6 +16,7 @@ use serde_json::Value;
 /// docs/doctor.md lists, in report order.
 const NAMES: &[&str] = &[
     "memlock",
+    "cgroup_memory",
     "cuda_driver",
     "gpu_visible",
     "pcie_link",
@@ -23,6 +24,8 @@ const NAMES: &[&str] = &[
     "gpu_cpus_allowed",
     "gpu_memory_allowed",
     "memory_policy",
+    "numa_syscalls",
+    "container",
     "transparent_hugepages",
     "numa_balancing",
     "iommu",
@@ -33,8 +36,11 @@ const NAMES: &[&str] = &[
 /// machine (docs/doctor.md).
 const LIVE_CHECKS: &[&str] = &[
     "memlock",
+    "cgroup_memory",
     "cuda_driver",
     "memory_policy",
+    "numa_syscalls",
+    "container",
     "transparent_hugepages",
     "numa_balancing",
     "iommu",
@@ -225,18 +231,7 @@ fn unprivileged_user_below_the_memlock_need_fails_with_the_fix() {
         // SAFETY: only system calls (setrlimit, setgroups, setgid, setuid)
         // run between fork and exec.
         unsafe {
-            c.pre_exec(|| {
-                let limit = 8 << 20;
-                nix::sys::resource::setrlimit(
-                    nix::sys::resource::Resource::RLIMIT_MEMLOCK,
-                    limit,
-                    limit,
-                )?;
-                nix::unistd::setgroups(&[])?;
-                nix::unistd::setgid(nix::unistd::Gid::from_raw(65534))?;
-                nix::unistd::setuid(nix::unistd::Uid::from_raw(65534))?;
-                Ok(())
-            });
+            c.pre_exec(common::as_nobody(8 << 20));
         }
         run(c)
     };
@@ -306,7 +301,10 @@ fn a_vm_without_gpu_locality_gets_the_locality_warning() {
     let out = String::from_utf8_lossy(&text_out.stdout);
     assert!(out.contains("WARN  gpu_locality (GPU 0)"), "{out}");
     assert!(out.contains("a saved machine"), "{out}");
-    assert!(out.contains("not run: memlock, cuda_driver"), "{out}");
+    assert!(
+        out.contains("not run: memlock, cgroup_memory, cuda_driver"),
+        "{out}"
+    );
 }
 
 #[test]

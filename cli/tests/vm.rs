@@ -10,6 +10,8 @@
 //! `NUMAPIN_VM_REQUIRED=1` to make that a failure).
 #![allow(clippy::unwrap_used)] // tests and examples fail loudly
 
+#[path = "../../tests/common/mod.rs"]
+mod common;
 #[path = "vm/support.rs"]
 mod support;
 
@@ -36,6 +38,9 @@ fn four_node_script() -> String {
         guest_step("guest-affinity", "guest::setaffinity_moves_the_thread_to_node_2"),
         // numapin's arenas: a region on every node, pages checked by the kernel
         guest_step("guest-arena", "guest::arena_regions_land_on_every_node"),
+        // ... and under a seccomp filter refusing the NUMA calls (Docker's
+        // default profile): first touch on nodes 2 and 3, numa_maps checks
+        guest_step("guest-filtered-arena", "guest::arena_under_a_seccomp_filter"),
         // numapin exec for the accelerator on node 3 (CUDA order = PCI order
         // without a driver: ordinal 1), and for local rank 0 (node 2)
         format!("step exec-gpu1 numapin exec --no-cuda --accelerator-pci-id {acc} --gpu 1 -- sh -c 'grep Cpus_allowed_list /proc/self/status; grep -c bind:3 /proc/self/numa_maps'"),
@@ -306,6 +311,15 @@ fn arena_regions_land_on_every_node() {
 }
 
 #[test]
+fn arena_regions_under_a_seccomp_filter_are_placed_by_first_touch() {
+    let Some(boot) = four_nodes() else { return };
+    boot.guest_test_passed(
+        "guest-filtered-arena",
+        "guest::arena_under_a_seccomp_filter",
+    );
+}
+
+#[test]
 fn exec_binds_cpus_and_memory_to_the_accelerators_node() {
     let Some(boot) = four_nodes() else { return };
     let t = topology(boot, "topo-json");
@@ -548,6 +562,141 @@ mod guest {
                 st.budget
             );
         }
+    }
+
+    /// Under a seccomp filter refusing the NUMA calls, run in a child (this
+    /// binary again, the filter installed before exec).
+    #[test]
+    #[ignore = "runs inside the emulated machine; `cargo test --test vm` boots it"]
+    fn arena_under_a_seccomp_filter() {
+        if !in_guest() {
+            return;
+        }
+        let prog = crate::common::seccomp::docker_default();
+        let out = crate::common::run_child("guest::filtered_arena_child", &[], move || {
+            crate::common::seccomp::install(&prog)
+        })
+        .expect("the child starts");
+        crate::common::assert_child_passed(&out);
+    }
+
+    /// The child of [`arena_under_a_seccomp_filter`]: regions on nodes 2
+    /// and 3 are placed by first touch from each node's CPU and verified
+    /// through numa_maps; a region for a node whose CPUs the populate
+    /// threads may not use lands elsewhere and the Placement rule judges
+    /// it; a memory cgroup's cap holds over all nodes together.
+    #[test]
+    #[ignore = "runs inside the emulated machine, in a child under a seccomp filter"]
+    fn filtered_arena_child() {
+        use numapin::internals::numa_maps::{read_self, AllOn};
+        use numapin::internals::{Region, RegionOptions};
+        use numapin::runtime::{ArenaError, Placement, Runtime, RuntimeConfig};
+        use numapin::topology::{CudaMode, PciId, ProbeOptions, Topology};
+        if !in_guest() || !crate::common::in_child("guest::filtered_arena_child") {
+            return;
+        }
+        assert_eq!(
+            numapin::internals::sys::proc_status_field("Seccomp").as_deref(),
+            Some("2")
+        );
+        let opts = ProbeOptions::default()
+            .with_cuda(CudaMode::Off)
+            .with_accelerator_ids(vec![PciId::parse("1b36:0005").unwrap()]);
+        let t = Topology::probe(&opts).unwrap();
+        let cfg = RuntimeConfig::default().with_region_bytes(16 << 20);
+        let rt = Runtime::new(t.clone(), cfg.clone()).unwrap();
+        const BUF: usize = 8 << 20;
+        for node in [2u32, 3] {
+            let mut b = rt.alloc_on_node(node, BUF).unwrap();
+            b.fill(5);
+            let s = rt.stats().into_iter().find(|s| s.node == node).unwrap();
+            assert_eq!(
+                (
+                    s.regions,
+                    s.regions_first_touch,
+                    s.regions_verified_numa_maps
+                ),
+                (1, 1, 1),
+                "node {node}: {s:?}"
+            );
+            assert_eq!(
+                (s.pages_on_node, s.pages_off_node),
+                (4096, 0),
+                "node {node}: {s:?}"
+            );
+            assert_eq!(
+                s.method_notes,
+                [format!(
+                    "mbind refused (EPERM): touched first from CPUs {node}"
+                )]
+            );
+            // numa_maps over the buffer alone says the same.
+            let start = b.as_ptr() as u64;
+            let p = read_self(start..start + BUF as u64, 3).unwrap();
+            assert_eq!(p.all_on(node), AllOn::Yes, "node {node}: {p:?}");
+            println!(
+                "node {node}: {}; {} pages on the node",
+                s.methods(),
+                s.pages_on_node
+            );
+        }
+        drop(rt);
+
+        // Node 2 with no CPU to touch from: the populate threads run where
+        // this thread does (CPU 0), the pages land on node 0, and the
+        // Placement rule decides.
+        numapin::affinity::bind_current_thread(&CpuList::from_iter_unsorted([0])).unwrap();
+        let o = RegionOptions {
+            node: 2,
+            size: 4 << 20,
+            cpus: CpuList::new(),
+            populate_threads: 1,
+            register: false,
+            placement: Placement::Strict,
+            pin_by_registration: None,
+            fail_after: None,
+        };
+        let e = Region::create(&o).unwrap_err();
+        let msg = numapin::error::with_causes(&e);
+        assert!(
+            matches!(&e, ArenaError::Placement { on_node: 0, elsewhere, .. } if elsewhere == &[(0, 1024)]),
+            "{msg}"
+        );
+        assert!(
+            msg.contains("node 2 has no CPU this process may use"),
+            "{msg}"
+        );
+        assert!(e.fix().unwrap().contains("SYS_NICE"));
+        let r = Region::create(&RegionOptions {
+            placement: Placement::Warn,
+            ..o
+        })
+        .unwrap();
+        let c = r.count_pages().unwrap();
+        assert_eq!((c.on(2), c.on(0)), (0, 1024), "{c:?}");
+        drop(r);
+        println!("node 2 without CPUs: {msg}");
+
+        // A memory cgroup limit of 64 MiB: 32 MiB pinned over all nodes.
+        let root = crate::common::cgroup_v2_root(64 << 20);
+        let mut cfg = cfg;
+        numapin::internals::cgroup_root(&mut cfg, Some(root.path().to_path_buf()));
+        let rt = Runtime::new(t, cfg).unwrap();
+        let a = rt.alloc_on_node(2, 16 << 20).unwrap();
+        let b = rt.alloc_on_node(3, 16 << 20).unwrap();
+        match rt.alloc_on_node(1, 2 << 20) {
+            Err(ArenaError::CgroupBudget { limit, in_use, .. }) => {
+                assert_eq!((limit, in_use), (32 << 20, 32 << 20));
+            }
+            other => panic!(
+                "expected the cgroup budget error, got {:?}",
+                other.map(|b| b.len())
+            ),
+        }
+        drop(a);
+        assert_eq!(rt.trim(), 16 << 20);
+        drop(rt.alloc_on_node(1, 2 << 20).unwrap());
+        drop(b);
     }
 
     #[test]

@@ -550,7 +550,7 @@ fn bind(
             Some(p) => Topology::load(p, &opts)?,
             None => Topology::probe(&opts)?,
         };
-        let (plan, why) = match node {
+        let (mut plan, why) = match node {
             Some(n) => (
                 affinity::plan_node(&topo, n)?,
                 format!("NUMA node {n} (chosen)"),
@@ -565,7 +565,15 @@ fn bind(
         // A saved machine is described, not bound.
         if input.is_none() {
             match memory {
-                Some(policy) => affinity::bind_current_process(&plan, policy)?,
+                Some(policy) => {
+                    // Refused by a seccomp profile: the CPUs are bound, and
+                    // the plan says memory follows first touch.
+                    if let affinity::Binding::CpusOnly { reason } =
+                        affinity::bind_current_process(&plan, policy)?
+                    {
+                        plan.warnings.push(reason);
+                    }
+                }
                 None => affinity::bind_current_process_cpus(&plan)?,
             }
         }

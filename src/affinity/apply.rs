@@ -38,6 +38,51 @@ impl MemPolicy {
     }
 }
 
+/// What [`bind_current_process`] applied (or, from
+/// [`probe_memory_binding`], would apply).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(tag = "applies", rename_all = "snake_case")]
+#[must_use]
+pub enum Binding {
+    /// The CPUs and the memory policy.
+    CpusAndMemory,
+    /// The CPUs only: `set_mempolicy` is refused (a seccomp profile such as
+    /// Docker's default without CAP_SYS_NICE, or no NUMA support), so
+    /// memory comes from the node of the CPU that first touches it, and
+    /// from other nodes when that one is full.
+    CpusOnly {
+        /// Why, in a sentence for people (the refusal, what follows).
+        reason: String,
+    },
+}
+
+impl Binding {
+    fn refused(errno: &str, nodes: &[u32]) -> Binding {
+        let list = nodes
+            .iter()
+            .map(u32::to_string)
+            .collect::<Vec<_>>()
+            .join(",");
+        Binding::CpusOnly {
+            reason: format!(
+                "set_mempolicy was refused ({errno}; a seccomp profile without CAP_SYS_NICE, such as Docker's default?): the CPUs are bound but memory is not; it comes from the node of the CPU that first touches it (node {list} for the bound CPUs) and from other nodes when that is full"
+            ),
+        }
+    }
+}
+
+/// What binding a plan over `nodes` would get in this process: whether
+/// `set_mempolicy` is allowed, probed in a thread of its own (which changes
+/// nothing of this thread's).
+pub fn probe_memory_binding(nodes: &[u32]) -> Binding {
+    use crate::platform::probe::{probe_set_mempolicy, CallState};
+    match probe_set_mempolicy() {
+        CallState::Refused(errno) if !nodes.is_empty() => Binding::refused(&errno, nodes),
+        CallState::Unsupported if !nodes.is_empty() => Binding::refused("ENOSYS", nodes),
+        _ => Binding::CpusAndMemory,
+    }
+}
+
 fn affinity_error(who: &str, cpus: &CpuList, source: std::io::Error) -> Error {
     Error::System {
         what: format!("binding {who} to CPUs {cpus}: sched_setaffinity failed"),
@@ -59,9 +104,20 @@ pub fn bind_current_thread(cpus: &CpuList) -> Result<()> {
 /// plan's nodes. Threads started afterwards by the calling thread inherit
 /// both; a memory policy cannot be set for other, already running threads
 /// (Linux keeps it per thread), so call this early, before starting workers.
-pub fn bind_current_process(plan: &RankPlan, policy: MemPolicy) -> Result<()> {
+///
+/// When `set_mempolicy` is refused (`EPERM`, `EACCES`, `ENOSYS`: Docker's
+/// default seccomp profile without CAP_SYS_NICE) the CPUs stay bound and
+/// the result is [`Binding::CpusOnly`], saying so; treat that as an error
+/// where memory placement is required. Other failures are errors.
+pub fn bind_current_process(plan: &RankPlan, policy: MemPolicy) -> Result<Binding> {
     bind_current_process_cpus(plan)?;
-    set_mempolicy(policy, &plan.mems)
+    match set_mempolicy(policy, &plan.mems) {
+        Ok(()) => Ok(Binding::CpusAndMemory),
+        Err(Error::System { source, .. }) if crate::platform::numa::is_refusal(&source) => Ok(
+            Binding::refused(&crate::platform::numa::errno_name(&source), &plan.mems),
+        ),
+        Err(e) => Err(e),
+    }
 }
 
 /// The CPU half of [`bind_current_process`]: every thread whose CPU set is

@@ -19,7 +19,7 @@ mod rank;
 
 pub use apply::{
     bind_current_process, bind_current_process_cpus, bind_current_thread, get_mempolicy,
-    set_mempolicy, MemPolicy,
+    probe_memory_binding, set_mempolicy, Binding, MemPolicy,
 };
 pub use error::AffinityError;
 pub use launcher::{local_rank, LocalRank};

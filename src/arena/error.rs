@@ -75,8 +75,23 @@ pub enum ArenaError {
         #[source]
         source: CudaError,
     },
+    /// Pinned bytes over every node would exceed the share of the
+    /// process's memory cgroup limit that the default budget allows.
+    #[error("node {node}: {} requested with {} already pinned over all nodes would exceed {}, the pinned-memory budget under the memory cgroup limit ({cgroup})", fmt_bytes(*requested), fmt_bytes(*in_use), fmt_bytes(*limit))]
+    CgroupBudget {
+        /// The node asked for.
+        node: u32,
+        /// Bytes asked for.
+        requested: u64,
+        /// Bytes pinned over all nodes of the runtime.
+        in_use: u64,
+        /// The shared budget.
+        limit: u64,
+        /// Where the limit comes from (the cgroup file and the fraction).
+        cgroup: String,
+    },
     /// Pages of a new region are not on its node.
-    #[error("node {node}: {} of {pages} pages of a new {} region are not on the node ({}{} not present); the region was given back", pages - on_node, fmt_bytes(*size), fmt_elsewhere(elsewhere), if fmt_elsewhere(elsewhere).is_empty() { format!("{missing}") } else { format!(", {missing}") })]
+    #[error("node {node}: {} of {pages} pages of a new {} region are not on the node ({}{} not present); the region ({how}) was given back", pages - on_node, fmt_bytes(*size), fmt_elsewhere(elsewhere), if fmt_elsewhere(elsewhere).is_empty() { format!("{missing}") } else { format!(", {missing}") })]
     Placement {
         /// The node.
         node: u32,
@@ -90,6 +105,9 @@ pub enum ArenaError {
         elsewhere: Vec<(u32, u64)>,
         /// Pages not present.
         missing: u64,
+        /// How the region was placed, pinned and verified, and why (for
+        /// a region placed by first touch, the CPUs it was touched from).
+        how: String,
     },
     /// A system call failed while making a region.
     #[error("node {node}: making a {} region failed at {step:?}", fmt_bytes(*size))]
@@ -163,7 +181,9 @@ impl ArenaError {
     /// What kind of failure this is.
     pub fn kind(&self) -> ErrorKind {
         match self {
-            ArenaError::BudgetExceeded { .. } => ErrorKind::Budget,
+            ArenaError::BudgetExceeded { .. } | ArenaError::CgroupBudget { .. } => {
+                ErrorKind::Budget
+            }
             ArenaError::Memlock { .. } => ErrorKind::Permission,
             ArenaError::NoMemory {
                 source: Some(e), ..
@@ -183,6 +203,8 @@ impl ArenaError {
             ArenaError::Memlock { .. } => "raise the memlock limit of the process: `ulimit -l unlimited` in the shell that starts it (or `memlock` in /etc/security/limits.conf), `LimitMEMLOCK=infinity` in its systemd unit, `docker run --ulimit memlock=-1` for a container; or run with CAP_IPC_LOCK".into(),
             ArenaError::NoMemory { .. } => "use a node that has memory and is in this process's allowed memory nodes (`numapin topo`; cpuset.mems of the cgroup, `numactl --membind`)".into(),
             ArenaError::Register { .. } => "check the driver with `nvidia-smi`; CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED means other code registered this memory; CUDA_ERROR_OUT_OF_MEMORY or CUDA_ERROR_NOT_PERMITTED, lower the arena budget or run with RuntimeConfig::register off".into(),
+            ArenaError::CgroupBudget { .. } => "raise the memory limit of the container or cgroup (`docker run --memory`, Kubernetes resources.limits.memory): by default numapin pins at most budget_fraction of it over all nodes, since pinned pages count against it and the OOM killer ends the process above it; or free buffers (Runtime::trim), or set RuntimeConfig::budget_bytes (the cgroup cap is then not applied)".into(),
+            ArenaError::Placement { how, .. } if how.contains("first touch") => "first touch put the pages elsewhere: the node's CPUs this process may use (cpuset) must exist and the memory policy must be the default (no `numactl --membind` around the container), and the node needs free memory (`numastat -m`); to bind with mbind instead, allow it (`docker run --cap-add SYS_NICE`, Kubernetes securityContext.capabilities.add [\"SYS_NICE\"]); RuntimeConfig::placement = Warn keeps such regions".into(),
             ArenaError::Placement { .. } => "the node is short of free memory or the kernel moved pages (check `numastat -m`, free memory on the node, or lower the budget); RuntimeConfig::placement = Warn keeps such regions".into(),
             ArenaError::System { .. } => "check free memory on the node (`numastat -m`) and the process's limits (`ulimit -a`)".into(),
             ArenaError::UnknownNode { .. } => "pick one of the listed nodes (`numapin topo`)".into(),

@@ -66,6 +66,164 @@ pub enum Placement {
     Warn,
 }
 
+/// How a region's pages were put on its node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PlacedBy {
+    /// `mbind(MPOL_BIND)` to the node, then touched.
+    Mbind,
+    /// `mbind` was refused (a seccomp profile, no NUMA support): touched
+    /// first by threads bound to the node's CPUs, so that the default
+    /// policy allocated the pages there.
+    FirstTouch,
+}
+
+/// What keeps a region's pages resident.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PinnedBy {
+    /// `mlock`.
+    Mlock,
+    /// CUDA registration alone: RLIMIT_MEMLOCK was too low for `mlock`,
+    /// and `cuMemHostRegister` pins the pages without that limit.
+    Registration,
+}
+
+/// How a region's placement was checked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum VerifiedBy {
+    /// `move_pages` with a null node list, page by page.
+    MovePages,
+    /// `move_pages` was refused: per-node page counts of the region's own
+    /// VMAs from `/proc/self/numa_maps` (as exact).
+    NumaMaps,
+}
+
+impl PlacedBy {
+    /// `mbind`, `first_touch`: the name in `numapin bench` parameters.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            PlacedBy::Mbind => "mbind",
+            PlacedBy::FirstTouch => "first_touch",
+        }
+    }
+}
+
+impl PinnedBy {
+    /// `mlock`, `registration`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            PinnedBy::Mlock => "mlock",
+            PinnedBy::Registration => "registration",
+        }
+    }
+}
+
+impl VerifiedBy {
+    /// `move_pages`, `numa_maps`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            VerifiedBy::MovePages => "move_pages",
+            VerifiedBy::NumaMaps => "numa_maps",
+        }
+    }
+}
+
+/// How one region was placed, pinned and verified.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+pub struct RegionMethods {
+    /// Placement.
+    pub placed: PlacedBy,
+    /// What keeps the pages resident.
+    pub pinned: PinnedBy,
+    /// How placement was checked.
+    pub verified: VerifiedBy,
+}
+
+impl std::fmt::Display for RegionMethods {
+    /// `placed by first touch, pinned by CUDA registration, verified
+    /// through numa_maps`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let placed = match self.placed {
+            PlacedBy::Mbind => "bound (mbind MPOL_BIND)",
+            PlacedBy::FirstTouch => "placed by first touch",
+        };
+        let pinned = match self.pinned {
+            PinnedBy::Mlock => "locked (mlock)",
+            PinnedBy::Registration => "pinned by CUDA registration (no mlock)",
+        };
+        let verified = match self.verified {
+            VerifiedBy::MovePages => "verified with move_pages",
+            VerifiedBy::NumaMaps => "verified through /proc/self/numa_maps",
+        };
+        write!(f, "{placed}, {pinned}, {verified}")
+    }
+}
+
+/// A budget of pinned bytes shared by every node of a runtime: the share of
+/// the process's memory cgroup limit that may be pinned (pinned pages are
+/// charged to the cgroup whatever their node, and above `memory.max` the
+/// OOM killer ends the process).
+#[derive(Debug)]
+pub struct SharedBudget {
+    limit: u64,
+    used: AtomicU64,
+    source: String,
+}
+
+impl SharedBudget {
+    /// A budget of `limit` bytes; `source` says where it comes from (for
+    /// messages: `half of memory.max = 2 GiB (sys/fs/cgroup/memory.max)`).
+    pub fn new(limit: u64, source: String) -> SharedBudget {
+        SharedBudget {
+            limit,
+            used: AtomicU64::new(0),
+            source,
+        }
+    }
+
+    /// The limit in bytes.
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    /// Bytes charged now.
+    pub fn used(&self) -> u64 {
+        self.used.load(Ordering::SeqCst)
+    }
+
+    /// Where the limit comes from.
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    /// Charges `bytes` if they fit; whether they did.
+    fn try_reserve(&self, bytes: u64) -> bool {
+        self.used
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |u| {
+                u.checked_add(bytes).filter(|&n| n <= self.limit)
+            })
+            .is_ok()
+    }
+
+    /// The error for `requested` bytes on `node` that do not fit.
+    fn exceeded(&self, node: u32, requested: u64) -> ArenaError {
+        ArenaError::CgroupBudget {
+            node,
+            requested,
+            in_use: self.used(),
+            limit: self.limit,
+            cgroup: self.source.clone(),
+        }
+    }
+
+    /// Gives back `bytes` charged before.
+    fn release(&self, bytes: u64) {
+        self.used.fetch_sub(bytes, Ordering::SeqCst);
+    }
+}
+
 /// Formats a byte count for people: `64 MiB`, `1.5 GiB`, `4096 bytes`.
 pub fn fmt_bytes(b: u64) -> String {
     const UNITS: [(u64, &str); 4] = [
@@ -99,7 +257,8 @@ pub struct NodeStats {
     pub regions: u64,
     /// Bytes in regions (mapped for the arena).
     pub bytes_reserved: u64,
-    /// Bytes locked (mlock).
+    /// Bytes locked (mlock); regions pinned by CUDA registration alone are
+    /// not counted here (see `regions_registration_pinned`).
     pub bytes_locked: u64,
     /// Bytes registered with CUDA.
     pub bytes_registered: u64,
@@ -133,6 +292,69 @@ pub struct NodeStats {
     pub pages_off_node: u64,
     /// `"registered"`, `"skipped: <why>"`, or `"none"` before any region.
     pub registration: String,
+    /// Of the current regions, those bound with `mbind(MPOL_BIND)`.
+    pub regions_bound: u64,
+    /// Of the current regions, those placed by first touch (`mbind` was
+    /// refused).
+    pub regions_first_touch: u64,
+    /// Of the current regions, those locked with `mlock`.
+    pub regions_mlocked: u64,
+    /// Of the current regions, those pinned by CUDA registration alone
+    /// (RLIMIT_MEMLOCK too low for `mlock`).
+    pub regions_registration_pinned: u64,
+    /// Of the current regions, those whose placement `move_pages` checked.
+    pub regions_verified_move_pages: u64,
+    /// Of the current regions, those whose placement was checked through
+    /// `/proc/self/numa_maps` (`move_pages` was refused).
+    pub regions_verified_numa_maps: u64,
+    /// Why methods other than the usual ones were used, for the latest
+    /// region (`mbind refused (EPERM): placed by first touch from CPUs
+    /// 0-3`); empty before any region or when none was needed.
+    pub method_notes: Vec<String>,
+}
+
+impl NodeStats {
+    /// How the current regions were placed, pinned and verified, in words:
+    /// `placed by first touch, pinned by CUDA registration (no mlock),
+    /// verified through /proc/self/numa_maps`, or with counts when regions
+    /// differ; `no region` before any.
+    pub fn methods(&self) -> String {
+        if self.regions == 0 {
+            return "no region".into();
+        }
+        let part = |pairs: [(u64, &str); 2]| -> String {
+            let used: Vec<_> = pairs.iter().filter(|(n, _)| *n > 0).collect();
+            match used.as_slice() {
+                [(_, one)] => one.to_string(),
+                _ => used
+                    .iter()
+                    .map(|(n, w)| format!("{n} {w}"))
+                    .collect::<Vec<_>>()
+                    .join(" + "),
+            }
+        };
+        format!(
+            "{}, {}, {}",
+            part([
+                (self.regions_bound, "bound (mbind MPOL_BIND)"),
+                (self.regions_first_touch, "placed by first touch"),
+            ]),
+            part([
+                (self.regions_mlocked, "locked (mlock)"),
+                (
+                    self.regions_registration_pinned,
+                    "pinned by CUDA registration (no mlock)"
+                ),
+            ]),
+            part([
+                (self.regions_verified_move_pages, "verified with move_pages"),
+                (
+                    self.regions_verified_numa_maps,
+                    "verified through /proc/self/numa_maps"
+                ),
+            ]),
+        )
+    }
 }
 
 /// How one node's arena behaves.
@@ -154,6 +376,9 @@ pub struct ArenaConfig {
     pub placement: Placement,
     /// Whether RLIMIT_MEMLOCK applies (false with CAP_IPC_LOCK).
     pub memlock_applies: bool,
+    /// A budget over every node of the runtime (the memory cgroup's
+    /// limit), charged by each region as well as the node's own budget.
+    pub shared: Option<Arc<SharedBudget>>,
     /// Bounds of each thread's cache of freed blocks.
     pub cache: CacheLimits,
     /// Test hook: fail region creation right after this step.
@@ -197,6 +422,7 @@ struct State {
     /// loop that pins one large tensor after another reuses it instead of
     /// making a region each time); any other goes back when emptied.
     kept_dedicated: Option<u32>,
+    notes: Vec<String>,
 }
 
 /// Keeps a value on cache lines of its own, so that writes to it do not
@@ -278,6 +504,7 @@ impl NodeArena {
                 counters: Counters::default(),
                 registration: None,
                 kept_dedicated: None,
+                notes: Vec::new(),
             })),
             shelves: Padded(Mutex::new(Vec::new())),
             slow: Padded(Slow {
@@ -394,6 +621,15 @@ impl NodeArena {
                 size = fitted;
             }
             if reserved + size > self.cfg.budget {
+                // A budget the memory cgroup set says so, with its fix.
+                if let Some(shared) = self
+                    .cfg
+                    .shared
+                    .as_ref()
+                    .filter(|s| s.limit() == self.cfg.budget)
+                {
+                    return Err(shared.exceeded(self.node, bytes as u64));
+                }
                 return Err(ArenaError::BudgetExceeded {
                     node: self.node,
                     requested: bytes as u64,
@@ -402,31 +638,69 @@ impl NodeArena {
                 });
             }
         }
+        let mut pin_by_registration = None;
         if self.cfg.memlock_applies {
             let soft = crate::platform::sys::memlock_limit().map_or(0, |(s, _)| s);
-            let room = soft.saturating_sub(crate::platform::sys::locked_bytes());
+            let locked = crate::platform::sys::locked_bytes();
+            let room = soft.saturating_sub(locked);
             if size > room && fitted <= room {
                 size = fitted;
             }
             if size > room {
-                return Err(ArenaError::lock_failed(self.node, size, None));
+                // Without CUDA registration nothing else would pin the
+                // pages: then the limit is an error, as before.
+                if !(self.cfg.register && crate::platform::cuda::driver_version().is_ok()) {
+                    return Err(ArenaError::lock_failed(self.node, size, None));
+                }
+                pin_by_registration = Some(format!(
+                    "RLIMIT_MEMLOCK is {} with {} locked, too low for {}",
+                    fmt_bytes(soft),
+                    fmt_bytes(locked),
+                    fmt_bytes(size)
+                ));
             }
         }
-        let region = Region::create(&RegionOptions {
+        if let Some(shared) = &self.cfg.shared {
+            if !shared.try_reserve(size) {
+                // Empty regions of this node make room (other nodes keep
+                // theirs until their own trim).
+                self.trim();
+                if size > fitted && shared.try_reserve(fitted) {
+                    size = fitted;
+                } else if !shared.try_reserve(size) {
+                    return Err(shared.exceeded(self.node, bytes as u64));
+                }
+            }
+        }
+        let created = Region::create(&RegionOptions {
             node: self.node,
             size: size as usize,
             cpus: self.cfg.cpus.clone(),
             populate_threads: self.cfg.populate_threads,
             register: self.cfg.register,
             placement: self.cfg.placement,
+            pin_by_registration,
             fail_after: self.cfg.fail_after,
-        })?;
+        });
+        let mut region = match created {
+            Ok(r) => r,
+            Err(e) => {
+                if let Some(shared) = &self.cfg.shared {
+                    shared.release(size);
+                }
+                return Err(e);
+            }
+        };
+        if let Some(shared) = &self.cfg.shared {
+            region.charge(shared.clone(), size);
+        }
         let mut st = lock(&self.state);
         let id = st.tlsf.add_region(region.len() as u64);
         if st.slots.len() <= id as usize {
             st.slots.resize_with(id as usize + 1, || None);
         }
         st.registration = Some(region.registration().clone());
+        st.notes = region.notes().to_vec();
         st.slots[id as usize] = Some(Slot { region, dedicated });
         Ok(self
             .try_alloc(&mut st, bytes)
@@ -612,12 +886,28 @@ impl NodeArena {
                 Some(Registration::Registered) => "registered".into(),
                 Some(Registration::Skipped(why)) => format!("skipped: {why}"),
             },
+            method_notes: st.notes.clone(),
             ..NodeStats::default()
         };
         for slot in regions {
             let r = &slot.region;
             s.regions += 1;
-            s.bytes_locked += r.len() as u64;
+            let m = r.methods();
+            match m.placed {
+                PlacedBy::Mbind => s.regions_bound += 1,
+                PlacedBy::FirstTouch => s.regions_first_touch += 1,
+            }
+            match m.pinned {
+                PinnedBy::Mlock => {
+                    s.regions_mlocked += 1;
+                    s.bytes_locked += r.len() as u64;
+                }
+                PinnedBy::Registration => s.regions_registration_pinned += 1,
+            }
+            match m.verified {
+                VerifiedBy::MovePages => s.regions_verified_move_pages += 1,
+                VerifiedBy::NumaMaps => s.regions_verified_numa_maps += 1,
+            }
             if r.registered() {
                 s.bytes_registered += r.len() as u64;
             }

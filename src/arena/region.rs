@@ -4,31 +4,47 @@
 //! [`Region::create`] runs the steps in order, each checked:
 //!
 //! 1. `mmap` anonymous private memory (2 MiB-aligned, size a multiple of
-//!    2 MiB);
+//!    2 MiB), with a `PROT_NONE` guard page on each side so that the kernel
+//!    never merges it with a neighbouring mapping (which would make its
+//!    `numa_maps` counts inexact);
 //! 2. `madvise(MADV_HUGEPAGE)` when transparent huge pages are in `always`
 //!    or `madvise` mode, and `madvise(MADV_DONTFORK)` always, so a forked
 //!    child never shares pages a device may be reading;
-//! 3. `mbind(MPOL_BIND, {node}, MPOL_MF_STRICT)`;
+//! 3. `mbind(MPOL_BIND, {node}, MPOL_MF_STRICT)`. When the call is refused
+//!    (`EPERM`/`EACCES` from a seccomp profile such as Docker's default
+//!    without CAP_SYS_NICE, or `ENOSYS`), the region is placed by *first
+//!    touch* instead: see step 4;
 //! 4. populate: every page is touched by a few threads bound to the node's
-//!    CPUs (so the kernel zeroes it on the node's own cores), then `mlock`;
+//!    CPUs (so the kernel zeroes it on the node's own cores; with first
+//!    touch, so the default policy allocates it there: binding must then
+//!    succeed, and a node without CPUs this process may use cannot be
+//!    placed that way, which the check of step 6 judges), then `mlock`.
+//!    When the caller found RLIMIT_MEMLOCK too low, or `mlock` fails for
+//!    the limit, and the region will be registered with CUDA, `mlock` is
+//!    skipped: registration pins the pages;
 //! 5. `cuMemHostRegister(PORTABLE | DEVICEMAP)` when the CUDA driver is
 //!    present (skipped, and said so, when it is not);
 //! 6. verify placement: `move_pages` with a null node list tells where
-//!    each 4 KiB page is, and the pages are counted per node.
+//!    each 4 KiB page is, and the pages are counted per node; when
+//!    `move_pages` is refused, the same counts come from
+//!    `/proc/self/numa_maps` (exact: the guards keep the region's VMAs its
+//!    own).
 //!
-//! A failure at any step undoes the steps before it (the [`Region`] value
-//! exists from step 1 on and its `Drop` is the teardown): nothing stays
-//! mapped, bound, locked or registered. Teardown is the reverse order:
-//! `cuMemHostUnregister`, `munlock`, `munmap`. The arena drops a region only
-//! when no buffer in it is in use and no copy may still read it.
+//! Each region records how it was placed, pinned and verified
+//! ([`RegionMethods`]). A failure at any step undoes the steps before it
+//! (the [`Region`] value exists from step 1 on and its `Drop` is the
+//! teardown): nothing stays mapped, bound, locked or registered. Teardown
+//! is the reverse order: `cuMemHostUnregister`, `munlock`, `munmap`. The
+//! arena drops a region only when no buffer in it is in use and no copy
+//! may still read it.
 
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
-use super::{ArenaError, Placement};
+use super::{ArenaError, PinnedBy, PlacedBy, Placement, RegionMethods, SharedBudget, VerifiedBy};
 use crate::cpulist::CpuList;
-use crate::platform::numa;
+use crate::platform::{numa, numa_maps};
 
 /// Regions are multiples of this, and aligned to it (the x86-64 and
 /// aarch64-with-4K-pages huge page size).
@@ -71,6 +87,10 @@ pub struct RegionOptions {
     pub register: bool,
     /// What a page off the node means.
     pub placement: Placement,
+    /// Skip `mlock` and let CUDA registration pin the pages (the caller
+    /// found RLIMIT_MEMLOCK too low for the region and registration will
+    /// happen); the reason, for [`Region::notes`].
+    pub pin_by_registration: Option<String>,
     /// Test hook: fail right after this step, as if it had failed.
     #[doc(hidden)]
     pub fail_after: Option<Step>,
@@ -96,6 +116,49 @@ pub struct Region {
     registration: Registration,
     pages_on_node: u64,
     pages_off_node: u64,
+    methods: RegionMethods,
+    notes: Vec<String>,
+    charge: Option<(std::sync::Arc<SharedBudget>, u64)>,
+}
+
+/// Where a region's 4 KiB pages are, and how that was read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PageCounts {
+    /// How it was read.
+    pub by: VerifiedBy,
+    /// 4 KiB pages of the region.
+    pub pages: u64,
+    /// Pages present on each node, `(node, pages)`, by node number.
+    pub nodes: Vec<(u32, u64)>,
+    /// Pages not present, or whose node could not be read (`move_pages`
+    /// reports an error for them, or `numa_maps` counts cannot place them).
+    pub missing: u64,
+}
+
+impl PageCounts {
+    /// Pages on `node`.
+    pub fn on(&self, node: u32) -> u64 {
+        self.nodes
+            .iter()
+            .find(|(n, _)| *n == node)
+            .map_or(0, |(_, c)| *c)
+    }
+
+    /// Pages on nodes other than `node`, per node.
+    pub fn elsewhere(&self, node: u32) -> Vec<(u32, u64)> {
+        self.nodes
+            .iter()
+            .copied()
+            .filter(|(n, _)| *n != node)
+            .collect()
+    }
+
+    fn add(&mut self, node: u32, pages: u64) {
+        match self.nodes.binary_search_by_key(&node, |(n, _)| *n) {
+            Ok(i) => self.nodes[i].1 += pages,
+            Err(i) => self.nodes.insert(i, (node, pages)),
+        }
+    }
 }
 
 // SAFETY: a Region owns its mapping outright (no aliasing handle exists
@@ -139,14 +202,15 @@ impl Region {
         let injected =
             |step: Step| system(step, std::io::Error::other("failure injected by a test"));
 
-        // 1. Map, over-asking by one huge page to align the start.
-        let map_len = len + HUGE_PAGE;
+        // 1. Map, over-asking by one huge page (to align the start) and
+        // one page (the guard pages around the region).
+        let map_len = len + HUGE_PAGE + PAGE;
         let raw = numa::map_anonymous(map_len).map_err(|e| system(Step::Map, e))?;
         let start = raw as usize;
-        let aligned = start.next_multiple_of(HUGE_PAGE);
-        // Give back the unaligned head and the tail beyond `len`.
-        let head = aligned - start;
-        let tail = map_len - head - len;
+        let aligned = (start + PAGE).next_multiple_of(HUGE_PAGE);
+        // Give back what lies before the front guard and after the back one.
+        let head = aligned - PAGE - start;
+        let tail = map_len - head - len - 2 * PAGE;
         // SAFETY: both ranges lie inside the mapping just made and are
         // outside the part kept; a failure leaves them mapped, unused.
         unsafe {
@@ -154,7 +218,7 @@ impl Region {
                 let _ = numa::unmap(raw, head);
             }
             if tail > 0 {
-                let _ = numa::unmap((aligned + len) as *mut u8, tail);
+                let _ = numa::unmap((aligned + len + PAGE) as *mut u8, tail);
             }
         }
         LAST_MAPPED.store(aligned, Ordering::Relaxed);
@@ -167,7 +231,22 @@ impl Region {
             registration: Registration::Skipped("not registered yet".into()),
             pages_on_node: 0,
             pages_off_node: 0,
+            methods: RegionMethods {
+                placed: PlacedBy::Mbind,
+                pinned: PinnedBy::Mlock,
+                verified: VerifiedBy::MovePages,
+            },
+            notes: Vec::new(),
+            charge: None,
         };
+        // SAFETY: the page before the region and the page after it are
+        // part of the mapping kept (and unmapped with it on Drop); nothing
+        // lives in them.
+        unsafe {
+            numa::protect_none((aligned - PAGE) as *mut u8, PAGE)
+                .and_then(|()| numa::protect_none((aligned + len) as *mut u8, PAGE))
+        }
+        .map_err(|e| system(Step::Map, e))?;
         if fail(Step::Map) {
             return Err(injected(Step::Map));
         }
@@ -186,32 +265,73 @@ impl Region {
             return Err(injected(Step::Advise));
         }
 
-        // 3. Bind.
+        // 3. Bind (or, when mbind is refused, first touch in step 4).
         // SAFETY: the range is our own mapping.
-        if let Err(e) = unsafe { numa::mbind_node(region.ptr.as_ptr(), len, o.node) } {
-            return Err(ArenaError::NoMemory {
-                node: o.node,
-                size: len as u64,
-                reason: "mbind(MPOL_BIND) refused it".into(),
-                source: Some(e),
-            });
+        match unsafe { numa::mbind_node(region.ptr.as_ptr(), len, o.node) } {
+            Ok(()) => {}
+            Err(e) if numa::is_refusal(&e) => {
+                region.methods.placed = PlacedBy::FirstTouch;
+                region.notes.push(if o.cpus.is_empty() {
+                    format!(
+                        "mbind refused ({}); first touch cannot place it: node {} has no CPU this process may use",
+                        numa::errno_name(&e),
+                        o.node
+                    )
+                } else {
+                    format!(
+                        "mbind refused ({}): touched first from CPUs {}",
+                        numa::errno_name(&e),
+                        o.cpus
+                    )
+                });
+            }
+            Err(e) => {
+                return Err(ArenaError::NoMemory {
+                    node: o.node,
+                    size: len as u64,
+                    reason: "mbind(MPOL_BIND) refused it".into(),
+                    source: Some(e),
+                })
+            }
         }
         if fail(Step::Bind) {
             return Err(injected(Step::Bind));
         }
 
-        // 4. Populate, then lock.
+        // 4. Populate, then lock (or leave the pinning to registration).
+        let first_touch = region.methods.placed == PlacedBy::FirstTouch;
         region
-            .populate(&o.cpus, o.populate_threads)
+            .populate(&o.cpus, o.populate_threads, first_touch)
             .map_err(|e| system(Step::Populate, e))?;
         if fail(Step::Populate) {
             return Err(injected(Step::Populate));
         }
-        // SAFETY: the range is our own mapping.
-        if let Err(e) = unsafe { numa::lock(addr, len) } {
-            return Err(ArenaError::lock_failed(o.node, len as u64, Some(e)));
+        let will_register = o.register && crate::platform::cuda::driver_version().is_ok();
+        if let Some(why) = o.pin_by_registration.as_ref().filter(|_| will_register) {
+            region.methods.pinned = PinnedBy::Registration;
+            region.notes.push(format!(
+                "{why}: not locked, CUDA registration pins the pages"
+            ));
+        } else {
+            // SAFETY: the range is our own mapping.
+            match unsafe { numa::lock(addr, len) } {
+                Ok(()) => region.locked = true,
+                Err(e)
+                    if will_register
+                        && matches!(
+                            e.raw_os_error(),
+                            Some(libc::ENOMEM) | Some(libc::EPERM) | Some(libc::EAGAIN)
+                        ) =>
+                {
+                    region.methods.pinned = PinnedBy::Registration;
+                    region.notes.push(format!(
+                        "mlock failed ({}): not locked, CUDA registration pins the pages",
+                        numa::errno_name(&e)
+                    ));
+                }
+                Err(e) => return Err(ArenaError::lock_failed(o.node, len as u64, Some(e))),
+            }
         }
-        region.locked = true;
         if fail(Step::Lock) {
             return Err(injected(Step::Lock));
         }
@@ -248,51 +368,51 @@ impl Region {
         }
 
         // 6. Verify.
-        let (mut on, mut off, mut missing) = (0u64, 0u64, 0u64);
-        let mut elsewhere: Vec<(u32, u64)> = Vec::new();
-        // SAFETY: the range is mapped (and locked) for the whole call.
-        unsafe {
-            numa::page_nodes(region.ptr.as_ptr(), len, PAGE, |batch| {
-                for &s in batch {
-                    if s == o.node as i32 {
-                        on += 1;
-                    } else if s >= 0 {
-                        off += 1;
-                        match elsewhere.iter_mut().find(|(n, _)| *n == s as u32) {
-                            Some((_, c)) => *c += 1,
-                            None => elsewhere.push((s as u32, 1)),
-                        }
-                    } else {
-                        missing += 1;
-                    }
-                }
-            })
-        }
-        .map_err(|e| system(Step::Verify, e))?;
+        let counts = region.count_pages().map_err(|e| system(Step::Verify, e))?;
+        region.methods.verified = counts.by;
+        let on = counts.on(o.node);
+        let elsewhere = counts.elsewhere(o.node);
+        let off: u64 = elsewhere.iter().map(|(_, c)| c).sum();
         region.pages_on_node = on;
-        region.pages_off_node = off + missing;
+        region.pages_off_node = off + counts.missing;
         if fail(Step::Verify) {
             return Err(injected(Step::Verify));
         }
-        if off + missing > 0 && o.placement == Placement::Strict {
+        if off + counts.missing > 0 && o.placement == Placement::Strict {
             return Err(ArenaError::Placement {
                 node: o.node,
                 size: len as u64,
-                pages: on + off + missing,
+                pages: counts.pages,
                 on_node: on,
                 elsewhere,
-                missing,
+                missing: counts.missing,
+                how: region.how(),
             });
         }
         Ok(region)
     }
 
     /// Touches every page from up to `threads` threads bound to `cpus`.
-    fn populate(&self, cpus: &CpuList, threads: usize) -> std::io::Result<()> {
+    /// With `must_bind` (first touch places the pages) a thread that cannot
+    /// be bound is an error; otherwise binding is best effort (placement is
+    /// mbind's job, binding only makes the zeroing run on the node's cores).
+    fn populate(&self, cpus: &CpuList, threads: usize, must_bind: bool) -> std::io::Result<()> {
         let base = self.ptr.as_ptr() as usize;
         let chunks = self.len / HUGE_PAGE;
         let threads = threads.clamp(1, chunks);
         let per = chunks.div_ceil(threads) * HUGE_PAGE;
+        let bind = move || -> std::io::Result<()> {
+            if cpus.is_empty() {
+                return Ok(());
+            }
+            match crate::platform::sys::sched_setaffinity(0, cpus) {
+                Err(e) if must_bind => Err(std::io::Error::new(
+                    e.kind(),
+                    format!("binding a first-touch thread to CPUs {cpus} failed: {e}"),
+                )),
+                _ => Ok(()),
+            }
+        };
         let touch = move |from: usize, to: usize| {
             let mut a = from;
             while a < to {
@@ -304,11 +424,6 @@ impl Region {
                 a += PAGE;
             }
         };
-        if threads == 1 {
-            let _restore = bind_thread(cpus);
-            touch(base, base + self.len);
-            return Ok(());
-        }
         std::thread::scope(|s| {
             let mut handles = Vec::new();
             for t in 0..threads {
@@ -317,22 +432,94 @@ impl Region {
                 if from >= to {
                     break;
                 }
+                // Always a thread of its own, even for one: the caller's
+                // CPU set stays as it was.
                 let b = std::thread::Builder::new().name("numapin-populate".into());
                 handles.push(b.spawn_scoped(s, move || {
-                    if !cpus.is_empty() {
-                        // Best effort: placement is mbind's job; binding
-                        // only makes the zeroing run on the node's cores.
-                        let _ = crate::platform::sys::sched_setaffinity(0, cpus);
-                    }
-                    touch(from, to)
+                    bind()?;
+                    touch(from, to);
+                    Ok::<(), std::io::Error>(())
                 })?);
             }
             for h in handles {
                 h.join()
-                    .map_err(|_| std::io::Error::other("a populate thread panicked"))?;
+                    .map_err(|_| std::io::Error::other("a populate thread panicked"))??;
             }
             Ok(())
         })
+    }
+
+    /// Where each 4 KiB page of the region is now: `move_pages` (moving
+    /// nothing), or, when that is refused, `/proc/self/numa_maps`.
+    pub fn count_pages(&self) -> std::io::Result<PageCounts> {
+        let mut c = PageCounts {
+            by: VerifiedBy::MovePages,
+            pages: (self.len / PAGE) as u64,
+            nodes: Vec::new(),
+            missing: 0,
+        };
+        // SAFETY: the region's mapping lives as long as `self`.
+        let r = unsafe {
+            numa::page_nodes(self.ptr.as_ptr(), self.len, PAGE, |batch| {
+                for &s in batch {
+                    if s >= 0 {
+                        c.add(s as u32, 1);
+                    } else {
+                        c.missing += 1;
+                    }
+                }
+            })
+        };
+        match r {
+            Ok(()) => Ok(c),
+            Err(e) if numa::is_refusal(&e) => {
+                let start = self.ptr.as_ptr() as u64;
+                let p = numa_maps::read_self(start..start + self.len as u64, 5)?;
+                let mut c = PageCounts {
+                    by: VerifiedBy::NumaMaps,
+                    pages: c.pages,
+                    nodes: Vec::new(),
+                    missing: 0,
+                };
+                // Exact for a region (its VMAs are its own); should the
+                // counts ever be bounds, only what is certain counts as on
+                // a node and the rest as unknown.
+                for (&node, b) in &p.nodes {
+                    if b.min >= PAGE as u64 {
+                        c.add(node, b.min / PAGE as u64);
+                    }
+                }
+                c.missing = c.pages - c.nodes.iter().map(|(_, n)| n).sum::<u64>();
+                Ok(c)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// How the region was placed, pinned and verified.
+    pub fn methods(&self) -> RegionMethods {
+        self.methods
+    }
+
+    /// Why a method other than the usual one was used (`mbind refused
+    /// (EPERM): placed by first touch from CPUs 0-3`), in step order.
+    pub fn notes(&self) -> &[String] {
+        &self.notes
+    }
+
+    /// The methods and notes in a phrase, for messages.
+    fn how(&self) -> String {
+        let mut s = self.methods.to_string();
+        if !self.notes.is_empty() {
+            s.push_str(&format!(" ({})", self.notes.join("; ")));
+        }
+        s
+    }
+
+    /// Charges the region's bytes to `budget` until it is dropped (the
+    /// caller reserved them).
+    pub(crate) fn charge(&mut self, budget: std::sync::Arc<SharedBudget>, bytes: u64) {
+        self.charge = Some((budget, bytes));
     }
 
     /// The first byte.
@@ -365,14 +552,6 @@ impl Region {
         &self.registration
     }
 
-    /// Reads where each 4 KiB page of the region is now (`move_pages`,
-    /// moving nothing): `visit` gets batches of node numbers, or negative
-    /// errnos for pages that report one, in address order.
-    pub fn read_placement(&self, visit: impl FnMut(&[i32])) -> std::io::Result<()> {
-        // SAFETY: the region's mapping lives as long as `self`.
-        unsafe { numa::page_nodes(self.ptr.as_ptr(), self.len, PAGE, visit) }
-    }
-
     /// 4 KiB pages found on the node at creation.
     pub fn pages_on_node(&self) -> u64 {
         self.pages_on_node
@@ -382,23 +561,6 @@ impl Region {
     pub fn pages_off_node(&self) -> u64 {
         self.pages_off_node
     }
-}
-
-/// Binds the calling thread to `cpus` for the guard's life (no-op for an
-/// empty set or a refused call).
-fn bind_thread(cpus: &CpuList) -> Option<impl Drop> {
-    struct Restore(CpuList);
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            let _ = crate::platform::sys::sched_setaffinity(0, &self.0);
-        }
-    }
-    if cpus.is_empty() {
-        return None;
-    }
-    let old = crate::platform::sys::sched_getaffinity_self().ok()?;
-    crate::platform::sys::sched_setaffinity(0, cpus).ok()?;
-    Some(Restore(old))
 }
 
 impl Drop for Region {
@@ -416,8 +578,12 @@ impl Drop for Region {
             // Drop; munmap below unlocks the pages anyway.
             let _ = unsafe { numa::unlock(addr, self.len) };
         }
-        // SAFETY: our own mapping, no longer referenced by any buffer.
-        let _ = unsafe { numa::unmap(addr, self.len) };
+        // SAFETY: our own mapping with its guard pages, no longer
+        // referenced by any buffer.
+        let _ = unsafe { numa::unmap(addr.wrapping_sub(PAGE), self.len + 2 * PAGE) };
+        if let Some((budget, bytes)) = self.charge.take() {
+            budget.release(bytes);
+        }
     }
 }
 

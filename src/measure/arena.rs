@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use crate::arena::alloc::{region_size_for, Tlsf};
 use crate::arena::region::{self, Region, RegionOptions};
-use crate::arena::{ArenaError, Placement};
+use crate::arena::{ArenaError, Placement, RegionMethods};
 use crate::runtime::Runtime;
 
 /// Summary of repeated measurements.
@@ -170,14 +170,16 @@ pub fn malloc_free_ns(bytes: usize, reps: usize) -> Stats {
 /// Milliseconds per GiB to make (and tear down outside the timing) a region
 /// of `bytes` on `node` of `rt`'s topology, populated by `threads` threads
 /// (1 = serial), registered with CUDA when the runtime's configuration and
-/// the driver allow.
+/// the driver allow; with how the last region was placed, pinned and
+/// verified (first touch and numa_maps where a seccomp profile refuses
+/// mbind and move_pages).
 pub fn region_create_ms_per_gib(
     rt: &Runtime,
     node: u32,
     bytes: usize,
     threads: usize,
     reps: usize,
-) -> crate::Result<Stats> {
+) -> crate::Result<(Stats, Option<RegionMethods>)> {
     let cfg = rt.arena(node)?.config().clone();
     let opts = RegionOptions {
         node,
@@ -186,17 +188,20 @@ pub fn region_create_ms_per_gib(
         populate_threads: threads,
         register: cfg.register,
         placement: Placement::Strict,
+        pin_by_registration: None,
         fail_after: None,
     };
     let mut samples = Vec::with_capacity(reps);
+    let mut methods = None;
     for _ in 0..reps {
         let t = Instant::now();
         let r = Region::create(&opts)?;
         let ms = t.elapsed().as_secs_f64() * 1e3;
         samples.push(ms * (1u64 << 30) as f64 / r.len() as f64);
+        methods = Some(r.methods());
         drop(r);
     }
-    Ok(Stats::of(samples))
+    Ok((Stats::of(samples), methods))
 }
 
 /// Baseline: milliseconds per GiB for a plain `mmap` + `mlock` (the

@@ -1,7 +1,13 @@
 //! The raw NUMA and memory system calls, in one place: `mbind`,
-//! `set_mempolicy`, `get_mempolicy`, `move_pages` and `getcpu` (no `nix`
-//! wrapper exists for them), and `mmap`/`munmap`, `mlock`/`munlock`,
-//! `madvise` and `mincore`.
+//! `set_mempolicy`, `get_mempolicy`, `move_pages`, `migrate_pages`,
+//! `set_mempolicy_home_node` and `getcpu` (no `nix` wrapper exists for
+//! them), and `mmap`/`munmap`, `mprotect`, `mlock`/`munlock`, `madvise` and
+//! `mincore`.
+//!
+//! A seccomp profile (Docker's default without CAP_SYS_NICE) refuses the
+//! NUMA calls with `EPERM`; a kernel without NUMA support answers `ENOSYS`.
+//! [`is_refusal`] tells those apart from real failures, so that callers can
+//! fall back (first touch, `numa_maps`, CPU-only binding).
 //!
 //! Each is a thin checked wrapper with the kernel's own argument layout and
 //! `libc`'s constants; every `unsafe` block says why its pointers are valid.
@@ -68,6 +74,34 @@ fn maxnode(mask: &[libc::c_ulong]) -> libc::c_ulong {
     (mask.len() * libc::c_ulong::BITS as usize + 1) as libc::c_ulong
 }
 
+/// Whether an error from one of the NUMA calls means the call is not
+/// available to this process (`EPERM`/`EACCES`: a seccomp profile or a
+/// security module refused it; `ENOSYS`: no NUMA support, or a filter that
+/// answers so) rather than that it ran and failed.
+pub fn is_refusal(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EPERM) | Some(libc::EACCES) | Some(libc::ENOSYS)
+    )
+}
+
+/// `EPERM`, `ENOSYS`, ... for the errors the NUMA calls give, else
+/// `errno N`.
+pub fn errno_name(e: &io::Error) -> String {
+    match e.raw_os_error() {
+        Some(libc::EPERM) => "EPERM".into(),
+        Some(libc::EACCES) => "EACCES".into(),
+        Some(libc::ENOSYS) => "ENOSYS".into(),
+        Some(libc::EINVAL) => "EINVAL".into(),
+        Some(libc::ENOMEM) => "ENOMEM".into(),
+        Some(libc::EFAULT) => "EFAULT".into(),
+        Some(libc::EIO) => "EIO".into(),
+        Some(libc::ENOENT) => "ENOENT".into(),
+        Some(n) => format!("errno {n}"),
+        None => e.to_string(),
+    }
+}
+
 fn result(r: libc::c_long) -> io::Result<()> {
     if r == 0 {
         Ok(())
@@ -95,6 +129,73 @@ pub unsafe fn mbind_node(addr: *mut u8, len: usize, node: u32) -> io::Result<()>
             mask.as_ptr(),
             maxnode(&mask),
             MPOL_MF_STRICT,
+        )
+    })
+}
+
+/// Resets the policy of `len` bytes at `addr` to the default
+/// (`mbind(MPOL_DEFAULT)`): a harmless call, used to probe whether `mbind`
+/// is allowed.
+///
+/// # Safety
+/// `addr..addr+len` must be a mapping owned by the caller.
+pub unsafe fn mbind_default(addr: *mut u8, len: usize) -> io::Result<()> {
+    // SAFETY: MPOL_DEFAULT with a null mask and maxnode 0 reads no memory
+    // of ours; the caller owns the range.
+    result(unsafe {
+        libc::syscall(
+            libc::SYS_mbind,
+            addr,
+            len,
+            libc::MPOL_DEFAULT as libc::c_long,
+            std::ptr::null::<libc::c_ulong>(),
+            0 as libc::c_ulong,
+            0 as libc::c_ulong,
+        )
+    })
+}
+
+/// `migrate_pages(0, 0, NULL, NULL)`: from no node to no node, which moves
+/// nothing; it reaches the kernel's permission checks, so it probes whether
+/// the call is allowed.
+pub fn migrate_pages_noop() -> io::Result<()> {
+    // SAFETY: maxnode 0 with null masks: the kernel reads no memory of ours
+    // and, with empty node sets, moves no page.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_migrate_pages,
+            0 as libc::c_long,
+            0 as libc::c_ulong,
+            std::ptr::null::<libc::c_ulong>(),
+            std::ptr::null::<libc::c_ulong>(),
+        )
+    };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// `set_mempolicy_home_node` (Linux 5.17), the same number on x86-64 and
+/// aarch64 (every asm-generic architecture); not in `libc` yet.
+const SYS_SET_MEMPOLICY_HOME_NODE: libc::c_long = 450;
+
+/// `set_mempolicy_home_node(addr, len, node, 0)`: on a range without a
+/// bind or preferred-many policy it changes nothing, so it probes whether
+/// the call is allowed.
+///
+/// # Safety
+/// `addr..addr+len` must be a mapping owned by the caller.
+pub unsafe fn set_mempolicy_home_node(addr: *mut u8, len: usize, node: u32) -> io::Result<()> {
+    // SAFETY: integer arguments only; the caller owns the range.
+    result(unsafe {
+        libc::syscall(
+            SYS_SET_MEMPOLICY_HOME_NODE,
+            addr as libc::c_ulong,
+            len as libc::c_ulong,
+            node as libc::c_ulong,
+            0 as libc::c_ulong,
         )
     })
 }
@@ -263,6 +364,17 @@ pub fn map_anonymous(len: usize) -> io::Result<*mut u8> {
 pub unsafe fn unmap(addr: *mut u8, len: usize) -> io::Result<()> {
     // SAFETY: per the caller's guarantee.
     result(unsafe { libc::munmap(addr.cast(), len) }.into())
+}
+
+/// Makes `addr..addr+len` inaccessible (`mprotect(PROT_NONE)`): a guard
+/// page that keeps the kernel from merging a mapping with its neighbours.
+///
+/// # Safety
+/// The range must be a mapping owned by the caller holding nothing anyone
+/// reads or writes.
+pub unsafe fn protect_none(addr: *mut u8, len: usize) -> io::Result<()> {
+    // SAFETY: per the caller's guarantee.
+    result(unsafe { libc::mprotect(addr.cast(), len, libc::PROT_NONE) }.into())
 }
 
 /// Locks `addr..addr+len` in memory (`mlock`).

@@ -45,15 +45,7 @@ pub fn memlock_limit() -> io::Result<(u64, u64)> {
 /// Whether this process has CAP_IPC_LOCK in its effective set (which lets it
 /// lock memory beyond RLIMIT_MEMLOCK).
 pub fn has_cap_ipc_lock() -> bool {
-    const CAP_IPC_LOCK: u32 = 14;
-    let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
-        return false;
-    };
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("CapEff:"))
-        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
-        .is_some_and(|caps| caps & (1 << CAP_IPC_LOCK) != 0)
+    SecurityStatus::read_self().has_cap(CAP_IPC_LOCK) == Some(true)
 }
 
 /// A field of `/proc/self/status` (`VmLck`, `Cpus_allowed_list`, ...).
@@ -63,6 +55,60 @@ pub fn proc_status_field(name: &str) -> Option<String> {
         let (k, v) = l.split_once(':')?;
         (k == name).then(|| v.trim().to_string())
     })
+}
+
+/// `CAP_IPC_LOCK`: lock memory beyond RLIMIT_MEMLOCK.
+pub const CAP_IPC_LOCK: u32 = 14;
+/// `CAP_SYS_NICE`: Docker's default seccomp profile allows `mbind`,
+/// `set_mempolicy`, `get_mempolicy` and `set_mempolicy_home_node` to
+/// holders.
+pub const CAP_SYS_NICE: u32 = 23;
+
+/// The fields of `/proc/self/status` that explain refused system calls.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SecurityStatus {
+    /// `Seccomp:` 0 none, 1 strict, 2 filter.
+    pub seccomp: Option<u8>,
+    /// `Seccomp_filters:` how many filters are stacked (Linux 5.9).
+    pub seccomp_filters: Option<u32>,
+    /// `NoNewPrivs:`.
+    pub no_new_privs: Option<bool>,
+    /// `CapEff:` the effective capability set.
+    pub cap_eff: Option<u64>,
+}
+
+impl SecurityStatus {
+    /// The fields from the text of a `status` file (missing or malformed
+    /// fields are `None`).
+    pub fn parse(text: &str) -> SecurityStatus {
+        let mut s = SecurityStatus::default();
+        for l in text.lines() {
+            let Some((k, v)) = l.split_once(':') else {
+                continue;
+            };
+            let v = v.trim();
+            match k {
+                "Seccomp" => s.seccomp = v.parse().ok(),
+                "Seccomp_filters" => s.seccomp_filters = v.parse().ok(),
+                "NoNewPrivs" => s.no_new_privs = v.parse::<u8>().ok().map(|b| b != 0),
+                "CapEff" => s.cap_eff = u64::from_str_radix(v, 16).ok(),
+                _ => {}
+            }
+        }
+        s
+    }
+
+    /// This process's (all `None` when `/proc/self/status` is unreadable).
+    pub fn read_self() -> SecurityStatus {
+        std::fs::read_to_string("/proc/self/status")
+            .map(|t| SecurityStatus::parse(&t))
+            .unwrap_or_default()
+    }
+
+    /// Whether capability `cap` is effective (`None`: unknown).
+    pub fn has_cap(&self, cap: u32) -> Option<bool> {
+        self.cap_eff.map(|c| cap < 64 && c & (1u64 << cap) != 0)
+    }
 }
 
 /// `VmLck` of this process in bytes.
@@ -123,6 +169,27 @@ mod tests {
     fn kernel_filesystems_are_recognised() {
         assert!(is_kernel_fs(std::path::Path::new("/proc")));
         assert!(!is_kernel_fs(&std::env::temp_dir()));
+    }
+
+    #[test]
+    fn security_fields() {
+        let s = SecurityStatus::parse(
+            "Name:\tcat\nNoNewPrivs:\t1\nSeccomp:\t2\nSeccomp_filters:\t1\nCapEff:\t00000000a80425fb\n",
+        );
+        assert_eq!(
+            (s.seccomp, s.seccomp_filters, s.no_new_privs),
+            (Some(2), Some(1), Some(true))
+        );
+        // Docker's default capability set: no SYS_NICE, no IPC_LOCK, CHOWN.
+        assert_eq!(s.has_cap(CAP_SYS_NICE), Some(false));
+        assert_eq!(s.has_cap(CAP_IPC_LOCK), Some(false));
+        assert_eq!(s.has_cap(0), Some(true));
+        assert_eq!(SecurityStatus::parse("").has_cap(1), None);
+        assert_eq!(SecurityStatus::parse("CapEff: zz").cap_eff, None);
+        assert_eq!(
+            SecurityStatus::parse("CapEff:\t000001ffffffffff").has_cap(64),
+            Some(false)
+        );
     }
 
     #[test]

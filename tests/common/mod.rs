@@ -2,6 +2,8 @@
 //! plan tests need no files.
 #![allow(dead_code)]
 
+pub(crate) mod seccomp;
+
 use numapin::topology::{
     Allowed, Cache, Core, CudaInfo, Gpu, NodeKind, NumaNode, Package, Topology, VisibleEntry,
 };
@@ -269,4 +271,110 @@ pub(crate) fn tar_gz(root: &std::path::Path) -> Vec<u8> {
     b.follow_symlinks(false);
     b.append_dir_all("top", root).unwrap();
     b.into_inner().unwrap().finish().unwrap()
+}
+
+/// The variable that names the child test a parent started
+/// ([`run_child`]).
+const CHILD_VAR: &str = "NUMAPIN_TEST_CHILD";
+
+/// Re-runs this test binary's test `name` (an `#[ignore]`d test that calls
+/// [`in_child`] first) in a child process with `NUMAPIN_TEST_CHILD=name`
+/// and the variables `env`, running `pre` in the child before exec (drop to
+/// another user, lower a limit, install a seccomp filter). The child runs
+/// from a copy any user can run, in `/`. Prints the child's output; `None`
+/// (with a message) when it cannot be started.
+pub(crate) fn run_child(
+    name: &str,
+    env: &[(&str, &str)],
+    pre: impl FnMut() -> std::io::Result<()> + Send + Sync + 'static,
+) -> Option<std::process::Output> {
+    use std::os::unix::process::CommandExt;
+    let (_dir, exe) = runnable_by_everyone(&std::env::current_exe().expect("this test binary"));
+    let mut cmd = std::process::Command::new(&exe);
+    cmd.current_dir("/")
+        .args([
+            "--exact",
+            name,
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CHILD_VAR, name)
+        .envs(env.iter().copied());
+    // SAFETY: `pre` only makes system calls (setrlimit, setgid, setuid,
+    // prctl) between fork and exec.
+    unsafe { cmd.pre_exec(pre) };
+    match cmd.output() {
+        Ok(out) => {
+            eprintln!(
+                "--- child {name} ---\n{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            Some(out)
+        }
+        Err(e) => {
+            eprintln!("skipped: cannot start the child test {name}: {e}");
+            None
+        }
+    }
+}
+
+/// Whether this process is the child [`run_child`] started for `name`
+/// (otherwise says the test is skipped here).
+pub(crate) fn in_child(name: &str) -> bool {
+    if std::env::var(CHILD_VAR).as_deref() == Ok(name) {
+        true
+    } else {
+        eprintln!("skipped: {name} runs in a child process started by its parent test");
+        false
+    }
+}
+
+/// Asserts that a [`run_child`] child passed, having run its one test.
+#[track_caller]
+pub(crate) fn assert_child_passed(out: &std::process::Output) {
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "child failed");
+    assert!(text.contains("1 passed"), "the child test did not run");
+}
+
+/// A `pre_exec` step that makes the child user `nobody` (uid and gid
+/// 65534, no groups) with RLIMIT_MEMLOCK `memlock` (soft and hard).
+pub(crate) fn as_nobody(memlock: u64) -> impl FnMut() -> std::io::Result<()> + Send + Sync {
+    move || {
+        nix::sys::resource::setrlimit(
+            nix::sys::resource::Resource::RLIMIT_MEMLOCK,
+            memlock,
+            memlock,
+        )?;
+        nix::unistd::setgroups(&[])?;
+        nix::unistd::setgid(nix::unistd::Gid::from_raw(65534))?;
+        nix::unistd::setuid(nix::unistd::Uid::from_raw(65534))?;
+        Ok(())
+    }
+}
+
+/// A fake filesystem root whose process sits in a cgroup v2 with
+/// `memory.max` = `limit`.
+pub(crate) fn cgroup_v2_root(limit: u64) -> tempfile::TempDir {
+    let d = tempfile::tempdir().unwrap();
+    for (p, c) in [
+        ("proc/self/cgroup", "0::/job\n".to_string()),
+        (
+            "proc/self/mountinfo",
+            "30 23 0:26 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n".to_string(),
+        ),
+        (
+            "sys/fs/cgroup/cgroup.controllers",
+            "cpu memory\n".to_string(),
+        ),
+        ("sys/fs/cgroup/job/memory.max", format!("{limit}\n")),
+        ("sys/fs/cgroup/job/memory.high", "max\n".to_string()),
+    ] {
+        let p = d.path().join(p);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, c).unwrap();
+    }
+    d
 }

@@ -15,7 +15,7 @@ use serde_json::Value;
 use crate::error::{CliError, Result};
 use numapin::internals::arena_measure::{self as measure, SizeMix, Stats};
 use numapin::internals::cuda::{self, DeviceBuffer, Event, HostAlloc, Stream};
-use numapin::runtime::Runtime;
+use numapin::runtime::{PinnedBy, PlacedBy, RegionMethods, Runtime, VerifiedBy};
 use numapin::CudaOrdinal;
 
 /// One measured figure.
@@ -62,6 +62,50 @@ impl BenchResult {
     pub(super) fn param(&self, key: &str) -> Option<&Value> {
         self.params.get(key)
     }
+
+    /// Adds how the regions behind the figure were placed, pinned and
+    /// verified (`placed=first_touch pinned=mlock verified=numa_maps` under
+    /// a seccomp profile that refuses mbind and move_pages).
+    pub(super) fn with_methods(self, m: Option<RegionMethods>) -> Self {
+        match m {
+            None => self,
+            Some(m) => self
+                .with("placed", m.placed.as_str())
+                .with("pinned", m.pinned.as_str())
+                .with("verified", m.verified.as_str()),
+        }
+    }
+}
+
+/// The methods of a node's regions when they all share them (what the
+/// arena figures on that node ran on), from its stats.
+fn node_methods(rt: &Runtime, node: u32) -> Option<RegionMethods> {
+    let s = rt.stats().into_iter().find(|s| s.node == node)?;
+    // Exactly one kind of each among the node's regions.
+    let one = |a: u64, b: u64| (a > 0) != (b > 0);
+    if !(one(s.regions_bound, s.regions_first_touch)
+        && one(s.regions_mlocked, s.regions_registration_pinned)
+        && one(s.regions_verified_move_pages, s.regions_verified_numa_maps))
+    {
+        return None;
+    }
+    Some(RegionMethods {
+        placed: if s.regions_bound > 0 {
+            PlacedBy::Mbind
+        } else {
+            PlacedBy::FirstTouch
+        },
+        pinned: if s.regions_mlocked > 0 {
+            PinnedBy::Mlock
+        } else {
+            PinnedBy::Registration
+        },
+        verified: if s.regions_verified_move_pages > 0 {
+            VerifiedBy::MovePages
+        } else {
+            VerifiedBy::NumaMaps
+        },
+    })
 }
 
 /// Which measurements to run.
@@ -244,7 +288,8 @@ pub(super) fn run(
                 BenchResult::new("arena_alloc_free", "ns", &s)
                     .with("node", node0)
                     .with("bytes", 64 << 10)
-                    .with("threads", 1),
+                    .with("threads", 1)
+                    .with_methods(node_methods(rt, node0)),
             );
             let threads = rt.topology().allowed.cpus.len().clamp(2, 8);
             progress(&format!(
@@ -261,7 +306,8 @@ pub(super) fn run(
                 BenchResult::new("arena_alloc_free", "ns", &s)
                     .with("node", node0)
                     .with("bytes", 64 << 10)
-                    .with("threads", threads),
+                    .with("threads", threads)
+                    .with_methods(node_methods(rt, node0)),
             );
             Ok(())
         });
@@ -271,7 +317,7 @@ pub(super) fn run(
             .push(BenchResult::new("malloc_free", "ns", &base).with("bytes", 64 << 10));
         pinned(&mut || {
             progress("region creation per GiB");
-            let s = measure::region_create_ms_per_gib(
+            let (s, methods) = measure::region_create_ms_per_gib(
                 rt,
                 node0,
                 256 << 20,
@@ -281,7 +327,8 @@ pub(super) fn run(
             report.results.push(
                 BenchResult::new("region_create_per_gib", "ms", &s)
                     .with("node", node0)
-                    .with("region_bytes", 256 << 20),
+                    .with("region_bytes", 256 << 20)
+                    .with_methods(methods),
             );
             if gpu_ok {
                 let s = host_alloc_ms_per_gib(256 << 20, opts.reps.min(5))?;
@@ -331,12 +378,17 @@ pub(super) fn run(
             for (label, src) in kinds {
                 progress(&format!("GPU {g}: {label} copies"));
                 let (h2d, d2h) = copy_gbps(rt, g, src, opts.copy_bytes, opts.warmup, opts.reps)?;
+                let methods = match src {
+                    Source::Arena(n) => node_methods(rt, n),
+                    _ => None,
+                };
                 for (name, s) in [("h2d", h2d), ("d2h", d2h)] {
                     report.results.push(
                         BenchResult::new(name, "GB/s", &s)
                             .with("gpu", g.get())
                             .with("memory", label.as_str())
-                            .with("bytes", opts.copy_bytes),
+                            .with("bytes", opts.copy_bytes)
+                            .with_methods(methods),
                     );
                 }
             }

@@ -163,13 +163,16 @@ pub(super) fn memlock_need(t: &Topology) -> MemlockNeed {
 /// RLIMIT_MEMLOCK (soft, hard) and CAP_IPC_LOCK against [`memlock_need`].
 ///
 /// `ok` with CAP_IPC_LOCK (the limit does not apply), an unlimited soft
-/// limit, or a soft limit at least the need; `fail` below it (the arena
-/// checks the soft limit before locking, so the first buffer on a node
-/// fails); `warn` when the limit cannot be read.
+/// limit, or a soft limit at least the need; below it, `fail` without the
+/// CUDA driver (the arena checks the soft limit before locking, so the
+/// first buffer on a node fails) and `warn` with it (`driver`: regions
+/// are then pinned by CUDA registration alone, which the limit does not
+/// cover); `warn` when the limit cannot be read.
 pub(super) fn memlock(
     t: &Topology,
     limit: &Result<(u64, u64), String>,
     cap_ipc_lock: bool,
+    driver: bool,
 ) -> Check {
     const NAME: &str = "memlock";
     let need = memlock_need(t);
@@ -207,13 +210,17 @@ pub(super) fn memlock(
     } else {
         String::new()
     };
-    Check::fail(
-        NAME,
-        evidence,
-        format!(
-            "raise the memlock limit of the process to at least {kib} KiB (unlimited is usual on GPU servers): `ulimit -l unlimited` (or `ulimit -l {kib}`) in the shell that starts it{hard_note}; `LimitMEMLOCK=infinity` in its systemd unit; `docker run --ulimit memlock=-1` for a container; or give the process CAP_IPC_LOCK"
-        ),
-    )
+    let fix = format!(
+        "raise the memlock limit of the process to at least {kib} KiB (unlimited is usual on GPU servers): `ulimit -l unlimited` (or `ulimit -l {kib}`) in the shell that starts it{hard_note}; `LimitMEMLOCK=infinity` in its systemd unit; `docker run --ulimit memlock=-1` for a container; or give the process CAP_IPC_LOCK"
+    );
+    if driver {
+        return Check::warn(
+            NAME,
+            format!("{evidence}; below it, arena regions are not locked: CUDA registration pins them (the driver's pins do not count against RLIMIT_MEMLOCK)"),
+            fix,
+        );
+    }
+    Check::fail(NAME, evidence, fix)
 }
 
 fn driver_version_text(v: u32) -> String {

@@ -4,6 +4,7 @@ use serde::Serialize;
 
 use crate::TopoSource;
 mod checks;
+mod containers;
 mod pin_probe;
 mod report;
 pub(crate) mod system;
@@ -148,4 +149,13 @@ fn render(r: &Report) -> String {
         s.fail
     ));
     out
+}
+
+/// Test helper: fails naming the first of `parts` that `text` lacks.
+#[cfg(test)]
+#[track_caller]
+pub(crate) fn assert_contains_all(text: &str, parts: &[&str]) {
+    for part in parts {
+        assert!(text.contains(part), "{part:?} missing from: {text}");
+    }
 }

@@ -3,7 +3,10 @@
 //! when THP allows, MADV_DONTFORK, `mbind(MPOL_BIND)` to the node, touch,
 //! `mlock`, CUDA registration when the driver is loaded), then every 4 KiB
 //! page's node read back with `move_pages`, then torn down (unregister,
-//! munlock, munmap) before the next node.
+//! munlock, munmap) before the next node. Where the arena falls back (first
+//! touch when `mbind` is refused, registration pinning when RLIMIT_MEMLOCK
+//! is too low, `/proc/self/numa_maps` when `move_pages` is refused), so
+//! does the probe, and its evidence says which method each step used.
 //!
 //! Reading placement is retried briefly when some pages report an error
 //! (with automatic NUMA balancing, `move_pages` can report `-EFAULT` for
@@ -15,8 +18,8 @@
 use std::time::Duration;
 
 use super::{Check, DoctorOptions};
-use numapin::internals::{fmt_bytes, Region, RegionOptions, Registration, PAGE};
-use numapin::runtime::{ArenaError, Placement, Step};
+use numapin::internals::{fmt_bytes, Region, RegionOptions, Registration};
+use numapin::runtime::{ArenaError, PinnedBy, PlacedBy, Placement, RegionMethods, Step};
 use numapin::topology::{NumaNode, Topology};
 
 /// The probe region's size: one 2 MiB huge page (the arena's smallest
@@ -46,6 +49,10 @@ pub(super) struct ProbeOutcome {
     pub(crate) not_registered: Option<String>,
     /// How many times placement was read.
     pub(crate) reads: u32,
+    /// How the region was placed, pinned and verified.
+    pub(crate) methods: RegionMethods,
+    /// Why a fallback method was used (the region's notes).
+    pub(crate) notes: Vec<String>,
 }
 
 /// One probe per NUMA node of a live topology.
@@ -97,12 +104,13 @@ fn run(t: &Topology, n: &NumaNode, opts: &DoctorOptions) -> Result<ProbeOutcome,
         populate_threads: 1,
         register: opts.cuda,
         placement: Placement::Warn,
+        pin_by_registration: memlock_too_low(opts.probe_bytes),
         fail_after: None,
     })?;
     let mut outcome = ProbeOutcome {
         node,
         bytes: region.len() as u64,
-        pages: (region.len() / PAGE) as u64,
+        pages: 0,
         on_node: 0,
         elsewhere: Vec::new(),
         errors: 0,
@@ -111,26 +119,23 @@ fn run(t: &Topology, n: &NumaNode, opts: &DoctorOptions) -> Result<ProbeOutcome,
             Registration::Skipped(why) => Some(why.clone()),
         },
         reads: 0,
+        methods: region.methods(),
+        notes: region.notes().to_vec(),
     };
     for read in 1..=READS {
-        let mut tally = Tally::default();
-        region
-            .read_placement(|b| tally.add(b))
-            .map_err(|source| ArenaError::System {
-                node,
-                size: region.len() as u64,
-                step: Step::Verify,
-                source,
-            })?;
-        outcome.on_node = tally.count(node);
-        outcome.errors = tally.errors;
-        outcome.elsewhere = tally
-            .nodes
-            .into_iter()
-            .filter(|(k, _)| *k != node)
-            .collect();
+        let c = region.count_pages().map_err(|source| ArenaError::System {
+            node,
+            size: region.len() as u64,
+            step: Step::Verify,
+            source,
+        })?;
+        outcome.pages = c.pages;
+        outcome.on_node = c.on(node);
+        outcome.errors = c.missing;
+        outcome.elsewhere = c.elsewhere(node);
+        outcome.methods.verified = c.by;
         outcome.reads = read;
-        if tally.errors == 0 {
+        if c.missing == 0 {
             break;
         }
         std::thread::sleep(Duration::from_millis(20));
@@ -139,32 +144,24 @@ fn run(t: &Topology, n: &NumaNode, opts: &DoctorOptions) -> Result<ProbeOutcome,
     Ok(outcome)
 }
 
-#[derive(Default)]
-struct Tally {
-    nodes: Vec<(u32, u64)>,
-    errors: u64,
-}
-
-impl Tally {
-    fn add(&mut self, batch: &[i32]) {
-        for &s in batch {
-            if s < 0 {
-                self.errors += 1;
-                continue;
-            }
-            match self.nodes.iter_mut().find(|(n, _)| *n == s as u32) {
-                Some((_, c)) => *c += 1,
-                None => self.nodes.push((s as u32, 1)),
-            }
-        }
+/// When RLIMIT_MEMLOCK (without CAP_IPC_LOCK) leaves less than `bytes`
+/// to lock, the reason, as the arena gives it (the probe is then pinned by
+/// CUDA registration when the driver is loaded, as arena regions are).
+fn memlock_too_low(bytes: usize) -> Option<String> {
+    use numapin::internals::sys;
+    if sys::has_cap_ipc_lock() {
+        return None;
     }
-
-    fn count(&self, node: u32) -> u64 {
-        self.nodes
-            .iter()
-            .find(|(n, _)| *n == node)
-            .map_or(0, |(_, c)| *c)
-    }
+    let soft = sys::memlock_limit().map_or(0, |(s, _)| s);
+    let locked = sys::locked_bytes();
+    (soft.saturating_sub(locked) < bytes as u64).then(|| {
+        format!(
+            "RLIMIT_MEMLOCK is {} with {} locked, too low for {}",
+            fmt_bytes(soft),
+            fmt_bytes(locked),
+            fmt_bytes(bytes as u64)
+        )
+    })
 }
 
 /// The verdict on a probe: `ok` when every page is on the node; `fail` when
@@ -187,10 +184,24 @@ pub(super) fn judge(node: u32, r: Result<ProbeOutcome, ArenaError>) -> Check {
         None => "registered with CUDA".to_string(),
         Some(why) => format!("not registered with CUDA ({why})"),
     };
+    let placed = match o.methods.placed {
+        PlacedBy::Mbind => "bound (MPOL_BIND), touched".to_string(),
+        PlacedBy::FirstTouch => "placed by first touch".to_string(),
+    };
+    let pinned = match o.methods.pinned {
+        PinnedBy::Mlock => "locked",
+        PinnedBy::Registration => "pinned by CUDA registration (not locked)",
+    };
+    let notes = if o.notes.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", o.notes.join("; "))
+    };
     let made = format!(
-        "node {node}: {} region mapped, bound (MPOL_BIND), touched, locked, {registered}",
+        "node {node}: {} region mapped, {placed}, {pinned}, {registered}{notes}",
         fmt_bytes(o.bytes)
     );
+    let by = o.methods.verified.as_str();
     let reads = if o.reads > 1 {
         format!(" after {} reads", o.reads)
     } else {
@@ -199,10 +210,7 @@ pub(super) fn judge(node: u32, r: Result<ProbeOutcome, ArenaError>) -> Check {
     if o.on_node == o.pages && o.errors == 0 {
         return Check::ok(
             NAME,
-            format!(
-                "{made}; move_pages: all {} pages on node {node}{reads}",
-                o.pages
-            ),
+            format!("{made}; {by}: all {} pages on node {node}{reads}", o.pages),
         )
         .for_node(node);
     }
@@ -217,12 +225,15 @@ pub(super) fn judge(node: u32, r: Result<ProbeOutcome, ArenaError>) -> Check {
     Check::fail(
         NAME,
         format!(
-            "{made}; move_pages: {} of {} pages on node {node}, {}{reads}",
+            "{made}; {by}: {} of {} pages on node {node}, {}{reads}",
             o.on_node,
             o.pages,
             where_.join(", ")
         ),
-        format!("pages bound to node {node} did not stay there: check free memory on the node (`numastat -m`), memory hot-unplug or a cgroup memory limit, and whether something migrates pages (`migratepages`, memory tiering); arenas on this node would be refused"),
+        match o.methods.placed {
+            PlacedBy::Mbind => format!("pages bound to node {node} did not stay there: check free memory on the node (`numastat -m`), memory hot-unplug or a cgroup memory limit, and whether something migrates pages (`migratepages`, memory tiering); arenas on this node would be refused"),
+            PlacedBy::FirstTouch => format!("first touch did not put the pages on node {node}: the process needs CPUs of node {node} (cpuset), the default memory policy (no `numactl --membind` around the container) and free memory on the node (`numastat -m`); or allow mbind: `docker run --cap-add SYS_NICE`, Kubernetes securityContext.capabilities.add: [\"SYS_NICE\"]; arenas on this node would be refused"),
+        },
     )
     .for_node(node)
 }
@@ -230,7 +241,8 @@ pub(super) fn judge(node: u32, r: Result<ProbeOutcome, ArenaError>) -> Check {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::doctor::Verdict;
+    use crate::doctor::{assert_contains_all, Verdict};
+    use numapin::runtime::VerifiedBy;
 
     /// In this process: every probe passes on a node with memory, and
     /// nothing stays locked or mapped afterwards.
@@ -273,6 +285,12 @@ mod tests {
             errors,
             not_registered: Some("no CUDA driver: test".into()),
             reads: 1,
+            methods: RegionMethods {
+                placed: PlacedBy::Mbind,
+                pinned: PinnedBy::Mlock,
+                verified: VerifiedBy::MovePages,
+            },
+            notes: vec![],
         }
     }
 
@@ -309,6 +327,45 @@ mod tests {
         let c = judge(1, Ok(o));
         assert_eq!(c.verdict, Verdict::Fail);
         assert!(c.evidence.contains("after 5 reads"), "{}", c.evidence);
+    }
+
+    /// Under a seccomp profile: the evidence names the methods used and
+    /// why, and a miss points at first touch's needs and at CAP_SYS_NICE.
+    #[test]
+    fn fallback_methods_are_in_the_evidence() {
+        let mut o = outcome(512, vec![], 0);
+        o.methods = RegionMethods {
+            placed: PlacedBy::FirstTouch,
+            pinned: PinnedBy::Registration,
+            verified: VerifiedBy::NumaMaps,
+        };
+        o.notes = vec!["mbind refused (EPERM): touched first from CPUs 2".into()];
+        let c = judge(1, Ok(o.clone()));
+        assert_eq!(c.verdict, Verdict::Ok);
+        assert_contains_all(
+            &c.evidence,
+            &[
+                "placed by first touch",
+                "pinned by CUDA registration (not locked)",
+                "mbind refused (EPERM)",
+                "numa_maps: all 512 pages on node 1",
+            ],
+        );
+        o.on_node = 0;
+        o.elsewhere = vec![(0, 512)];
+        let c = judge(1, Ok(o));
+        assert_eq!(c.verdict, Verdict::Fail);
+        assert!(
+            c.evidence
+                .contains("numa_maps: 0 of 512 pages on node 1, 512 on node 0"),
+            "{}",
+            c.evidence
+        );
+        let fix = c.fix.unwrap();
+        assert!(
+            fix.contains("first touch") && fix.contains("SYS_NICE"),
+            "{fix}"
+        );
     }
 
     #[test]

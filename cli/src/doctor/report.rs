@@ -15,8 +15,8 @@
 
 use serde::Serialize;
 
-use super::system::SystemView;
-use super::{checks, pin_probe};
+use super::system::{DriverState, SystemView};
+use super::{checks, containers, pin_probe};
 
 use numapin::topology::Topology;
 
@@ -110,6 +110,7 @@ impl Check {
 #[cfg(test)]
 pub(crate) const CHECK_NAMES: &[&str] = &[
     "memlock",
+    "cgroup_memory",
     "cuda_driver",
     "gpu_visible",
     "pcie_link",
@@ -117,6 +118,8 @@ pub(crate) const CHECK_NAMES: &[&str] = &[
     "gpu_cpus_allowed",
     "gpu_memory_allowed",
     "memory_policy",
+    "numa_syscalls",
+    "container",
     "transparent_hugepages",
     "numa_balancing",
     "iommu",
@@ -127,8 +130,11 @@ pub(crate) const CHECK_NAMES: &[&str] = &[
 /// (not run for a saved machine given with `--input`).
 pub(crate) const LIVE_CHECKS: &[&str] = &[
     "memlock",
+    "cgroup_memory",
     "cuda_driver",
     "memory_policy",
+    "numa_syscalls",
+    "container",
     "transparent_hugepages",
     "numa_balancing",
     "iommu",
@@ -176,7 +182,13 @@ pub(crate) fn run_checks(topo: &Topology, opts: &DoctorOptions) -> Vec<Check> {
 pub(crate) fn evaluate(topo: &Topology, view: Option<&SystemView>) -> Vec<Check> {
     let mut out = Vec::new();
     if let Some(v) = view {
-        out.push(checks::memlock(topo, &v.memlock, v.cap_ipc_lock));
+        let driver = matches!(v.cuda_driver, DriverState::Loaded(_));
+        out.push(checks::memlock(topo, &v.memlock, v.cap_ipc_lock, driver));
+        out.push(containers::cgroup_memory(
+            &v.cgroup,
+            numapin::runtime::DEFAULT_BUDGET_FRACTION,
+            checks::memlock_need(topo).bytes,
+        ));
         out.push(checks::cuda_driver(topo, &v.cuda_driver));
     }
     out.extend(checks::gpu_visibility(topo));
@@ -185,7 +197,18 @@ pub(crate) fn evaluate(topo: &Topology, view: Option<&SystemView>) -> Vec<Check>
     out.extend(checks::gpu_cpus_allowed(topo));
     out.extend(checks::gpu_memory_allowed(topo));
     if let Some(v) = view {
-        out.push(checks::memory_policy(topo, &v.mempolicy));
+        let mut policy = checks::memory_policy(topo, &v.mempolicy);
+        if let Some(note) = &v.mempolicy_note {
+            policy.evidence.push_str(&format!(" ({note})"));
+        }
+        out.push(policy);
+        let nodes = topo
+            .numa_nodes
+            .iter()
+            .filter(|n| n.memory_bytes > 0)
+            .count();
+        out.push(containers::numa_syscalls(&v.numa_calls, &v.security, nodes));
+        out.push(containers::container(&v.container));
         out.push(checks::transparent_hugepages(
             v.thp_enabled.as_deref(),
             v.thp_defrag.as_deref(),

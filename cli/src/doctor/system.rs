@@ -7,6 +7,10 @@
 
 use std::path::Path;
 
+use numapin::internals::cgroup::MemoryLimits;
+use numapin::internals::container::{self, ContainerEvidence};
+use numapin::internals::probe::CallState;
+use numapin::internals::sys::SecurityStatus;
 use numapin::topology::Topology;
 
 /// Whether the CUDA driver could be loaded.
@@ -50,8 +54,20 @@ pub(crate) struct SystemView {
     /// The calling thread's memory policy `(mode, nodes)` from
     /// `get_mempolicy(2)` (mode 0 default, 1 preferred, 2 bind, 3
     /// interleave, 4 local, 5 preferred-many, 6 weighted interleave), or why
-    /// it could not be read.
+    /// it could not be read. When `get_mempolicy` is refused, read from the
+    /// main thread's `stack` line of `/proc/self/numa_maps` instead.
     pub(crate) mempolicy: Result<(i32, Vec<u32>), String>,
+    /// Where `mempolicy` came from when not from `get_mempolicy` (a
+    /// phrase for the evidence).
+    pub(crate) mempolicy_note: Option<String>,
+    /// The NUMA system calls, probed ([`numapin::internals::probe`]).
+    pub(crate) numa_calls: Vec<(&'static str, CallState)>,
+    /// `Seccomp:`, `CapEff:` and friends from `/proc/self/status`.
+    pub(crate) security: SecurityStatus,
+    /// What suggests a container.
+    pub(crate) container: ContainerEvidence,
+    /// The memory cgroup limits over this process.
+    pub(crate) cgroup: MemoryLimits,
     /// `/sys/kernel/mm/transparent_hugepage/enabled`, if readable.
     pub(crate) thp_enabled: Option<String>,
     /// `/sys/kernel/mm/transparent_hugepage/defrag`, if readable.
@@ -102,11 +118,36 @@ impl SystemView {
                 (g.index, t.map(|s| s.trim().to_string()))
             })
             .collect();
+        let (mempolicy, mempolicy_note) = match numapin::affinity::get_mempolicy() {
+            Ok(p) => (Ok(p), None),
+            Err(e) if numapin::internals::numa::is_refusal(&e) => {
+                let name = numapin::internals::numa::errno_name(&e);
+                let from_maps = std::fs::read("/proc/self/numa_maps")
+                    .ok()
+                    .and_then(|t| numapin::internals::numa_maps::task_policy(&t))
+                    .and_then(|p| parse_policy(&p));
+                match from_maps {
+                    Some(p) => (
+                        Ok(p),
+                        Some(format!(
+                            "read from /proc/self/numa_maps: get_mempolicy is refused ({name})"
+                        )),
+                    ),
+                    None => (Err(format!("get_mempolicy refused ({name}) and /proc/self/numa_maps shows no policy")), None),
+                }
+            }
+            Err(e) => (Err(e.to_string()), None),
+        };
         SystemView {
             memlock: numapin::internals::sys::memlock_limit().map_err(|e| e.to_string()),
             cap_ipc_lock: numapin::internals::sys::has_cap_ipc_lock(),
             cuda_driver,
-            mempolicy: numapin::affinity::get_mempolicy().map_err(|e| e.to_string()),
+            mempolicy,
+            mempolicy_note,
+            numa_calls: numapin::internals::probe::probe_calls(),
+            security: SecurityStatus::read_self(),
+            container: container::detect_self(),
+            cgroup: numapin::internals::cgroup::read_self(),
             thp_enabled: read("/sys/kernel/mm/transparent_hugepage/enabled"),
             thp_defrag: read("/sys/kernel/mm/transparent_hugepage/defrag"),
             numa_balancing: read("/proc/sys/kernel/numa_balancing"),
@@ -155,6 +196,29 @@ pub(super) fn iommu_params(cmdline: &str) -> Vec<(&str, &str)> {
         .collect()
 }
 
+/// A policy as `numa_maps` prints it (`default`, `bind:0-1`,
+/// `prefer (many)=static:1`) as `(mode, nodes)` in `get_mempolicy`'s
+/// numbers; `None` for text it does not know.
+pub(super) fn parse_policy(text: &str) -> Option<(i32, Vec<u32>)> {
+    let (name, nodes) = match text.split_once(':') {
+        Some((n, l)) => (n, numapin::CpuList::parse(l).ok()?.iter().collect()),
+        None => (text, Vec::new()),
+    };
+    // Mode flags (`=static`, `=relative`) follow the name.
+    let name = name.split('=').next().unwrap_or(name);
+    let mode = match name {
+        "default" => 0,
+        "prefer" => 1,
+        "bind" => 2,
+        "interleave" => 3,
+        "local" => 4,
+        "prefer (many)" => 5,
+        "weighted interleave" => 6,
+        _ => return None,
+    };
+    Some((mode, nodes))
+}
+
 /// The name of a memory policy mode as `numactl` and `numa_maps` say it.
 pub(super) fn mempolicy_name(mode: i32) -> &'static str {
     // Flags (MPOL_F_STATIC_NODES, ...) sit in the high bits.
@@ -200,6 +264,24 @@ mod tests {
         );
         assert!(iommu_params("quiet amd_iommu_intr=legacy").is_empty());
         assert_eq!(iommu_params("amd_iommu=off"), [("amd_iommu", "off")]);
+    }
+
+    #[test]
+    fn policies_from_numa_maps_text() {
+        assert_eq!(parse_policy("default"), Some((0, vec![])));
+        assert_eq!(parse_policy("bind:0-1"), Some((2, vec![0, 1])));
+        assert_eq!(parse_policy("prefer:3"), Some((1, vec![3])));
+        assert_eq!(
+            parse_policy("prefer (many)=static:1,3"),
+            Some((5, vec![1, 3]))
+        );
+        assert_eq!(
+            parse_policy("interleave=relative:0-3").map(|p| p.0),
+            Some(3)
+        );
+        assert_eq!(parse_policy("weighted interleave:0"), Some((6, vec![0])));
+        assert_eq!(parse_policy("bind:x"), None);
+        assert_eq!(parse_policy("nonsense"), None);
     }
 
     #[test]

@@ -111,7 +111,7 @@ fn memlock_need_counts_gpu_nodes_or_memory_nodes() {
 #[test]
 fn memlock_verdicts() {
     let t = machine(1); // needs 256 MiB
-    let c = memlock(&t, &Ok((8 * MIB, 8 * MIB)), false);
+    let c = memlock(&t, &Ok((8 * MIB, 8 * MIB)), false, false);
     assert_eq!(c.verdict, Fail);
     assert!(c.evidence.contains("soft 8 MiB, hard 8 MiB; no CAP_IPC_LOCK; numapin needs 256 MiB: one 256 MiB arena region on each node with memory (node 0; no GPU visible)"), "{}", c.evidence);
     let fix = c.fix.unwrap();
@@ -126,30 +126,44 @@ fn memlock_verdicts() {
         assert!(fix.contains(want), "{want} missing from {fix}");
     }
     // Hard limit high enough: no limits.conf detour.
-    let c = memlock(&t, &Ok((8 * MIB, u64::MAX)), false);
+    let c = memlock(&t, &Ok((8 * MIB, u64::MAX)), false, false);
     assert_eq!(c.verdict, Fail);
     assert!(!c.fix.unwrap().contains("limits.conf"));
     // Exactly enough, unlimited, or CAP_IPC_LOCK.
     assert_eq!(
-        memlock(&t, &Ok((256 * MIB, 256 * MIB)), false).verdict,
+        memlock(&t, &Ok((256 * MIB, 256 * MIB)), false, false).verdict,
         Pass
     );
     assert_eq!(
-        memlock(&t, &Ok((256 * MIB - 1, u64::MAX)), false).verdict,
+        memlock(&t, &Ok((256 * MIB - 1, u64::MAX)), false, false).verdict,
         Fail
     );
-    let c = memlock(&t, &Ok((u64::MAX, u64::MAX)), false);
+    let c = memlock(&t, &Ok((u64::MAX, u64::MAX)), false, false);
     assert_eq!(c.verdict, Pass);
     assert!(c.evidence.contains("soft unlimited"), "{}", c.evidence);
-    let c = memlock(&t, &Ok((0, 0)), true);
+    let c = memlock(&t, &Ok((0, 0)), true, false);
     assert_eq!(c.verdict, Pass);
     assert!(c
         .evidence
         .contains("CAP_IPC_LOCK (the limit does not apply)"));
     assert!(c.fix.is_none());
-    let c = memlock(&t, &Err("EPERM".into()), false);
+    let c = memlock(&t, &Err("EPERM".into()), false, false);
     assert_eq!(c.verdict, Warn);
     assert!(c.evidence.contains("EPERM"));
+    // With the CUDA driver, registration pins regions the limit cannot
+    // lock: a warning with the same fix, not a failure.
+    let c = memlock(&t, &Ok((64 << 10, 64 << 10)), false, true);
+    assert_eq!(c.verdict, Warn);
+    assert!(
+        c.evidence.contains("CUDA registration pins them"),
+        "{}",
+        c.evidence
+    );
+    assert!(c.fix.unwrap().contains("ulimit -l"));
+    assert_eq!(
+        memlock(&t, &Ok((u64::MAX, u64::MAX)), false, true).verdict,
+        Pass
+    );
 }
 
 // ---- CUDA ----
@@ -568,6 +582,11 @@ fn evaluate_gives_every_check_name_once_at_least() {
         cap_ipc_lock: false,
         cuda_driver: DriverState::Unavailable("libcuda.so was not found".into()),
         mempolicy: Ok((0, vec![])),
+        mempolicy_note: None,
+        numa_calls: vec![],
+        security: Default::default(),
+        container: Default::default(),
+        cgroup: Default::default(),
         thp_enabled: Some("always [madvise] never".into()),
         thp_defrag: Some("[madvise]".into()),
         numa_balancing: Some("0".into()),
