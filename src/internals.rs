@@ -9,7 +9,7 @@ pub use crate::arena::region::{
 };
 pub use crate::arena::{fmt_bytes, NodeArena};
 pub use crate::measure::{arena as arena_measure, kernels, loader as loader_measure};
-pub use crate::platform::{cgroup, cleanup, container, cuda, numa, numa_maps, probe, sys};
+pub use crate::platform::{cgroup, cleanup, container, cuda, hugetlb, numa, numa_maps, probe, sys};
 pub use crate::report::{quote, shorten, table};
 pub use crate::topology::hwloc::export_live_xml;
 
@@ -31,6 +31,12 @@ pub fn skip_memlock_check(config: &mut RuntimeConfig, skip: bool) {
 /// cgroup files) instead of `/`.
 pub fn cgroup_root(config: &mut RuntimeConfig, root: Option<std::path::PathBuf>) {
     config.hooks.cgroup_root = root;
+}
+
+/// Test hook: read the huge page pools (`sys/devices/system/node/node*/
+/// hugepages`, `sys/kernel/mm/hugepages`) under `root` instead of `/`.
+pub fn pool_root(config: &mut RuntimeConfig, root: Option<std::path::PathBuf>) {
+    config.hooks.pool_root = root;
 }
 
 /// The fuzzing entry points of the topology readers.

@@ -28,8 +28,9 @@ use crate::topology::{NodeKind, Topology};
 
 pub use crate::arena::region::Step;
 pub use crate::arena::{
-    ArenaError, CacheLimits, NodeStats, PinnedBuf, PinnedBy, PlacedBy, Placement, RegionMethods,
-    VerifiedBy, DEFAULT_ALIGNMENT, DEFAULT_BUDGET_FRACTION, DEFAULT_REGION_BYTES, MAX_ALIGNMENT,
+    ArenaError, CacheLimits, HugePages, NodeStats, PageKind, ParseHugePagesError, PinnedBuf,
+    PinnedBy, PlacedBy, Placement, RegionMethods, VerifiedBy, DEFAULT_ALIGNMENT,
+    DEFAULT_BUDGET_FRACTION, DEFAULT_REGION_BYTES, MAX_ALIGNMENT,
 };
 
 /// Most threads that fault in a new region when
@@ -48,6 +49,8 @@ pub(crate) struct TestHooks {
     pub(crate) skip_memlock_check: bool,
     /// Read the memory cgroup limits under this root instead of `/`.
     pub(crate) cgroup_root: Option<std::path::PathBuf>,
+    /// Read the huge page pools under this root instead of `/`.
+    pub(crate) pool_root: Option<std::path::PathBuf>,
 }
 
 /// How a [`Runtime`] builds and limits its arenas. Start from
@@ -56,9 +59,9 @@ pub(crate) struct TestHooks {
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct RuntimeConfig {
-    /// Standard region size in bytes, rounded up to 2 MiB (default
-    /// 256 MiB). Larger means fewer registrations, smaller means less held
-    /// beyond what is in use.
+    /// Standard region size in bytes, rounded up to 2 MiB (to 1 GiB with
+    /// [`HugePages::Hugetlb1G`]; default 256 MiB). Larger means fewer
+    /// registrations, smaller means less held beyond what is in use.
     pub region_bytes: usize,
     /// Alignment of every buffer: a power of two from 4 KiB (default) to
     /// 2 MiB. Sizes are rounded up to it.
@@ -90,6 +93,12 @@ pub struct RuntimeConfig {
     /// How long [`Runtime::alloc_on_node`] and [`Runtime::alloc_for_gpu`]
     /// wait for frees when over budget (default `None`: fail at once).
     pub budget_wait: Option<Duration>,
+    /// Which pages back the regions (default [`HugePages::Auto`]: hugetlb
+    /// pages when the node's pool has enough free pages for a region,
+    /// else transparent huge pages; see `docs/arena.md`, Huge pages). Each
+    /// region records what it got ([`NodeStats::regions_hugetlb_2m`] and
+    /// the counts beside it).
+    pub huge_pages: HugePages,
     pub(crate) hooks: TestHooks,
 }
 
@@ -105,6 +114,7 @@ impl Default for RuntimeConfig {
             placement: Placement::Strict,
             thread_cache: arena::CacheLimits::default(),
             budget_wait: None,
+            huge_pages: HugePages::default(),
             hooks: TestHooks::default(),
         }
     }
@@ -120,6 +130,7 @@ with_setters!(RuntimeConfig {
     with_placement => placement: Placement,
     with_thread_cache => thread_cache: CacheLimits,
     with_budget_wait => budget_wait: Option<Duration>,
+    with_huge_pages => huge_pages: HugePages,
 });
 
 /// One arena per NUMA node with memory (see the module docs). `Send +
@@ -193,8 +204,10 @@ impl Runtime {
                 "use a fraction such as 0.5",
             ));
         }
-        let region_bytes =
-            arena::alloc::round_up(config.region_bytes as u64, arena::region::HUGE_PAGE as u64);
+        let region_bytes = arena::alloc::round_up(
+            config.region_bytes as u64,
+            config.huge_pages.granule() as u64,
+        );
         let shared = match config.budget_bytes {
             Some(_) => None,
             None => cgroup_budget(&config),
@@ -239,6 +252,8 @@ impl Runtime {
                         cache: config.thread_cache,
                         memlock_applies,
                         shared: shared.clone(),
+                        huge_pages: config.huge_pages,
+                        pool_root: config.hooks.pool_root.clone(),
                         fail_after: config.hooks.fail_after,
                     },
                 )

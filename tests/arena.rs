@@ -492,7 +492,7 @@ fn child_unprivileged() {
 // ---- Where users run: seccomp filters, low memlock limits, cgroups ----
 
 use numapin::internals::{numa_maps, Region, RegionOptions};
-use numapin::runtime::{PinnedBy, PlacedBy, Placement, VerifiedBy};
+use numapin::runtime::{HugePages, PageKind, PinnedBy, PlacedBy, Placement, VerifiedBy};
 
 fn region_options(node: u32, size: usize, cpus: numapin::CpuList) -> RegionOptions {
     RegionOptions {
@@ -503,6 +503,8 @@ fn region_options(node: u32, size: usize, cpus: numapin::CpuList) -> RegionOptio
         register: false,
         placement: Placement::Strict,
         pin_by_registration: None,
+        huge_pages: HugePages::Transparent,
+        pool_root: None,
         fail_after: None,
     }
 }
@@ -545,7 +547,12 @@ fn regions_are_vmas_of_their_own_and_numa_maps_agrees_with_move_pages() {
             numapin::runtime::RegionMethods {
                 placed: PlacedBy::Mbind,
                 pinned: PinnedBy::Mlock,
-                verified: VerifiedBy::MovePages
+                verified: VerifiedBy::MovePages,
+                pages: if numapin::internals::thp_enabled() {
+                    PageKind::Transparent
+                } else {
+                    PageKind::Base
+                },
             }
         );
         assert!(r.notes().is_empty(), "{:?}", r.notes());
@@ -1569,4 +1576,407 @@ mod cache_model {
             prop_assert_eq!((s.bytes_in_use, s.allocations), (0, s.frees));
         }
     }
+}
+
+// ---- Huge pages: regions from the hugetlb pool ----
+
+use common::{smaps_of, HugePool};
+
+const HUGE_2M: u64 = 2 << 20;
+
+/// Reserves `pages` 2 MiB pages on `node`, or prints why the test skips.
+fn pool_or_skip(node: u32, pages: u64) -> Option<HugePool> {
+    match HugePool::reserve(node, HUGE_2M, pages) {
+        Ok(p) => Some(p),
+        Err(why) => {
+            eprintln!("skipped: {why}");
+            None
+        }
+    }
+}
+
+fn hugetlb_2m(region: usize) -> RuntimeConfig {
+    RuntimeConfig::default()
+        .with_region_bytes(region)
+        .with_huge_pages(HugePages::Hugetlb2M)
+}
+
+/// A region of 2 MiB hugetlb pages comes from the node's pool, is counted
+/// exactly (in 4 KiB units, by move_pages one address per huge page, and
+/// numa_maps agrees), is not locked (VmLck unchanged) and gives its pages
+/// back to the pool when dropped.
+#[test]
+fn hugetlb_regions_come_from_the_nodes_pool_and_count_exactly() {
+    let _g = serial();
+    let rt = runtime(hugetlb_2m(8 * MIB));
+    let node = first_node(&rt);
+    let Some(pool) = pool_or_skip(node, 8) else {
+        return;
+    };
+    let free = pool.free();
+    let before = locked_bytes();
+    let mut buf = rt.alloc_on_node(node, 3 * MIB).unwrap();
+    buf.fill(0x5a);
+    assert!(buf.iter().all(|&b| b == 0x5a));
+    assert_eq!(
+        pool.free(),
+        free - 4,
+        "one 8 MiB region: 4 pages of the pool"
+    );
+    let s = node_stats(&rt);
+    assert_eq!(
+        (
+            s.regions,
+            s.regions_hugetlb_2m,
+            s.regions_thp,
+            s.regions_mlocked
+        ),
+        (1, 1, 0, 0),
+        "{s:?}"
+    );
+    assert_eq!(s.pages_on_node, (8 * MIB / 4096) as u64, "{s:?}");
+    assert_eq!(s.pages_off_node, 0, "{s:?}");
+    assert_eq!(s.bytes_locked, 0, "hugetlb regions are not locked: {s:?}");
+    assert_eq!(locked_bytes(), before, "VmLck does not count hugetlb pages");
+    let m = s.methods();
+    assert!(
+        m.contains("hugetlb (never swapped, no mlock)") && m.ends_with("2 MiB hugetlb pages"),
+        "{m}"
+    );
+    let shared = s.shared_methods().unwrap();
+    assert_eq!(
+        (shared.pinned, shared.pages),
+        (PinnedBy::Hugetlb, PageKind::Hugetlb2M)
+    );
+    assert!(s.method_notes.is_empty(), "{s:?}");
+    drop(buf);
+    drop(rt);
+    assert_eq!(pool.free(), free, "the pages went back to the pool");
+
+    // The region itself: its own VMA (hugetlb, 2 MiB kernel pages, not
+    // copied to a forked child), counted the same by numa_maps.
+    let mut o = region_options(node, 6 * MIB, node_cpus(node));
+    o.huge_pages = HugePages::Hugetlb2M;
+    let r = Region::create(&o).unwrap();
+    assert_eq!(r.len(), 6 * MIB);
+    assert_eq!(r.ptr() as usize % (2 * MIB), 0);
+    assert_eq!(r.page_kind(), PageKind::Hugetlb2M);
+    let smaps = smaps_of(r.ptr() as usize);
+    assert!(smaps.contains("KernelPageSize:     2048 kB"), "{smaps}");
+    let flags = smaps.lines().find(|l| l.starts_with("VmFlags:")).unwrap();
+    assert!(
+        flags.contains(" ht") && flags.contains(" dc") && !flags.contains(" lo"),
+        "hugetlb, MADV_DONTFORK, not locked: {flags}"
+    );
+    let counts = r.count_pages().unwrap();
+    assert_eq!(counts.by, VerifiedBy::MovePages);
+    assert_eq!(counts.pages, (6 * MIB / 4096) as u64);
+    assert_eq!(counts.nodes, [(node, (6 * MIB / 4096) as u64)]);
+    assert_eq!(counts.missing, 0);
+    let start = r.ptr() as u64;
+    let p = numa_maps::read_self(start..start + r.len() as u64, 3).unwrap();
+    assert_eq!((p.vmas, p.straddling), (1, 0), "{p:?}");
+    let from_maps: Vec<(u32, u64)> = p
+        .exact_nodes()
+        .unwrap()
+        .into_iter()
+        .map(|(n, b)| (n, b / 4096))
+        .collect();
+    assert_eq!(from_maps, counts.nodes);
+    let text = std::fs::read("/proc/self/numa_maps").unwrap();
+    let line = text
+        .split(|&c| c == b'\n')
+        .find(|l| numa_maps::line_start(l) == Some(start))
+        .unwrap();
+    let parsed = numa_maps::parse_line(line).unwrap();
+    assert!(parsed.hugetlb, "{}", String::from_utf8_lossy(line));
+    assert_eq!(parsed.page_bytes, Some(HUGE_2M));
+    assert_eq!(parsed.nodes, [(node, 3)], "counted in huge pages");
+    let addr = r.ptr() as usize;
+    drop(r);
+    assert!(!is_mapped(addr));
+    assert_eq!(pool.free(), free);
+}
+
+/// A node's pool too small for a region: an explicit choice fails before
+/// anything is mapped, with the pool's figures and the fix; Auto uses
+/// transparent huge pages and says why, and takes the pool when the region
+/// fits in it.
+#[test]
+fn a_pool_too_small_fails_cleanly_and_auto_falls_back_to_thp() {
+    let _g = serial();
+    let rt = runtime(hugetlb_2m(8 * MIB));
+    let node = first_node(&rt);
+    let Some(pool) = pool_or_skip(node, 2) else {
+        return;
+    };
+    let free = pool.free();
+    let before = locked_bytes();
+    let mapped = last_mapped_addr();
+    let e = arena_err(rt.alloc_on_node(node, MIB).unwrap_err());
+    let msg = numapin::error::with_causes(&e);
+    assert!(
+        matches!(e, ArenaError::HugePages { needed: 4, usable: Some(u), .. } if u == free),
+        "{msg}"
+    );
+    assert!(
+        msg.contains(&format!("node {node}'s 2 MiB pool has {free} free page(s)")),
+        "{msg}"
+    );
+    assert_eq!(e.kind(), numapin::ErrorKind::Budget);
+    assert!(e.fix().unwrap().contains("nr_hugepages"), "{:?}", e.fix());
+    assert_eq!(last_mapped_addr(), mapped, "nothing was mapped");
+    assert_eq!((locked_bytes(), pool.free()), (before, free));
+    let s = node_stats(&rt);
+    assert_eq!((s.regions, s.failures), (0, 1), "{s:?}");
+    drop(rt);
+
+    // Auto: a 6 MiB region does not fit, a 4 MiB one does.
+    let rt = runtime(small().with_region_bytes(4 * MIB));
+    assert_eq!(rt.config().huge_pages, HugePages::Auto, "the default");
+    let a = rt.alloc_on_node(node, 6 * MIB).unwrap();
+    let s = node_stats(&rt);
+    let thp = if numapin::internals::thp_enabled() {
+        s.regions_thp
+    } else {
+        s.regions_base_pages
+    };
+    assert_eq!((s.regions, thp, s.regions_hugetlb_2m), (1, 1, 0), "{s:?}");
+    assert_eq!(s.method_notes.len(), 1, "{s:?}");
+    let note = &s.method_notes[0];
+    assert!(
+        note.starts_with(&format!(
+            "huge pages auto: node {node}'s 2 MiB pool has {free} free page(s)"
+        )) && note.contains("3 needed"),
+        "{note}"
+    );
+    assert_eq!(pool.free(), free);
+    if numapin::internals::numa::populate_write_supported() {
+        let b = rt.alloc_on_node(node, MIB).unwrap();
+        let s = node_stats(&rt);
+        assert_eq!((s.regions, s.regions_hugetlb_2m), (2, 1), "{s:?}");
+        assert!(s.method_notes.is_empty(), "{s:?}");
+        assert_eq!(s.pages_on_node, (10 * MIB / 4096) as u64, "{s:?}");
+        assert_eq!(s.bytes_locked, 6 * MIB as u64, "only the THP region: {s:?}");
+        assert_eq!(pool.free(), free - 2);
+        drop(b);
+    }
+    drop(a);
+    drop(rt);
+    assert_eq!(pool.free(), free);
+}
+
+/// When the kernel cannot supply hugetlb pages the check of the pool
+/// promised (here: a pool file that overstates, the real pool empty), the
+/// failure is an error naming the call, never SIGBUS, and nothing stays
+/// mapped. Needs no root.
+#[test]
+fn hugetlb_pages_the_kernel_refuses_after_the_check_fail_cleanly() {
+    let _g = serial();
+    let real = numapin::internals::hugetlb::availability(std::path::Path::new("/"), 0, HUGE_2M);
+    let Ok(real) = real else {
+        eprintln!("skipped: no 2 MiB hugetlb pool on this kernel");
+        return;
+    };
+    let node = 0;
+    // More pages than the machine has free, none of which it can overcommit.
+    if real.global.overcommit > 0 {
+        eprintln!("skipped: hugetlb overcommit is on");
+        return;
+    }
+    let want = real.global.free + 1;
+    let d = tempfile::tempdir().unwrap();
+    for (dir, files) in [
+        (
+            format!("sys/devices/system/node/node{node}/hugepages/hugepages-2048kB"),
+            vec!["nr_hugepages", "free_hugepages", "surplus_hugepages"],
+        ),
+        (
+            "sys/kernel/mm/hugepages/hugepages-2048kB".to_string(),
+            vec![
+                "nr_hugepages",
+                "free_hugepages",
+                "resv_hugepages",
+                "surplus_hugepages",
+                "nr_overcommit_hugepages",
+            ],
+        ),
+    ] {
+        std::fs::create_dir_all(d.path().join(&dir)).unwrap();
+        for f in files {
+            let v = match f {
+                "nr_hugepages" | "free_hugepages" => want,
+                _ => 0,
+            };
+            std::fs::write(d.path().join(&dir).join(f), format!("{v}\n")).unwrap();
+        }
+    }
+    let mut cfg = hugetlb_2m(want as usize * 2 * MIB);
+    numapin::internals::pool_root(&mut cfg, Some(d.path().to_path_buf()));
+    let rt = runtime(cfg);
+    if rt.arena(node).is_err() {
+        eprintln!("skipped: node 0 has no arena here");
+        return;
+    }
+    let mapped = last_mapped_addr();
+    let before = locked_bytes();
+    let e = arena_err(rt.alloc_on_node(node, MIB).unwrap_err());
+    let msg = numapin::error::with_causes(&e);
+    assert!(
+        matches!(&e, ArenaError::HugePages { usable: None, source: Some(s), .. } if s.raw_os_error() == Some(libc::ENOMEM)),
+        "{msg}"
+    );
+    assert!(msg.contains("mmap(MAP_HUGETLB) failed (ENOMEM)"), "{msg}");
+    assert_eq!(e.kind(), numapin::ErrorKind::System);
+    assert_eq!(last_mapped_addr(), mapped, "nothing was mapped");
+    assert_eq!(locked_bytes(), before);
+    // An explicit 1 GiB choice on a kernel or node without such a pool
+    // names what is missing.
+    let one_g = HugePool::dir(node, 1 << 30);
+    let rt = runtime(small().with_huge_pages(HugePages::Hugetlb1G));
+    if !one_g.exists() {
+        let e = arena_err(rt.alloc_on_node(node, MIB).unwrap_err());
+        assert!(
+            e.to_string().contains("offers no 1 GiB hugetlb pages"),
+            "{e}"
+        );
+    }
+}
+
+/// A failure at every step of a hugetlb region's creation leaves nothing
+/// mapped and every page back in the pool.
+#[test]
+fn a_failed_hugetlb_region_leaves_nothing_behind() {
+    let _g = serial();
+    let rt = runtime(hugetlb_2m(4 * MIB));
+    let node = first_node(&rt);
+    drop(rt);
+    let Some(pool) = pool_or_skip(node, 2) else {
+        return;
+    };
+    let free = pool.free();
+    for step in [
+        Step::Map,
+        Step::Advise,
+        Step::Bind,
+        Step::Populate,
+        Step::Lock,
+        Step::Register,
+        Step::Verify,
+    ] {
+        let mut cfg = hugetlb_2m(4 * MIB);
+        numapin::internals::fail_after(&mut cfg, Some(step));
+        let rt = runtime(cfg);
+        let e = arena_err(rt.alloc_on_node(node, MIB).unwrap_err());
+        assert!(
+            matches!(e, ArenaError::System { step: s, .. } if s == step),
+            "{step:?}: {e}"
+        );
+        let addr = last_mapped_addr();
+        assert_eq!(addr % (2 * MIB), 0);
+        assert!(!is_mapped(addr), "{step:?}: the region is still mapped");
+        assert_eq!(pool.free(), free, "{step:?}: pages back in the pool");
+    }
+}
+
+/// 1 GiB pages: a region rounded up to one page, counted exactly.
+#[test]
+fn a_1_gib_hugetlb_region_is_one_page_on_the_node() {
+    let _g = serial();
+    let rt = runtime(small().with_huge_pages(HugePages::Hugetlb1G));
+    let node = first_node(&rt);
+    let pool = match HugePool::reserve(node, 1 << 30, 1) {
+        Ok(p) => p,
+        Err(why) => {
+            eprintln!("skipped: {why}");
+            return;
+        }
+    };
+    let buf = rt.alloc_on_node(node, 3 * MIB).unwrap();
+    assert_eq!(pool.free(), 0);
+    let s = node_stats(&rt);
+    assert_eq!(
+        (s.regions_hugetlb_1g, s.bytes_reserved),
+        (1, 1 << 30),
+        "{s:?}"
+    );
+    assert_eq!(s.pages_on_node, (1 << 30) / 4096, "{s:?}");
+    let smaps = smaps_of(buf.as_ptr() as usize);
+    assert!(smaps.contains("KernelPageSize:  1048576 kB"), "{smaps}");
+    drop(buf);
+    drop(rt);
+    assert_eq!(pool.free(), 1);
+}
+
+/// As user `nobody` with Docker's 64 KiB memlock limit and no CUDA driver,
+/// hugetlb regions still work (they are not locked, so the limit does not
+/// apply), where THP regions get the memlock error; under a seccomp filter
+/// refusing the NUMA calls they are placed by first touch and counted
+/// through numa_maps, exactly.
+#[test]
+fn hugetlb_regions_need_no_memlock_and_survive_a_seccomp_filter() {
+    let _g = serial();
+    let rt = runtime(small());
+    let node = first_node(&rt);
+    drop(rt);
+    let Some(_pool) = pool_or_skip(node, 8) else {
+        return;
+    };
+    run_as_nobody(
+        "child_hugetlb_nobody",
+        &[("NUMAPIN_NO_CUDA", "1")],
+        64 << 10,
+    );
+    let prog = common::seccomp::docker_default();
+    if let Some(out) = run_child("child_hugetlb_filtered", &[], move || {
+        common::seccomp::install(&prog)
+    }) {
+        assert_child_passed(&out);
+    }
+}
+
+#[test]
+#[ignore = "runs in a child process as user nobody: started by hugetlb_regions_need_no_memlock_and_survive_a_seccomp_filter"]
+fn child_hugetlb_nobody() {
+    if !in_child_with_memlock("child_hugetlb_nobody", 64 << 10) {
+        return;
+    }
+    let rt = runtime(hugetlb_2m(4 * MIB));
+    let node = first_node(&rt);
+    let mut buf = rt.alloc_on_node(node, 3 * MIB).unwrap();
+    buf.fill(3);
+    let s = node_stats(&rt);
+    assert_eq!((s.regions_hugetlb_2m, s.bytes_locked), (1, 0), "{s:?}");
+    assert_eq!(s.pages_on_node, (4 * MIB / 4096) as u64, "{s:?}");
+    let thp = runtime(small().with_huge_pages(HugePages::Transparent));
+    let e = arena_err(thp.alloc_on_node(node, MIB).unwrap_err());
+    assert!(matches!(e, ArenaError::Memlock { .. }), "{e}");
+}
+
+#[test]
+#[ignore = "runs in a child process under a seccomp filter: started by hugetlb_regions_need_no_memlock_and_survive_a_seccomp_filter"]
+fn child_hugetlb_filtered() {
+    if !in_child("child_hugetlb_filtered") {
+        return;
+    }
+    let rt = runtime(hugetlb_2m(8 * MIB));
+    let node = first_node(&rt);
+    let buf = rt.alloc_on_node(node, 3 * MIB).unwrap();
+    let s = node_stats(&rt);
+    assert_eq!(
+        (
+            s.regions_hugetlb_2m,
+            s.regions_first_touch,
+            s.regions_verified_numa_maps
+        ),
+        (1, 1, 1),
+        "{s:?}"
+    );
+    assert_eq!(
+        (s.pages_on_node, s.pages_off_node),
+        ((8 * MIB / 4096) as u64, 0),
+        "{s:?}"
+    );
+    println!("{}; {:?}", s.methods(), s.method_notes);
+    drop(buf);
 }

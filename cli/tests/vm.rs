@@ -654,6 +654,8 @@ mod guest {
             register: false,
             placement: Placement::Strict,
             pin_by_registration: None,
+            huge_pages: Default::default(),
+            pool_root: None,
             fail_after: None,
         };
         let e = Region::create(&o).unwrap_err();

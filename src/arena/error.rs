@@ -122,6 +122,33 @@ pub enum ArenaError {
         #[source]
         source: std::io::Error,
     },
+    /// A region's hugetlb pages could not be had: the node's pool has too
+    /// few free pages, the kernel offers no pages of that size there, or
+    /// faulting them in failed (another process took the node's free pages
+    /// after the check). Only for an explicit hugetlb choice
+    /// ([`HugePages::Hugetlb2M`](super::HugePages::Hugetlb2M),
+    /// [`HugePages::Hugetlb1G`](super::HugePages::Hugetlb1G)):
+    /// [`HugePages::Auto`](super::HugePages::Auto) uses transparent huge
+    /// pages instead. The region was given back.
+    #[error("node {node}: cannot make a {} region of {} hugetlb pages: {problem}", fmt_bytes(*size), fmt_bytes(*page_bytes))]
+    HugePages {
+        /// The node.
+        node: u32,
+        /// Bytes of the region (a multiple of the page size).
+        size: u64,
+        /// Bytes per hugetlb page.
+        page_bytes: u64,
+        /// Pages the region needs.
+        needed: u64,
+        /// Pages the node's pool could supply when checked (`None` when
+        /// the pool could not be read, or the shortage showed later).
+        usable: Option<u64>,
+        /// What went wrong, with the pool's figures.
+        problem: String,
+        /// The system's error (a pool file, `mmap`, or faulting in).
+        #[source]
+        source: Option<std::io::Error>,
+    },
     /// A node that is not in the topology.
     #[error("NUMA node {node} is not in the topology (nodes: {})", fmt_list(known))]
     UnknownNode {
@@ -181,9 +208,11 @@ impl ArenaError {
     /// What kind of failure this is.
     pub fn kind(&self) -> ErrorKind {
         match self {
-            ArenaError::BudgetExceeded { .. } | ArenaError::CgroupBudget { .. } => {
-                ErrorKind::Budget
-            }
+            ArenaError::BudgetExceeded { .. }
+            | ArenaError::CgroupBudget { .. }
+            | ArenaError::HugePages {
+                usable: Some(_), ..
+            } => ErrorKind::Budget,
             ArenaError::Memlock { .. } => ErrorKind::Permission,
             ArenaError::NoMemory {
                 source: Some(e), ..
@@ -207,6 +236,13 @@ impl ArenaError {
             ArenaError::Placement { how, .. } if how.contains("first touch") => "first touch put the pages elsewhere: the node's CPUs this process may use (cpuset) must exist and the memory policy must be the default (no `numactl --membind` around the container), and the node needs free memory (`numastat -m`); to bind with mbind instead, allow it (`docker run --cap-add SYS_NICE`, Kubernetes securityContext.capabilities.add [\"SYS_NICE\"]); RuntimeConfig::placement = Warn keeps such regions".into(),
             ArenaError::Placement { .. } => "the node is short of free memory or the kernel moved pages (check `numastat -m`, free memory on the node, or lower the budget); RuntimeConfig::placement = Warn keeps such regions".into(),
             ArenaError::System { .. } => "check free memory on the node (`numastat -m`) and the process's limits (`ulimit -a`)".into(),
+            ArenaError::HugePages {
+                node, page_bytes, needed, ..
+            } => format!(
+                "reserve hugetlb pages on node {node} as root: `echo {needed} > /sys/devices/system/node/node{node}/hugepages/hugepages-{}kB/nr_hugepages` (the pool's size, not an addition: raise it from what `cat` shows; the kernel may find fewer free contiguous blocks than asked, check the file after), or at boot: `hugepagesz={} hugepages={node}:{needed}` on the kernel command line (1 GiB pages are best reserved at boot); a container usually cannot change the pool, the host must; or use RuntimeConfig::huge_pages = HugePages::Auto (transparent huge pages when the pool is short) or Transparent",
+                page_bytes >> 10,
+                if *page_bytes >= 1 << 30 { "1G" } else { "2M" },
+            ),
             ArenaError::UnknownNode { .. } => "pick one of the listed nodes (`numapin topo`)".into(),
             ArenaError::UnknownGpu { .. } => "pick one of the listed ordinals (`numapin topo`; CUDA_VISIBLE_DEVICES changes them)".into(),
             ArenaError::Config { fix, .. } => fix.clone(),

@@ -29,6 +29,7 @@ pub mod alloc;
 mod buf;
 pub(crate) mod cache;
 mod error;
+mod huge;
 pub(crate) mod region;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -38,6 +39,7 @@ use std::time::{Duration, Instant};
 pub use buf::PinnedBuf;
 pub use cache::CacheLimits;
 pub use error::ArenaError;
+pub use huge::{HugePages, PageKind, ParseHugePagesError};
 pub(crate) use region::{Region, RegionOptions, Registration, Step};
 
 use crate::cpulist::CpuList;
@@ -87,6 +89,10 @@ pub enum PinnedBy {
     /// CUDA registration alone: RLIMIT_MEMLOCK was too low for `mlock`,
     /// and `cuMemHostRegister` pins the pages without that limit.
     Registration,
+    /// hugetlb pages, which the kernel never swaps out: not locked (`mlock`
+    /// does nothing for them and is not counted in VmLck), so
+    /// RLIMIT_MEMLOCK does not apply.
+    Hugetlb,
 }
 
 /// How a region's placement was checked.
@@ -116,6 +122,7 @@ impl PinnedBy {
         match self {
             PinnedBy::Mlock => "mlock",
             PinnedBy::Registration => "registration",
+            PinnedBy::Hugetlb => "hugetlb",
         }
     }
 }
@@ -130,7 +137,8 @@ impl VerifiedBy {
     }
 }
 
-/// How one region was placed, pinned and verified.
+/// How one region was placed, pinned and verified, and which pages back
+/// it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
 pub struct RegionMethods {
     /// Placement.
@@ -139,11 +147,14 @@ pub struct RegionMethods {
     pub pinned: PinnedBy,
     /// How placement was checked.
     pub verified: VerifiedBy,
+    /// The pages ([`RuntimeConfig::huge_pages`](crate::runtime::RuntimeConfig::huge_pages)
+    /// asks, the node's pool decides).
+    pub pages: PageKind,
 }
 
 impl std::fmt::Display for RegionMethods {
     /// `placed by first touch, pinned by CUDA registration, verified
-    /// through numa_maps`.
+    /// through numa_maps, transparent huge pages`.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let placed = match self.placed {
             PlacedBy::Mbind => "bound (mbind MPOL_BIND)",
@@ -152,12 +163,13 @@ impl std::fmt::Display for RegionMethods {
         let pinned = match self.pinned {
             PinnedBy::Mlock => "locked (mlock)",
             PinnedBy::Registration => "pinned by CUDA registration (no mlock)",
+            PinnedBy::Hugetlb => "hugetlb (never swapped, no mlock)",
         };
         let verified = match self.verified {
             VerifiedBy::MovePages => "verified with move_pages",
             VerifiedBy::NumaMaps => "verified through /proc/self/numa_maps",
         };
-        write!(f, "{placed}, {pinned}, {verified}")
+        write!(f, "{placed}, {pinned}, {verified}, {}", self.pages.words())
     }
 }
 
@@ -257,8 +269,9 @@ pub struct NodeStats {
     pub regions: u64,
     /// Bytes in regions (mapped for the arena).
     pub bytes_reserved: u64,
-    /// Bytes locked (mlock); regions pinned by CUDA registration alone are
-    /// not counted here (see `regions_registration_pinned`).
+    /// Bytes locked (mlock); regions pinned by CUDA registration alone and
+    /// hugetlb regions are not counted here (see
+    /// `regions_registration_pinned`, `regions_hugetlb_2m`).
     pub bytes_locked: u64,
     /// Bytes registered with CUDA.
     pub bytes_registered: u64,
@@ -285,7 +298,8 @@ pub struct NodeStats {
     pub failures: u64,
     /// Buffers dropped with a copy in flight, not yet taken back.
     pub deferred: u64,
-    /// 4 KiB pages of the current regions found on the node.
+    /// 4 KiB pages of the current regions found on the node (a hugetlb
+    /// page counts as the 4 KiB pages it holds: 512 for 2 MiB).
     pub pages_on_node: u64,
     /// 4 KiB pages of the current regions found elsewhere or not present
     /// (only with [`Placement::Warn`]).
@@ -307,6 +321,16 @@ pub struct NodeStats {
     /// Of the current regions, those whose placement was checked through
     /// `/proc/self/numa_maps` (`move_pages` was refused).
     pub regions_verified_numa_maps: u64,
+    /// Of the current regions, those backed by 2 MiB hugetlb pages.
+    pub regions_hugetlb_2m: u64,
+    /// Of the current regions, those backed by 1 GiB hugetlb pages.
+    pub regions_hugetlb_1g: u64,
+    /// Of the current regions, those given transparent huge pages
+    /// (`MADV_HUGEPAGE`).
+    pub regions_thp: u64,
+    /// Of the current regions, those of 4 KiB pages (THP mode `never`, or
+    /// [`HugePages::None`]).
+    pub regions_base_pages: u64,
     /// Why methods other than the usual ones were used, for the latest
     /// region (`mbind refused (EPERM): placed by first touch from CPUs
     /// 0-3`); empty before any region or when none was needed.
@@ -314,15 +338,49 @@ pub struct NodeStats {
 }
 
 impl NodeStats {
-    /// How the current regions were placed, pinned and verified, in words:
-    /// `placed by first touch, pinned by CUDA registration (no mlock),
-    /// verified through /proc/self/numa_maps`, or with counts when regions
-    /// differ; `no region` before any.
+    /// The methods and pages every current region shares; `None` when the
+    /// regions differ in one of them, or before any region.
+    pub fn shared_methods(&self) -> Option<RegionMethods> {
+        fn only<T: Copy>(pairs: &[(u64, T)]) -> Option<T> {
+            let mut used = pairs.iter().filter(|(n, _)| *n > 0);
+            let first = used.next()?;
+            used.next().is_none().then_some(first.1)
+        }
+        Some(RegionMethods {
+            placed: only(&[
+                (self.regions_bound, PlacedBy::Mbind),
+                (self.regions_first_touch, PlacedBy::FirstTouch),
+            ])?,
+            pinned: only(&[
+                (self.regions_mlocked, PinnedBy::Mlock),
+                (self.regions_registration_pinned, PinnedBy::Registration),
+                (
+                    self.regions_hugetlb_2m + self.regions_hugetlb_1g,
+                    PinnedBy::Hugetlb,
+                ),
+            ])?,
+            verified: only(&[
+                (self.regions_verified_move_pages, VerifiedBy::MovePages),
+                (self.regions_verified_numa_maps, VerifiedBy::NumaMaps),
+            ])?,
+            pages: only(&[
+                (self.regions_base_pages, PageKind::Base),
+                (self.regions_thp, PageKind::Transparent),
+                (self.regions_hugetlb_2m, PageKind::Hugetlb2M),
+                (self.regions_hugetlb_1g, PageKind::Hugetlb1G),
+            ])?,
+        })
+    }
+
+    /// How the current regions were placed, pinned and verified, and their
+    /// pages, in words: `placed by first touch, pinned by CUDA registration
+    /// (no mlock), verified through /proc/self/numa_maps, transparent huge
+    /// pages`, or with counts when regions differ; `no region` before any.
     pub fn methods(&self) -> String {
         if self.regions == 0 {
             return "no region".into();
         }
-        let part = |pairs: [(u64, &str); 2]| -> String {
+        let part = |pairs: &[(u64, &str)]| -> String {
             let used: Vec<_> = pairs.iter().filter(|(n, _)| *n > 0).collect();
             match used.as_slice() {
                 [(_, one)] => one.to_string(),
@@ -334,24 +392,34 @@ impl NodeStats {
             }
         };
         format!(
-            "{}, {}, {}",
-            part([
+            "{}, {}, {}, {}",
+            part(&[
                 (self.regions_bound, "bound (mbind MPOL_BIND)"),
                 (self.regions_first_touch, "placed by first touch"),
             ]),
-            part([
+            part(&[
                 (self.regions_mlocked, "locked (mlock)"),
                 (
                     self.regions_registration_pinned,
                     "pinned by CUDA registration (no mlock)"
                 ),
+                (
+                    self.regions_hugetlb_2m + self.regions_hugetlb_1g,
+                    "hugetlb (never swapped, no mlock)"
+                ),
             ]),
-            part([
+            part(&[
                 (self.regions_verified_move_pages, "verified with move_pages"),
                 (
                     self.regions_verified_numa_maps,
                     "verified through /proc/self/numa_maps"
                 ),
+            ]),
+            part(&[
+                (self.regions_thp, PageKind::Transparent.words()),
+                (self.regions_hugetlb_2m, PageKind::Hugetlb2M.words()),
+                (self.regions_hugetlb_1g, PageKind::Hugetlb1G.words()),
+                (self.regions_base_pages, PageKind::Base.words()),
             ]),
         )
     }
@@ -381,6 +449,11 @@ pub struct ArenaConfig {
     pub shared: Option<Arc<SharedBudget>>,
     /// Bounds of each thread's cache of freed blocks.
     pub cache: CacheLimits,
+    /// Which pages regions ask for.
+    pub huge_pages: HugePages,
+    /// Test hook: read the huge page pools under this root instead of `/`.
+    #[doc(hidden)]
+    pub pool_root: Option<std::path::PathBuf>,
     /// Test hook: fail region creation right after this step.
     #[doc(hidden)]
     pub fail_after: Option<Step>,
@@ -611,8 +684,11 @@ impl NodeArena {
                 return Ok(buf);
             }
         }
-        let (mut size, dedicated) = alloc::region_size_for(bytes as u64, self.cfg.region_bytes);
-        let fitted = alloc::round_up(bytes as u64, region::HUGE_PAGE as u64);
+        let (size, dedicated) = alloc::region_size_for(bytes as u64, self.cfg.region_bytes);
+        // 1 GiB hugetlb pages make every region a multiple of 1 GiB.
+        let granule = self.cfg.huge_pages.granule() as u64;
+        let mut size = alloc::round_up(size, granule);
+        let fitted = alloc::round_up(bytes as u64, granule);
         let mut reserved = reserved;
         if reserved + size > self.cfg.budget {
             // Empty regions held for reuse make room first.
@@ -639,7 +715,9 @@ impl NodeArena {
             }
         }
         let mut pin_by_registration = None;
-        if self.cfg.memlock_applies {
+        // hugetlb pages are not locked (never swapped): RLIMIT_MEMLOCK
+        // does not apply to them.
+        if self.cfg.memlock_applies && !self.will_use_hugetlb(size) {
             let soft = crate::platform::sys::memlock_limit().map_or(0, |(s, _)| s);
             let locked = crate::platform::sys::locked_bytes();
             let room = soft.saturating_sub(locked);
@@ -680,6 +758,8 @@ impl NodeArena {
             register: self.cfg.register,
             placement: self.cfg.placement,
             pin_by_registration,
+            huge_pages: self.cfg.huge_pages,
+            pool_root: self.cfg.pool_root.clone(),
             fail_after: self.cfg.fail_after,
         });
         let mut region = match created {
@@ -705,6 +785,25 @@ impl NodeArena {
         Ok(self
             .try_alloc(&mut st, bytes)
             .expect("a region made for this request has room for it"))
+    }
+
+    /// Whether a region of `size` bytes made now would be of hugetlb pages
+    /// (a preview of the choice region creation makes; an explicit hugetlb
+    /// choice always is, or fails).
+    fn will_use_hugetlb(&self, size: u64) -> bool {
+        match self.cfg.huge_pages {
+            HugePages::Hugetlb2M | HugePages::Hugetlb1G => true,
+            HugePages::Auto => {
+                let root = self
+                    .cfg
+                    .pool_root
+                    .as_deref()
+                    .unwrap_or(std::path::Path::new("/"));
+                huge::choose(HugePages::Auto, self.node, size as usize, root)
+                    .is_ok_and(|c| c.kind.hugetlb_bytes().is_some())
+            }
+            HugePages::Transparent | HugePages::None => false,
+        }
     }
 
     #[inline]
@@ -903,6 +1002,13 @@ impl NodeArena {
                     s.bytes_locked += r.len() as u64;
                 }
                 PinnedBy::Registration => s.regions_registration_pinned += 1,
+                PinnedBy::Hugetlb => {}
+            }
+            match m.pages {
+                PageKind::Base => s.regions_base_pages += 1,
+                PageKind::Transparent => s.regions_thp += 1,
+                PageKind::Hugetlb2M => s.regions_hugetlb_2m += 1,
+                PageKind::Hugetlb1G => s.regions_hugetlb_1g += 1,
             }
             match m.verified {
                 VerifiedBy::MovePages => s.regions_verified_move_pages += 1,

@@ -3,13 +3,22 @@
 //!
 //! [`Region::create`] runs the steps in order, each checked:
 //!
-//! 1. `mmap` anonymous private memory (2 MiB-aligned, size a multiple of
-//!    2 MiB), with a `PROT_NONE` guard page on each side so that the kernel
-//!    never merges it with a neighbouring mapping (which would make its
-//!    `numa_maps` counts inexact);
-//! 2. `madvise(MADV_HUGEPAGE)` when transparent huge pages are in `always`
-//!    or `madvise` mode, and `madvise(MADV_DONTFORK)` always, so a forked
-//!    child never shares pages a device may be reading;
+//! 1. choose the pages ([`HugePages`](super::HugePages): hugetlb pages from
+//!    the node's pool when asked for and, for `Auto`, when the pool has
+//!    enough free pages; otherwise transparent huge pages), then `mmap`
+//!    anonymous private memory. Transparent and 4 KiB pages: 2 MiB-aligned,
+//!    size a multiple of 2 MiB, with a `PROT_NONE` guard page on each side
+//!    so that the kernel never merges it with a neighbouring mapping (which
+//!    would make its `numa_maps` counts inexact). hugetlb pages:
+//!    `MAP_HUGETLB | MAP_HUGE_2MB` (or `_1GB`), size a multiple of the page,
+//!    aligned to it by the kernel, no guard pages (a hugetlb mapping has a
+//!    file of its own and never merges); the pool's free pages on the node
+//!    are checked first, and `mmap` reserves the pages from the machine's
+//!    pool (not the node's);
+//! 2. `madvise(MADV_HUGEPAGE)` for transparent huge pages when THP is in
+//!    `always` or `madvise` mode (`MADV_NOHUGEPAGE` for 4 KiB pages), and
+//!    `madvise(MADV_DONTFORK)` always, so a forked child never shares pages
+//!    a device may be reading;
 //! 3. `mbind(MPOL_BIND, {node}, MPOL_MF_STRICT)`. When the call is refused
 //!    (`EPERM`/`EACCES` from a seccomp profile such as Docker's default
 //!    without CAP_SYS_NICE, or `ENOSYS`), the region is placed by *first
@@ -21,14 +30,28 @@
 //!    placed that way, which the check of step 6 judges), then `mlock`.
 //!    When the caller found RLIMIT_MEMLOCK too low, or `mlock` fails for
 //!    the limit, and the region will be registered with CUDA, `mlock` is
-//!    skipped: registration pins the pages;
+//!    skipped: registration pins the pages. hugetlb pages are faulted in
+//!    with `madvise(MADV_POPULATE_WRITE)` by the same threads (one call per
+//!    thread's share of whole pages), which returns an error where a touch
+//!    would raise `SIGBUS` (the bound node ran out of free huge pages after
+//!    the check of step 1, because the kernel reserved the pages over the
+//!    machine, not on the node, or another process took them): the region
+//!    then fails with [`ArenaError::HugePages`]. On kernels before 5.14
+//!    (no `MADV_POPULATE_WRITE`) `Auto` never takes hugetlb pages, and an
+//!    explicit choice touches one byte per page after the check, so a
+//!    process taking the node's free pages in between would end this one
+//!    with `SIGBUS` (the region's notes say so). hugetlb pages are never
+//!    swapped, and `mlock` neither locks nor counts them: they are not
+//!    locked ([`PinnedBy::Hugetlb`]);
 //! 5. `cuMemHostRegister(PORTABLE | DEVICEMAP)` when the CUDA driver is
 //!    present (skipped, and said so, when it is not);
 //! 6. verify placement: `move_pages` with a null node list tells where
-//!    each 4 KiB page is, and the pages are counted per node; when
+//!    each 4 KiB page is (one address per hugetlb page, which lies on one
+//!    node), and the pages are counted per node in 4 KiB units; when
 //!    `move_pages` is refused, the same counts come from
-//!    `/proc/self/numa_maps` (exact: the guards keep the region's VMAs its
-//!    own).
+//!    `/proc/self/numa_maps` (exact: the guards, or for hugetlb its own
+//!    file, keep the region's VMAs its own; `numa_maps` counts hugetlb VMAs
+//!    in huge pages, converted by their `kernelpagesize_kB`).
 //!
 //! Each region records how it was placed, pinned and verified
 //! ([`RegionMethods`]). A failure at any step undoes the steps before it
@@ -42,6 +65,7 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
+use super::huge::{self, HugePages, PageKind};
 use super::{ArenaError, PinnedBy, PlacedBy, Placement, RegionMethods, SharedBudget, VerifiedBy};
 use crate::cpulist::CpuList;
 use crate::platform::{numa, numa_maps};
@@ -77,7 +101,8 @@ pub enum Step {
 pub struct RegionOptions {
     /// The NUMA node to bind to.
     pub node: u32,
-    /// Bytes; rounded up to [`HUGE_PAGE`].
+    /// Bytes; rounded up to [`HUGE_PAGE`] (to the hugetlb page size for
+    /// hugetlb pages).
     pub size: usize,
     /// The CPUs populate threads run on (empty: leave them unbound).
     pub cpus: CpuList,
@@ -91,6 +116,11 @@ pub struct RegionOptions {
     /// found RLIMIT_MEMLOCK too low for the region and registration will
     /// happen); the reason, for [`Region::notes`].
     pub pin_by_registration: Option<String>,
+    /// Which pages to ask for.
+    pub huge_pages: HugePages,
+    /// Test hook: read the huge page pools under this root instead of `/`.
+    #[doc(hidden)]
+    pub pool_root: Option<std::path::PathBuf>,
     /// Test hook: fail right after this step, as if it had failed.
     #[doc(hidden)]
     pub fail_after: Option<Step>,
@@ -191,7 +221,10 @@ pub fn thp_enabled() -> bool {
 impl Region {
     /// Builds a region (see the module docs for the steps).
     pub fn create(o: &RegionOptions) -> Result<Region, ArenaError> {
-        let len = o.size.div_ceil(HUGE_PAGE).max(1) * HUGE_PAGE;
+        let root = o.pool_root.as_deref().unwrap_or(std::path::Path::new("/"));
+        let pages = huge::choose(o.huge_pages, o.node, o.size, root)?;
+        let granule = pages.kind.granule();
+        let len = o.size.div_ceil(granule).max(1) * granule;
         let fail = |step: Step| o.fail_after == Some(step);
         let system = |step: Step, source: std::io::Error| ArenaError::System {
             node: o.node,
@@ -202,25 +235,36 @@ impl Region {
         let injected =
             |step: Step| system(step, std::io::Error::other("failure injected by a test"));
 
-        // 1. Map, over-asking by one huge page (to align the start) and
-        // one page (the guard pages around the region).
-        let map_len = len + HUGE_PAGE + PAGE;
-        let raw = numa::map_anonymous(map_len).map_err(|e| system(Step::Map, e))?;
-        let start = raw as usize;
-        let aligned = (start + PAGE).next_multiple_of(HUGE_PAGE);
-        // Give back what lies before the front guard and after the back one.
-        let head = aligned - PAGE - start;
-        let tail = map_len - head - len - 2 * PAGE;
-        // SAFETY: both ranges lie inside the mapping just made and are
-        // outside the part kept; a failure leaves them mapped, unused.
-        unsafe {
-            if head > 0 {
-                let _ = numa::unmap(raw, head);
+        // 1. Map: hugetlb pages from the pool (aligned by the kernel), or
+        // over-asking by one huge page (to align the start) and one page
+        // (the guard pages around the region).
+        let aligned = match pages.kind.hugetlb_bytes() {
+            Some(page) => numa::map_hugetlb(len, page)
+                .map_err(|e| hugetlb_failed(root, o.node, len, page, "mmap(MAP_HUGETLB)", e))?
+                as usize,
+            None => {
+                let map_len = len + HUGE_PAGE + PAGE;
+                let raw = numa::map_anonymous(map_len).map_err(|e| system(Step::Map, e))?;
+                let start = raw as usize;
+                let aligned = (start + PAGE).next_multiple_of(HUGE_PAGE);
+                // Give back what lies before the front guard and after the
+                // back one.
+                let head = aligned - PAGE - start;
+                let tail = map_len - head - len - 2 * PAGE;
+                // SAFETY: both ranges lie inside the mapping just made and
+                // are outside the part kept; a failure leaves them mapped,
+                // unused.
+                unsafe {
+                    if head > 0 {
+                        let _ = numa::unmap(raw, head);
+                    }
+                    if tail > 0 {
+                        let _ = numa::unmap((aligned + len + PAGE) as *mut u8, tail);
+                    }
+                }
+                aligned
             }
-            if tail > 0 {
-                let _ = numa::unmap((aligned + len + PAGE) as *mut u8, tail);
-            }
-        }
+        };
         LAST_MAPPED.store(aligned, Ordering::Relaxed);
         let mut region = Region {
             ptr: NonNull::new(aligned as *mut u8).expect("mmap never returns null on success"),
@@ -235,28 +279,35 @@ impl Region {
                 placed: PlacedBy::Mbind,
                 pinned: PinnedBy::Mlock,
                 verified: VerifiedBy::MovePages,
+                pages: pages.kind,
             },
-            notes: Vec::new(),
+            notes: pages.note.into_iter().collect(),
             charge: None,
         };
-        // SAFETY: the page before the region and the page after it are
-        // part of the mapping kept (and unmapped with it on Drop); nothing
-        // lives in them.
-        unsafe {
-            numa::protect_none((aligned - PAGE) as *mut u8, PAGE)
-                .and_then(|()| numa::protect_none((aligned + len) as *mut u8, PAGE))
+        if region.guard() > 0 {
+            // SAFETY: the page before the region and the page after it are
+            // part of the mapping kept (and unmapped with it on Drop);
+            // nothing lives in them.
+            unsafe {
+                numa::protect_none((aligned - PAGE) as *mut u8, PAGE)
+                    .and_then(|()| numa::protect_none((aligned + len) as *mut u8, PAGE))
+            }
+            .map_err(|e| system(Step::Map, e))?;
         }
-        .map_err(|e| system(Step::Map, e))?;
         if fail(Step::Map) {
             return Err(injected(Step::Map));
         }
 
         // 2. Advise.
         let addr = region.ptr.as_ptr();
-        if thp_enabled() {
+        let thp_advice = match pages.kind {
+            PageKind::Transparent => Some(libc::MADV_HUGEPAGE),
+            PageKind::Base if thp_enabled() => Some(libc::MADV_NOHUGEPAGE),
+            _ => None,
+        };
+        if let Some(advice) = thp_advice {
             // SAFETY: the range is our own mapping; advice changes no data.
-            unsafe { numa::advise(addr, len, libc::MADV_HUGEPAGE) }
-                .map_err(|e| system(Step::Advise, e))?;
+            unsafe { numa::advise(addr, len, advice) }.map_err(|e| system(Step::Advise, e))?;
         }
         // SAFETY: as above.
         unsafe { numa::advise(addr, len, libc::MADV_DONTFORK) }
@@ -302,12 +353,19 @@ impl Region {
         let first_touch = region.methods.placed == PlacedBy::FirstTouch;
         region
             .populate(&o.cpus, o.populate_threads, first_touch)
-            .map_err(|e| system(Step::Populate, e))?;
+            .map_err(|e| match (e.raw_os_error(), pages.kind.hugetlb_bytes()) {
+                (Some(libc::EFAULT | libc::ENOMEM), Some(page)) => {
+                    hugetlb_failed(root, o.node, len, page, "faulting the pages in", e)
+                }
+                _ => system(Step::Populate, e),
+            })?;
         if fail(Step::Populate) {
             return Err(injected(Step::Populate));
         }
         let will_register = o.register && crate::platform::cuda::driver_version().is_ok();
-        if let Some(why) = o.pin_by_registration.as_ref().filter(|_| will_register) {
+        if pages.kind.hugetlb_bytes().is_some() {
+            region.methods.pinned = PinnedBy::Hugetlb;
+        } else if let Some(why) = o.pin_by_registration.as_ref().filter(|_| will_register) {
             region.methods.pinned = PinnedBy::Registration;
             region.notes.push(format!(
                 "{why}: not locked, CUDA registration pins the pages"
@@ -398,9 +456,16 @@ impl Region {
     /// mbind's job, binding only makes the zeroing run on the node's cores).
     fn populate(&self, cpus: &CpuList, threads: usize, must_bind: bool) -> std::io::Result<()> {
         let base = self.ptr.as_ptr() as usize;
-        let chunks = self.len / HUGE_PAGE;
+        let granule = self.methods.pages.granule();
+        let chunks = self.len / granule;
         let threads = threads.clamp(1, chunks);
-        let per = chunks.div_ceil(threads) * HUGE_PAGE;
+        let per = chunks.div_ceil(threads) * granule;
+        // hugetlb pages: fault them in with MADV_POPULATE_WRITE, which
+        // fails where a touch would raise SIGBUS; on older kernels touch
+        // one byte per huge page (the pool was checked first).
+        let hugetlb = self.methods.pages.hugetlb_bytes();
+        let populate_write = hugetlb.is_some() && numa::populate_write_supported();
+        let step = hugetlb.unwrap_or(PAGE);
         let bind = move || -> std::io::Result<()> {
             if cpus.is_empty() {
                 return Ok(());
@@ -413,7 +478,12 @@ impl Region {
                 _ => Ok(()),
             }
         };
-        let touch = move |from: usize, to: usize| {
+        let touch = move |from: usize, to: usize| -> std::io::Result<()> {
+            if populate_write {
+                // SAFETY: from..to is a slice of the region, mapped
+                // writable and owned by this Region, of whole huge pages.
+                return unsafe { numa::populate_write(from as *mut u8, to - from) };
+            }
             let mut a = from;
             while a < to {
                 // SAFETY: `a` is inside the region (from..to is a slice of
@@ -421,8 +491,9 @@ impl Region {
                 // each thread writes its own disjoint part, before any
                 // buffer is handed out.
                 unsafe { std::ptr::write_volatile(a as *mut u8, 0) };
-                a += PAGE;
+                a += step;
             }
+            Ok(())
         };
         std::thread::scope(|s| {
             let mut handles = Vec::new();
@@ -437,8 +508,7 @@ impl Region {
                 let b = std::thread::Builder::new().name("numapin-populate".into());
                 handles.push(b.spawn_scoped(s, move || {
                     bind()?;
-                    touch(from, to);
-                    Ok::<(), std::io::Error>(())
+                    touch(from, to)
                 })?);
             }
             for h in handles {
@@ -450,7 +520,8 @@ impl Region {
     }
 
     /// Where each 4 KiB page of the region is now: `move_pages` (moving
-    /// nothing), or, when that is refused, `/proc/self/numa_maps`.
+    /// nothing; asked once per hugetlb page, counted as the 4 KiB pages it
+    /// holds), or, when that is refused, `/proc/self/numa_maps`.
     pub fn count_pages(&self) -> std::io::Result<PageCounts> {
         let mut c = PageCounts {
             by: VerifiedBy::MovePages,
@@ -458,14 +529,16 @@ impl Region {
             nodes: Vec::new(),
             missing: 0,
         };
+        let step = self.methods.pages.hugetlb_bytes().unwrap_or(PAGE);
+        let per = (step / PAGE) as u64;
         // SAFETY: the region's mapping lives as long as `self`.
         let r = unsafe {
-            numa::page_nodes(self.ptr.as_ptr(), self.len, PAGE, |batch| {
+            numa::page_nodes(self.ptr.as_ptr(), self.len, step, |batch| {
                 for &s in batch {
                     if s >= 0 {
-                        c.add(s as u32, 1);
+                        c.add(s as u32, per);
                     } else {
-                        c.missing += 1;
+                        c.missing += per;
                     }
                 }
             })
@@ -496,9 +569,24 @@ impl Region {
         }
     }
 
-    /// How the region was placed, pinned and verified.
+    /// How the region was placed, pinned and verified, and its pages.
     pub fn methods(&self) -> RegionMethods {
         self.methods
+    }
+
+    /// The pages that back it.
+    pub fn page_kind(&self) -> PageKind {
+        self.methods.pages
+    }
+
+    /// Bytes of `PROT_NONE` guard on each side: one page, none for hugetlb
+    /// pages (their mapping never merges with a neighbour).
+    fn guard(&self) -> usize {
+        if self.methods.pages.hugetlb_bytes().is_some() {
+            0
+        } else {
+            PAGE
+        }
     }
 
     /// Why a method other than the usual one was used (`mbind refused
@@ -527,7 +615,8 @@ impl Region {
         self.ptr.as_ptr()
     }
 
-    /// Bytes (a multiple of [`HUGE_PAGE`]).
+    /// Bytes (a multiple of [`HUGE_PAGE`], and of the hugetlb page size for
+    /// hugetlb pages).
     pub fn len(&self) -> usize {
         self.len
     }
@@ -552,7 +641,8 @@ impl Region {
         &self.registration
     }
 
-    /// 4 KiB pages found on the node at creation.
+    /// 4 KiB pages found on the node at creation (a hugetlb page counts as
+    /// the 4 KiB pages it holds).
     pub fn pages_on_node(&self) -> u64 {
         self.pages_on_node
     }
@@ -578,12 +668,45 @@ impl Drop for Region {
             // Drop; munmap below unlocks the pages anyway.
             let _ = unsafe { numa::unlock(addr, self.len) };
         }
-        // SAFETY: our own mapping with its guard pages, no longer
+        let guard = self.guard();
+        // SAFETY: our own mapping with its guard pages (if any), no longer
         // referenced by any buffer.
-        let _ = unsafe { numa::unmap(addr.wrapping_sub(PAGE), self.len + 2 * PAGE) };
+        let _ = unsafe { numa::unmap(addr.wrapping_sub(guard), self.len + 2 * guard) };
         if let Some((budget, bytes)) = self.charge.take() {
             budget.release(bytes);
         }
+    }
+}
+
+/// The error for hugetlb pages that `what` (`mmap`, faulting in) could not
+/// get: the pool's figures read now, the system's error kept.
+fn hugetlb_failed(
+    root: &std::path::Path,
+    node: u32,
+    len: usize,
+    page: usize,
+    what: &str,
+    e: std::io::Error,
+) -> ArenaError {
+    let pool = crate::platform::hugetlb::availability(root, node, page as u64)
+        .map(|a| {
+            format!(
+                "; the node's pool has {} free of {}, the machine's {} free with {} reserved by mappings",
+                a.node.free, a.node.total, a.global.free, a.global.reserved
+            )
+        })
+        .unwrap_or_default();
+    ArenaError::HugePages {
+        node,
+        size: len as u64,
+        page_bytes: page as u64,
+        needed: (len / page) as u64,
+        usable: None,
+        problem: format!(
+            "{what} failed ({}): the node could not supply the pages (taken since the pool was checked, reserved by other mappings, or outside this process's cpuset){pool}",
+            numa::errno_name(&e)
+        ),
+        source: Some(e),
     }
 }
 

@@ -189,6 +189,8 @@ pub fn region_create_ms_per_gib(
         register: cfg.register,
         placement: Placement::Strict,
         pin_by_registration: None,
+        huge_pages: cfg.huge_pages,
+        pool_root: cfg.pool_root,
         fail_after: None,
     };
     let mut samples = Vec::with_capacity(reps);

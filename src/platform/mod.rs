@@ -9,6 +9,7 @@ pub mod cgroup;
 pub mod cleanup;
 pub mod container;
 pub mod cuda;
+pub mod hugetlb;
 pub(crate) mod isolate;
 pub mod numa;
 pub mod numa_maps;

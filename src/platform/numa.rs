@@ -1,8 +1,9 @@
 //! The raw NUMA and memory system calls, in one place: `mbind`,
 //! `set_mempolicy`, `get_mempolicy`, `move_pages`, `migrate_pages`,
 //! `set_mempolicy_home_node` and `getcpu` (no `nix` wrapper exists for
-//! them), and `mmap`/`munmap`, `mprotect`, `mlock`/`munlock`, `madvise` and
-//! `mincore`.
+//! them), and `mmap` (plain and `MAP_HUGETLB`)/`munmap`, `mprotect`,
+//! `mlock`/`munlock`, `madvise` (`MADV_POPULATE_WRITE` among the advice)
+//! and `mincore`.
 //!
 //! A seccomp profile (Docker's default without CAP_SYS_NICE) refuses the
 //! NUMA calls with `EPERM`; a kernel without NUMA support answers `ENOSYS`.
@@ -356,6 +357,74 @@ pub fn map_anonymous(len: usize) -> io::Result<*mut u8> {
     }
 }
 
+/// `MAP_HUGE_SHIFT` from `<linux/mman.h>`: the huge page size of a
+/// `MAP_HUGETLB` mapping goes in the bits above it, as its log2.
+const MAP_HUGE_SHIFT: libc::c_int = 26;
+
+/// A fresh anonymous private read-write mapping of `len` bytes backed by
+/// hugetlb pages of `page_bytes` (a power of two: 2 MiB, 1 GiB), from the
+/// kernel's huge page pool (`MAP_HUGETLB | MAP_HUGE_<size>`). The kernel
+/// aligns it to the page size and reserves `len / page_bytes` pages of the
+/// machine's pool (not of a node's) for it; `ENOMEM` when the pool cannot
+/// cover that. `len` must be a multiple of `page_bytes`.
+pub fn map_hugetlb(len: usize, page_bytes: usize) -> io::Result<*mut u8> {
+    if !page_bytes.is_power_of_two() || len == 0 || len % page_bytes != 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("a hugetlb mapping of {len} bytes in {page_bytes}-byte pages"),
+        ));
+    }
+    let size_bits = (page_bytes.trailing_zeros() as libc::c_int) << MAP_HUGE_SHIFT;
+    // SAFETY: an anonymous private mapping at an address of the kernel's
+    // choosing touches no existing memory.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_HUGETLB | size_bits,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(p.cast())
+    }
+}
+
+/// Faults in `addr..addr+len` for writing (`madvise(MADV_POPULATE_WRITE)`,
+/// Linux 5.14): where touching the memory would raise `SIGBUS` (a hugetlb
+/// page the node cannot supply) this returns `EFAULT` instead, and `ENOMEM`
+/// when memory runs out. `EINVAL` from an older kernel: see
+/// [`populate_write_supported`].
+///
+/// # Safety
+/// The range must be a writable mapping owned by the caller (its pages are
+/// allocated and zeroed if not present; present pages are not changed).
+pub unsafe fn populate_write(addr: *mut u8, len: usize) -> io::Result<()> {
+    // SAFETY: per the caller's guarantee; populating changes no data.
+    result(unsafe { libc::madvise(addr.cast(), len, libc::MADV_POPULATE_WRITE) }.into())
+}
+
+/// Whether this kernel has `MADV_POPULATE_WRITE` (asked once, on a page
+/// mapped for the question).
+pub fn populate_write_supported() -> bool {
+    static KNOWN: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *KNOWN.get_or_init(|| {
+        let Ok(p) = map_anonymous(4096) else {
+            return false;
+        };
+        // SAFETY: p is the page just mapped, referenced by nothing else.
+        unsafe {
+            let ok = populate_write(p, 4096).is_ok();
+            let _ = unmap(p, 4096);
+            ok
+        }
+    })
+}
+
 /// Unmaps `addr..addr+len`.
 ///
 /// # Safety
@@ -440,6 +509,65 @@ mod tests {
         assert_eq!(m[0], 0b1001);
         assert_eq!(m[1], 1);
         assert_eq!(maxnode(&m), 129);
+    }
+
+    #[test]
+    fn hugetlb_mappings_check_their_arguments() {
+        for (len, page) in [(0, 2 << 20), (3 << 20, 2 << 20), (2 << 20, 3 << 20)] {
+            let e = map_hugetlb(len, page).unwrap_err();
+            assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{len} {page}");
+        }
+    }
+
+    /// A hugetlb mapping without a reservation (`MAP_NORESERVE`) and with
+    /// no free page in the pool: touching it would raise SIGBUS, populating
+    /// it returns an error instead.
+    #[test]
+    fn populating_hugetlb_memory_the_pool_cannot_supply_is_an_error_not_sigbus() {
+        if !populate_write_supported() {
+            eprintln!("skipped: this kernel has no MADV_POPULATE_WRITE");
+            return;
+        }
+        let g = std::path::Path::new("/sys/kernel/mm/hugepages/hugepages-2048kB");
+        let read = |f: &str| -> Option<u64> {
+            std::fs::read_to_string(g.join(f)).ok()?.trim().parse().ok()
+        };
+        let (Some(free), Some(over)) = (read("free_hugepages"), read("nr_overcommit_hugepages"))
+        else {
+            eprintln!("skipped: no 2 MiB hugetlb pool on this kernel");
+            return;
+        };
+        if over > 0 {
+            eprintln!("skipped: hugetlb overcommit is on ({over} pages)");
+            return;
+        }
+        // One page more than the pool has free.
+        let len = (free as usize + 1) * (2 << 20);
+        // SAFETY: an anonymous private mapping of the kernel's choosing.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE
+                    | libc::MAP_ANONYMOUS
+                    | libc::MAP_HUGETLB
+                    | libc::MAP_NORESERVE
+                    | (21 << MAP_HUGE_SHIFT),
+                -1,
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED, "{}", io::Error::last_os_error());
+        // SAFETY: the mapping just made; then unmapped, referenced by nothing.
+        unsafe {
+            let e = populate_write(p.cast(), len).unwrap_err();
+            assert!(
+                matches!(e.raw_os_error(), Some(libc::EFAULT) | Some(libc::ENOMEM)),
+                "{e}"
+            );
+            unmap(p.cast(), len).unwrap();
+        }
     }
 
     #[test]

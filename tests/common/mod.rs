@@ -378,3 +378,92 @@ pub(crate) fn cgroup_v2_root(limit: u64) -> tempfile::TempDir {
     }
     d
 }
+
+/// A hugetlb pool reserved on one node for a test, given back on drop (the
+/// node's `nr_hugepages` restored to what it was, even when the test
+/// fails).
+pub(crate) struct HugePool {
+    file: std::path::PathBuf,
+    before: u64,
+    /// The node.
+    pub node: u32,
+    /// Bytes per page.
+    pub page_bytes: u64,
+}
+
+impl HugePool {
+    /// The node's pool file for `page_bytes` pages.
+    pub(crate) fn dir(node: u32, page_bytes: u64) -> std::path::PathBuf {
+        std::path::PathBuf::from(format!(
+            "/sys/devices/system/node/node{node}/hugepages/hugepages-{}kB",
+            page_bytes >> 10
+        ))
+    }
+
+    fn read(file: &std::path::Path) -> Option<u64> {
+        std::fs::read_to_string(file).ok()?.trim().parse().ok()
+    }
+
+    /// The node's free pages of this size now.
+    pub(crate) fn free(&self) -> u64 {
+        Self::read(&Self::dir(self.node, self.page_bytes).join("free_hugepages")).unwrap_or(0)
+    }
+
+    /// Adds `pages` free pages to `node`'s pool of `page_bytes` pages, or
+    /// says why not (not root, no such pool, the kernel found fewer free
+    /// blocks): the caller skips with that message.
+    pub(crate) fn reserve(node: u32, page_bytes: u64, pages: u64) -> Result<HugePool, String> {
+        if !nix::unistd::geteuid().is_root() {
+            return Err("not root: cannot reserve a hugetlb pool".into());
+        }
+        let dir = Self::dir(node, page_bytes);
+        let file = dir.join("nr_hugepages");
+        let before = Self::read(&file).ok_or_else(|| format!("no pool at {}", dir.display()))?;
+        let free_before = Self::read(&dir.join("free_hugepages")).unwrap_or(0);
+        let pool = HugePool {
+            file,
+            before,
+            node,
+            page_bytes,
+        };
+        std::fs::write(&pool.file, format!("{}\n", before + pages))
+            .map_err(|e| format!("writing {}: {e}", pool.file.display()))?;
+        let free = pool.free();
+        if free < free_before + pages {
+            return Err(format!(
+                "asked {} for {pages} more pages, {} free now (memory too fragmented?)",
+                pool.file.display(),
+                free
+            ));
+        }
+        Ok(pool)
+    }
+}
+
+impl Drop for HugePool {
+    fn drop(&mut self) {
+        let _ = std::fs::write(&self.file, format!("{}\n", self.before));
+    }
+}
+
+/// The `/proc/self/smaps` block of the mapping that starts at `addr` (its
+/// header line and fields), empty when there is none.
+pub(crate) fn smaps_of(addr: usize) -> String {
+    let text = std::fs::read_to_string("/proc/self/smaps").unwrap();
+    let head = format!("{addr:x}-");
+    let mut out = String::new();
+    let mut inside = false;
+    for line in text.lines() {
+        let is_header = line.split_whitespace().next().is_some_and(|w| {
+            w.contains('-') && w.chars().all(|c| c.is_ascii_hexdigit() || c == '-')
+        });
+        if is_header {
+            inside = line.starts_with(&head);
+        }
+        if inside {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out
+}

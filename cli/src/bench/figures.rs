@@ -15,7 +15,7 @@ use serde_json::Value;
 use crate::error::{CliError, Result};
 use numapin::internals::arena_measure::{self as measure, SizeMix, Stats};
 use numapin::internals::cuda::{self, DeviceBuffer, Event, HostAlloc, Stream};
-use numapin::runtime::{PinnedBy, PlacedBy, RegionMethods, Runtime, VerifiedBy};
+use numapin::runtime::{RegionMethods, Runtime};
 use numapin::CudaOrdinal;
 
 /// One measured figure.
@@ -64,15 +64,17 @@ impl BenchResult {
     }
 
     /// Adds how the regions behind the figure were placed, pinned and
-    /// verified (`placed=first_touch pinned=mlock verified=numa_maps` under
-    /// a seccomp profile that refuses mbind and move_pages).
+    /// verified, and their pages (`placed=first_touch pinned=mlock
+    /// verified=numa_maps pages=thp` under a seccomp profile that refuses
+    /// mbind and move_pages).
     pub(super) fn with_methods(self, m: Option<RegionMethods>) -> Self {
         match m {
             None => self,
             Some(m) => self
                 .with("placed", m.placed.as_str())
                 .with("pinned", m.pinned.as_str())
-                .with("verified", m.verified.as_str()),
+                .with("verified", m.verified.as_str())
+                .with("pages", m.pages.as_str()),
         }
     }
 }
@@ -80,32 +82,10 @@ impl BenchResult {
 /// The methods of a node's regions when they all share them (what the
 /// arena figures on that node ran on), from its stats.
 fn node_methods(rt: &Runtime, node: u32) -> Option<RegionMethods> {
-    let s = rt.stats().into_iter().find(|s| s.node == node)?;
-    // Exactly one kind of each among the node's regions.
-    let one = |a: u64, b: u64| (a > 0) != (b > 0);
-    if !(one(s.regions_bound, s.regions_first_touch)
-        && one(s.regions_mlocked, s.regions_registration_pinned)
-        && one(s.regions_verified_move_pages, s.regions_verified_numa_maps))
-    {
-        return None;
-    }
-    Some(RegionMethods {
-        placed: if s.regions_bound > 0 {
-            PlacedBy::Mbind
-        } else {
-            PlacedBy::FirstTouch
-        },
-        pinned: if s.regions_mlocked > 0 {
-            PinnedBy::Mlock
-        } else {
-            PinnedBy::Registration
-        },
-        verified: if s.regions_verified_move_pages > 0 {
-            VerifiedBy::MovePages
-        } else {
-            VerifiedBy::NumaMaps
-        },
-    })
+    rt.stats()
+        .into_iter()
+        .find(|s| s.node == node)?
+        .shared_methods()
 }
 
 /// Which measurements to run.

@@ -1,6 +1,8 @@
 //! The pin probe: on each NUMA node, a small region made exactly as the
-//! arena makes one (the arena's `Region::create`: mmap, MADV_HUGEPAGE
-//! when THP allows, MADV_DONTFORK, `mbind(MPOL_BIND)` to the node, touch,
+//! arena makes one with the default configuration (the arena's
+//! `Region::create`: the pages `HugePages::Auto` picks, a 2 MiB hugetlb
+//! page when the node's pool has one free, else MADV_HUGEPAGE when THP
+//! allows; mmap, MADV_DONTFORK, `mbind(MPOL_BIND)` to the node, touch,
 //! `mlock`, CUDA registration when the driver is loaded), then every 4 KiB
 //! page's node read back with `move_pages`, then torn down (unregister,
 //! munlock, munmap) before the next node. Where the arena falls back (first
@@ -105,6 +107,8 @@ fn run(t: &Topology, n: &NumaNode, opts: &DoctorOptions) -> Result<ProbeOutcome,
         register: opts.cuda,
         placement: Placement::Warn,
         pin_by_registration: memlock_too_low(opts.probe_bytes),
+        huge_pages: numapin::RuntimeConfig::default().huge_pages,
+        pool_root: None,
         fail_after: None,
     })?;
     let mut outcome = ProbeOutcome {
@@ -191,6 +195,7 @@ pub(super) fn judge(node: u32, r: Result<ProbeOutcome, ArenaError>) -> Check {
     let pinned = match o.methods.pinned {
         PinnedBy::Mlock => "locked",
         PinnedBy::Registration => "pinned by CUDA registration (not locked)",
+        PinnedBy::Hugetlb => "hugetlb (never swapped, not locked)",
     };
     let notes = if o.notes.is_empty() {
         String::new()
@@ -198,8 +203,9 @@ pub(super) fn judge(node: u32, r: Result<ProbeOutcome, ArenaError>) -> Check {
         format!(" ({})", o.notes.join("; "))
     };
     let made = format!(
-        "node {node}: {} region mapped, {placed}, {pinned}, {registered}{notes}",
-        fmt_bytes(o.bytes)
+        "node {node}: {} region of {} mapped, {placed}, {pinned}, {registered}{notes}",
+        fmt_bytes(o.bytes),
+        o.methods.pages.words()
     );
     let by = o.methods.verified.as_str();
     let reads = if o.reads > 1 {
@@ -242,7 +248,7 @@ pub(super) fn judge(node: u32, r: Result<ProbeOutcome, ArenaError>) -> Check {
 mod tests {
     use super::*;
     use crate::doctor::{assert_contains_all, Verdict};
-    use numapin::runtime::VerifiedBy;
+    use numapin::runtime::{PageKind, VerifiedBy};
 
     /// In this process: every probe passes on a node with memory, and
     /// nothing stays locked or mapped afterwards.
@@ -289,6 +295,7 @@ mod tests {
                 placed: PlacedBy::Mbind,
                 pinned: PinnedBy::Mlock,
                 verified: VerifiedBy::MovePages,
+                pages: PageKind::Transparent,
             },
             notes: vec![],
         }
@@ -338,6 +345,7 @@ mod tests {
             placed: PlacedBy::FirstTouch,
             pinned: PinnedBy::Registration,
             verified: VerifiedBy::NumaMaps,
+            pages: PageKind::Base,
         };
         o.notes = vec!["mbind refused (EPERM): touched first from CPUs 2".into()];
         let c = judge(1, Ok(o.clone()));
@@ -345,7 +353,7 @@ mod tests {
         assert_contains_all(
             &c.evidence,
             &[
-                "placed by first touch",
+                "2 MiB region of 4 KiB pages mapped, placed by first touch",
                 "pinned by CUDA registration (not locked)",
                 "mbind refused (EPERM)",
                 "numa_maps: all 512 pages on node 1",
