@@ -143,6 +143,8 @@ pub enum ArenaError {
         /// Pages the node's pool could supply when checked (`None` when
         /// the pool could not be read, or the shortage showed later).
         usable: Option<u64>,
+        /// Pages in the node's pool (`nr_hugepages`) when checked, if read.
+        pool: Option<u64>,
         /// What went wrong, with the pool's figures.
         problem: String,
         /// The system's error (a pool file, `mmap`, or faulting in).
@@ -237,12 +239,30 @@ impl ArenaError {
             ArenaError::Placement { .. } => "the node is short of free memory or the kernel moved pages (check `numastat -m`, free memory on the node, or lower the budget); RuntimeConfig::placement = Warn keeps such regions".into(),
             ArenaError::System { .. } => "check free memory on the node (`numastat -m`) and the process's limits (`ulimit -a`)".into(),
             ArenaError::HugePages {
-                node, page_bytes, needed, ..
-            } => format!(
-                "reserve hugetlb pages on node {node} as root: `echo {needed} > /sys/devices/system/node/node{node}/hugepages/hugepages-{}kB/nr_hugepages` (the pool's size, not an addition: raise it from what `cat` shows; the kernel may find fewer free contiguous blocks than asked, check the file after), or at boot: `hugepagesz={} hugepages={node}:{needed}` on the kernel command line (1 GiB pages are best reserved at boot); a container usually cannot change the pool, the host must; or use RuntimeConfig::huge_pages = HugePages::Auto (transparent huge pages when the pool is short) or Transparent",
-                page_bytes >> 10,
-                if *page_bytes >= 1 << 30 { "1G" } else { "2M" },
-            ),
+                node,
+                page_bytes,
+                needed,
+                usable,
+                pool,
+                ..
+            } => {
+                let file = format!(
+                    "/sys/devices/system/node/node{node}/hugepages/hugepages-{}kB/nr_hugepages",
+                    page_bytes >> 10
+                );
+                let reserve = match (pool, usable) {
+                    (Some(pool), Some(usable)) => format!(
+                        "`echo {} > {file}` (the pool's new size: {pool} now, {} more)",
+                        pool + needed.saturating_sub(*usable),
+                        needed.saturating_sub(*usable)
+                    ),
+                    _ => format!("raise {file} by {needed}"),
+                };
+                format!(
+                    "reserve hugetlb pages on node {node} as root: {reserve}, then read the file back (the kernel may find fewer free contiguous blocks than asked); or at boot: `hugepagesz={} hugepages={node}:N` on the kernel command line (1 GiB pages are best reserved at boot); a container usually cannot change the pool, the host must; or use RuntimeConfig::huge_pages = HugePages::Auto (transparent huge pages when the pool is short) or Transparent",
+                    if *page_bytes >= 1 << 30 { "1G" } else { "2M" },
+                )
+            }
             ArenaError::UnknownNode { .. } => "pick one of the listed nodes (`numapin topo`)".into(),
             ArenaError::UnknownGpu { .. } => "pick one of the listed ordinals (`numapin topo`; CUDA_VISIBLE_DEVICES changes them)".into(),
             ArenaError::Config { fix, .. } => fix.clone(),

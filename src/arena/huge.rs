@@ -224,12 +224,13 @@ fn explicit(kind: PageKind, node: u32, size: usize, root: &Path) -> Result<Choic
     let page = kind.granule();
     let len = size.div_ceil(page).max(1) * page;
     let needed = (len / page) as u64;
-    let err = |problem: String, usable, source| ArenaError::HugePages {
+    let err = |problem: String, usable, pool, source| ArenaError::HugePages {
         node,
         size: len as u64,
         page_bytes: page as u64,
         needed,
         usable,
+        pool,
         problem,
         source,
     };
@@ -241,12 +242,13 @@ fn explicit(kind: PageKind, node: u32, size: usize, root: &Path) -> Result<Choic
             ),
             _ => format!("the node's {} pool cannot be read", fmt_bytes(page as u64)),
         };
-        err(problem, None, Some(io_error(e)))
+        err(problem, None, None, Some(io_error(e)))
     })?;
     if a.usable() + a.overcommit_room() < needed {
         return Err(err(
             pool_words(&a, node, page as u64, needed),
             Some(a.usable()),
+            Some(a.node.total),
             None,
         ));
     }
@@ -390,7 +392,7 @@ mod tests {
         assert_eq!(e.kind(), crate::report::ErrorKind::Budget);
         let fix = e.fix().unwrap();
         assert!(
-            fix.contains("/sys/devices/system/node/node1/hugepages/hugepages-2048kB/nr_hugepages"),
+            fix.contains("`echo 69 > /sys/devices/system/node/node1/hugepages/hugepages-2048kB/nr_hugepages` (the pool's new size: 61 now, 8 more)"),
             "{fix}"
         );
         let e = choose(HugePages::Hugetlb2M, 0, 2 * MIB, r.path()).unwrap_err();

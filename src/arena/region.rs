@@ -702,6 +702,7 @@ fn hugetlb_failed(
         page_bytes: page as u64,
         needed: (len / page) as u64,
         usable: None,
+        pool: None,
         problem: format!(
             "{what} failed ({}): the node could not supply the pages (taken since the pool was checked, reserved by other mappings, or outside this process's cpuset){pool}",
             numa::errno_name(&e)

@@ -169,7 +169,7 @@ pub fn malloc_free_ns(bytes: usize, reps: usize) -> Stats {
 
 /// Milliseconds per GiB to make (and tear down outside the timing) a region
 /// of `bytes` on `node` of `rt`'s topology, populated by `threads` threads
-/// (1 = serial), registered with CUDA when the runtime's configuration and
+/// (1 = serial, 0 = as many as the node's arena uses), registered with CUDA when the runtime's configuration and
 /// the driver allow; with how the last region was placed, pinned and
 /// verified (first touch and numa_maps where a seccomp profile refuses
 /// mbind and move_pages).
@@ -185,7 +185,12 @@ pub fn region_create_ms_per_gib(
         node,
         size: bytes,
         cpus: cfg.cpus,
-        populate_threads: threads,
+        // 0: as many as the arena uses on the node.
+        populate_threads: if threads == 0 {
+            cfg.populate_threads
+        } else {
+            threads
+        },
         register: cfg.register,
         placement: Placement::Strict,
         pin_by_registration: None,

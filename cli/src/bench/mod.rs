@@ -9,7 +9,7 @@ mod figures;
 use crate::error::{CliError, Result};
 use crate::output;
 use figures::{self as bench, BenchOptions, Measure};
-use numapin::runtime::{Runtime, RuntimeConfig};
+use numapin::runtime::{HugePages, Runtime, RuntimeConfig};
 use numapin::topology::limits::MAX_GPUS;
 
 /// Arguments of `numapin bench`.
@@ -38,6 +38,18 @@ pub(crate) struct BenchArgs {
     /// Print JSON (schema in docs/bench.md).
     #[arg(long)]
     pub(crate) json: bool,
+    /// Pages of the arena's regions: `auto` (hugetlb pages when the node's
+    /// pool has enough free, else transparent huge pages), `thp`, `2m` or
+    /// `1g` (hugetlb pages from the node's pool; too few is an error), or
+    /// `none` (4 KiB pages).
+    #[arg(long, default_value = "auto", value_parser = parse_huge_pages)]
+    pub(crate) huge_pages: HugePages,
+}
+
+/// Parses `auto`, `thp`, `2m`, `1g`, `none`.
+fn parse_huge_pages(s: &str) -> Result<HugePages, String> {
+    s.parse()
+        .map_err(|e: numapin::runtime::ParseHugePagesError| e.to_string())
 }
 
 /// Most timed (or warm-up) repetitions per figure: the host figures keep
@@ -69,7 +81,7 @@ pub(crate) fn run(a: &BenchArgs) -> Result<i32> {
         });
     }
     let topo = a.source.topology()?;
-    let rt = Runtime::new(topo, RuntimeConfig::default())?;
+    let rt = Runtime::new(topo, RuntimeConfig::default().with_huge_pages(a.huge_pages))?;
     let opts = BenchOptions {
         gpus: a
             .gpus
@@ -176,7 +188,8 @@ fn print_report(report: &figures::BenchReport, json: bool) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_size;
+    use super::{parse_huge_pages, parse_size};
+    use numapin::runtime::HugePages;
 
     #[test]
     fn sizes() {
@@ -186,5 +199,13 @@ mod tests {
         assert!(parse_size("0").is_err());
         assert!(parse_size("12Q").is_err());
         assert!(parse_size("99999999G").is_err());
+    }
+
+    #[test]
+    fn huge_page_choices() {
+        assert_eq!(parse_huge_pages("2m"), Ok(HugePages::Hugetlb2M));
+        assert_eq!(parse_huge_pages("thp"), Ok(HugePages::Transparent));
+        let e = parse_huge_pages("4k").unwrap_err();
+        assert!(e.contains("auto, thp, 2m, 1g or none"), "{e}");
     }
 }
