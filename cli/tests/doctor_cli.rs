@@ -27,6 +27,7 @@ const NAMES: &[&str] = &[
     "numa_syscalls",
     "container",
     "transparent_hugepages",
+    "huge_pages",
     "numa_balancing",
     "iommu",
     "pin_probe",
@@ -42,6 +43,7 @@ const LIVE_CHECKS: &[&str] = &[
     "numa_syscalls",
     "container",
     "transparent_hugepages",
+    "huge_pages",
     "numa_balancing",
     "iommu",
     "pin_probe",
@@ -201,6 +203,78 @@ fn text_report_puts_the_verdict_first() {
     assert!(out.contains("not run: pin_probe (--no-pin-probe)"), "{out}");
     assert!(!out.contains("pin_probe (node"), "{out}");
     assert!(out.contains(" checks: "), "{out}");
+}
+
+/// The huge pages section: the THP mode and each node's pools, in JSON and
+/// in text; a pool reserved on a node (as root) shows up with its pages,
+/// and the check says regions there cannot take it yet (too few pages for
+/// one default region). A saved machine has no such section.
+#[test]
+fn huge_pages_section_shows_each_nodes_pools() {
+    let check = |pool: Option<&common::HugePool>| {
+        let (v, checks) = report(&run(numapin(&["doctor", "--json", "--no-pin-probe"])));
+        let h = &v["huge_pages"];
+        assert!(
+            h["thp_enabled"].is_string() || h["thp_enabled"].is_null(),
+            "{h}"
+        );
+        assert!(h["madv_populate_write"].is_boolean(), "{h}");
+        assert!(h["error"].is_null(), "{h}");
+        let pools = h["pools"].as_array().unwrap();
+        for n in memory_nodes() {
+            let row = pools
+                .iter()
+                .find(|r| r["node"] == n && r["page_bytes"] == 2u64 << 20)
+                .unwrap_or_else(|| panic!("no 2 MiB pool row for node {n}: {h}"));
+            for k in ["total", "free", "surplus"] {
+                assert!(row[k].is_u64(), "{row}");
+            }
+            if let Some(p) = pool.filter(|p| u64::from(p.node) == n) {
+                assert!(row["free"].as_u64().unwrap() >= p.free().min(4), "{row}");
+                assert!(row["total"].as_u64().unwrap() >= 4, "{row}");
+            }
+        }
+        let c = one(&checks, "huge_pages");
+        let ev = c["evidence"].as_str().unwrap();
+        if let Some(p) = pool {
+            if p.free() < 128 {
+                assert_eq!(c["verdict"], "warn", "{c}");
+                assert!(ev.contains("fewer than 128 free 2 MiB pages"), "{ev}");
+                assert!(c["fix"].as_str().unwrap().contains("nr_hugepages"), "{c}");
+            }
+        }
+        let o = run(numapin(&["doctor", "--no-pin-probe"]));
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(out.contains("\nhuge pages: THP enabled "), "{out}");
+        assert!(
+            out.contains("  NODE  PAGE   TOTAL  FREE  SURPLUS\n"),
+            "{out}"
+        );
+        out.into_owned()
+    };
+    check(None);
+    let node = memory_nodes()[0] as u32;
+    match common::HugePool::reserve(node, 2 << 20, 4) {
+        Err(why) => eprintln!("skipped the part with a pool: {why}"),
+        Ok(p) => {
+            let out = check(Some(&p));
+            let row = out
+                .lines()
+                .find(|l| {
+                    l.split_whitespace().take(3).collect::<Vec<_>>()
+                        == [node.to_string().as_str(), "2", "MiB"]
+                })
+                .unwrap_or_else(|| panic!("no row for node {node}:\n{out}"));
+            let total: u64 = row.split_whitespace().nth(3).unwrap().parse().unwrap();
+            assert!(total >= 4, "{row}");
+        }
+    }
+    // A saved machine: the section describes this machine, so it is absent.
+    let f = fixture("dgx-h100.xml");
+    let (v, _) = report(&run(numapin(&["doctor", "--json", "--input", &f])));
+    assert!(v["huge_pages"].is_null(), "{v}");
+    let out = run(numapin(&["doctor", "--input", &f]));
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("huge pages:"));
 }
 
 #[test]

@@ -789,4 +789,4 @@ pub(super) fn iommu(t: &Topology, v: &IommuView) -> Check {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

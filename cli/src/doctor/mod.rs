@@ -5,6 +5,7 @@ use serde::Serialize;
 use crate::TopoSource;
 mod checks;
 mod containers;
+mod huge_pages;
 mod pin_probe;
 mod report;
 pub(crate) mod system;
@@ -23,7 +24,7 @@ pub(crate) struct DoctorArgs {
     /// are listed as not run.
     #[command(flatten)]
     pub(crate) source: TopoSource,
-    /// Print the checks as JSON (`{"checks":[{"name","verdict","evidence","fix","gpu","node"}],...}`).
+    /// Print the checks as JSON (`{"checks":[{"name","verdict","evidence","fix","gpu","node"}],"huge_pages":{...},...}`).
     #[arg(long)]
     pub(crate) json: bool,
     /// Do not pin a probe region on each NUMA node.
@@ -42,6 +43,8 @@ struct NotRun {
 struct Report<'a> {
     source: &'a str,
     checks: &'a [Check],
+    /// Each node's hugetlb pools and the THP mode (this machine only).
+    huge_pages: Option<&'a huge_pages::HugePagesView>,
     not_run: Vec<NotRun>,
     summary: Summary,
 }
@@ -63,7 +66,7 @@ pub(crate) fn run(a: &DoctorArgs) -> Result<i32> {
         pin_probe: !a.no_pin_probe,
         ..Default::default()
     };
-    let checks = doctor::run_checks(&t, &opts);
+    let (checks, view) = doctor::run_checks(&t, &opts);
     let mut not_run = Vec::new();
     if !live {
         for &name in doctor::LIVE_CHECKS {
@@ -83,6 +86,7 @@ pub(crate) fn run(a: &DoctorArgs) -> Result<i32> {
     let report = Report {
         source: &t.source,
         checks: &checks,
+        huge_pages: view.as_ref().map(|v| &v.huge_pages),
         not_run,
         summary: Summary {
             ok: count(Verdict::Ok),
@@ -131,6 +135,10 @@ fn render(r: &Report) -> String {
         if let Some(fix) = &c.fix {
             out.push_str(&format!("      {:<width$}  fix: {fix}\n", ""));
         }
+    }
+    if let Some(h) = r.huge_pages {
+        out.push('\n');
+        out.push_str(&h.render());
     }
     if !r.not_run.is_empty() {
         let names: Vec<&str> = r.not_run.iter().map(|n| n.name).collect();

@@ -16,7 +16,7 @@
 use serde::Serialize;
 
 use super::system::{DriverState, SystemView};
-use super::{checks, containers, pin_probe};
+use super::{checks, containers, huge_pages, pin_probe};
 
 use numapin::topology::Topology;
 
@@ -121,6 +121,7 @@ pub(crate) const CHECK_NAMES: &[&str] = &[
     "numa_syscalls",
     "container",
     "transparent_hugepages",
+    "huge_pages",
     "numa_balancing",
     "iommu",
     "pin_probe",
@@ -136,6 +137,7 @@ pub(crate) const LIVE_CHECKS: &[&str] = &[
     "numa_syscalls",
     "container",
     "transparent_hugepages",
+    "huge_pages",
     "numa_balancing",
     "iommu",
     "pin_probe",
@@ -167,14 +169,18 @@ impl Default for DoctorOptions {
 }
 
 /// Runs every check that applies: the topology checks always, the live
-/// checks (and pin probe) when `opts.live`.
-pub(crate) fn run_checks(topo: &Topology, opts: &DoctorOptions) -> Vec<Check> {
+/// checks (and pin probe) when `opts.live`; returns them with the live
+/// state they read.
+pub(crate) fn run_checks(
+    topo: &Topology,
+    opts: &DoctorOptions,
+) -> (Vec<Check>, Option<SystemView>) {
     let view = opts.live.then(|| SystemView::read(topo, opts.cuda));
     let mut out = evaluate(topo, view.as_ref());
     if opts.live && opts.pin_probe {
         out.extend(pin_probe::probe_all(topo, opts));
     }
-    out
+    (out, view)
 }
 
 /// The checks for a topology and (for this machine) its live state, without
@@ -213,6 +219,7 @@ pub(crate) fn evaluate(topo: &Topology, view: Option<&SystemView>) -> Vec<Check>
             v.thp_enabled.as_deref(),
             v.thp_defrag.as_deref(),
         ));
+        out.push(huge_pages::huge_pages(topo, &v.huge_pages));
         out.push(checks::numa_balancing(topo, v.numa_balancing.as_deref()));
         out.push(checks::iommu(topo, &v.iommu));
     }

@@ -72,6 +72,8 @@ pub(crate) struct SystemView {
     pub(crate) thp_enabled: Option<String>,
     /// `/sys/kernel/mm/transparent_hugepage/defrag`, if readable.
     pub(crate) thp_defrag: Option<String>,
+    /// The hugetlb pools of every node and the THP mode.
+    pub(crate) huge_pages: super::huge_pages::HugePagesView,
     /// `/proc/sys/kernel/numa_balancing`, if readable.
     pub(crate) numa_balancing: Option<String>,
     /// The IOMMU.
@@ -150,6 +152,10 @@ impl SystemView {
             cgroup: numapin::internals::cgroup::read_self(),
             thp_enabled: read("/sys/kernel/mm/transparent_hugepage/enabled"),
             thp_defrag: read("/sys/kernel/mm/transparent_hugepage/defrag"),
+            huge_pages: super::huge_pages::HugePagesView::read(
+                Path::new("/"),
+                numapin::internals::numa::populate_write_supported(),
+            ),
             numa_balancing: read("/proc/sys/kernel/numa_balancing"),
             iommu: IommuView {
                 cmdline: read("/proc/cmdline"),

@@ -9,7 +9,7 @@ fn cpus(s: &str) -> CpuList {
 }
 
 /// `nodes` nodes of 4 CPUs and 64 GiB each, everything allowed, no GPU.
-fn machine(nodes: u32) -> Topology {
+pub(crate) fn machine(nodes: u32) -> Topology {
     Topology {
         schema_version: numapin::topology::SCHEMA_VERSION,
         source: "live".into(),
@@ -41,7 +41,7 @@ fn machine(nodes: u32) -> Topology {
 }
 
 /// Adds an NVIDIA GPU on `node` (its CPUs local), CUDA ordinal in order.
-fn gpu(t: &mut Topology, node: Option<u32>) -> &mut Gpu {
+pub(crate) fn gpu(t: &mut Topology, node: Option<u32>) -> &mut Gpu {
     let i = t.gpus.len() as u32;
     let local = match node {
         Some(n) => t.node(n).unwrap().cpus.clone(),
@@ -589,6 +589,13 @@ fn evaluate_gives_every_check_name_once_at_least() {
         cgroup: Default::default(),
         thp_enabled: Some("always [madvise] never".into()),
         thp_defrag: Some("[madvise]".into()),
+        huge_pages: crate::doctor::huge_pages::HugePagesView {
+            thp_enabled: Some("madvise".into()),
+            thp_defrag: Some("madvise".into()),
+            madv_populate_write: true,
+            pools: vec![],
+            error: None,
+        },
         numa_balancing: Some("0".into()),
         iommu: IommuView::default(),
     };
