@@ -20,7 +20,7 @@ mod slots;
 use std::sync::{Arc, Mutex};
 
 use numapin::affinity::{self, MemPolicy, Mode, PlanOptions, RankChoice};
-use numapin::runtime::{CacheLimits, Placement, Runtime, RuntimeConfig};
+use numapin::runtime::{CacheLimits, HugePages, Placement, Runtime, RuntimeConfig};
 use numapin::topology::ProbeOptions;
 use numapin::{CudaOrdinal, Target, Topology};
 use pyo3::buffer::PyUntypedBuffer;
@@ -585,7 +585,7 @@ fn bind(
 
 /// Sets the configuration of the runtime numapin makes on first use.
 #[pyfunction]
-#[pyo3(signature = (*, budget_bytes=None, budget_fraction=None, region_bytes=None, register=None, placement=None, thread_cache_blocks=None, thread_cache_bytes=None, populate_threads=None))]
+#[pyo3(signature = (*, budget_bytes=None, budget_fraction=None, region_bytes=None, register=None, placement=None, thread_cache_blocks=None, thread_cache_bytes=None, populate_threads=None, huge_pages=None))]
 #[allow(clippy::too_many_arguments)]
 fn configure(
     py: Python<'_>,
@@ -597,7 +597,19 @@ fn configure(
     thread_cache_blocks: Option<usize>,
     thread_cache_bytes: Option<u64>,
     populate_threads: Option<usize>,
+    huge_pages: Option<&str>,
 ) -> PyResult<()> {
+    let huge_pages = match huge_pages.map(str::parse::<HugePages>) {
+        None => None,
+        Some(Ok(h)) => Some(h),
+        Some(Err(e)) => {
+            return Err(input_error(
+                py,
+                format!("huge_pages={:?}: {e}", e.text),
+                "use \"auto\" (hugetlb pages when the node's pool has enough, else transparent huge pages; the default), \"thp\", \"2m\" or \"1g\" (hugetlb pages from the node's pool, an error when it is short), or \"none\" (4 KiB pages)",
+            ))
+        }
+    };
     let placement =
         match placement {
             None => None,
@@ -635,6 +647,9 @@ fn configure(
     }
     if let Some(t) = populate_threads {
         c = c.with_populate_threads(t);
+    }
+    if let Some(h) = huge_pages {
+        c = c.with_huge_pages(h);
     }
     if thread_cache_blocks.is_some() || thread_cache_bytes.is_some() {
         let d = c.thread_cache;

@@ -175,3 +175,39 @@ def test_configure_comes_before_first_use():
     with pytest.raises(numapin.InputError) as e:
         numapin.configure(placement="sometimes")
     assert "strict" in e.value.fix
+    with pytest.raises(numapin.InputError) as e:
+        numapin.configure(huge_pages="4k")
+    assert "4k" in str(e.value) and '"auto"' in e.value.fix
+
+
+def test_huge_pages_are_configured_and_counted():
+    # 4 KiB pages asked for: the stats say so, on every node with a region.
+    r = run_py(
+        """
+        import numapin
+        numapin.configure(huge_pages="none", region_bytes=4 << 20)
+        a = numapin.empty(1 << 20, "uint8", like="numpy")
+        s = [s for s in numapin.stats() if s["regions"]][0]
+        print(s["regions_base_pages"], s["regions_thp"], s["regions_hugetlb_2m"], s["regions_hugetlb_1g"])
+        """
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["1", "0", "0", "0"], r.stdout
+    # A 1 GiB pool nobody reserved: a BudgetError (or, where the kernel
+    # offers no 1 GiB pages, an Error) naming the pool, with its fix.
+    r = run_py(
+        """
+        import numapin
+        numapin.configure(huge_pages="1g")
+        try:
+            numapin.empty(1 << 20, "uint8", like="numpy")
+            print("made")
+        except numapin.Error as e:
+            print(type(e).__name__, "hugetlb" in str(e), "nr_hugepages" in (e.fix or ""))
+        """
+    )
+    assert r.returncode == 0, r.stderr
+    out = r.stdout.split()
+    if out != ["made"]:
+        assert out[1:] == ["True", "True"], r.stdout
+        assert out[0] in ("BudgetError", "Error"), r.stdout
