@@ -41,6 +41,10 @@ fn four_node_script() -> String {
         // ... and under a seccomp filter refusing the NUMA calls (Docker's
         // default profile): first touch on nodes 2 and 3, numa_maps checks
         guest_step("guest-filtered-arena", "guest::arena_under_a_seccomp_filter"),
+        // hugetlb pages: a pool on node 2 only; regions follow each node's
+        // pool, and a node without pages is an error, never SIGBUS
+        guest_step("guest-hugetlb", "guest::hugetlb_regions_follow_each_nodes_pool"),
+        format!("step doctor-hugetlb sh -c 'echo 8 > {POOL2}; numapin doctor --json --no-cuda --no-pin-probe --accelerator-pci-id {acc}; rc=$?; echo 0 > {POOL2}; exit $rc'"),
         // numapin exec for the accelerator on node 3 (CUDA order = PCI order
         // without a driver: ordinal 1), and for local rank 0 (node 2)
         format!("step exec-gpu1 numapin exec --no-cuda --accelerator-pci-id {acc} --gpu 1 -- sh -c 'grep Cpus_allowed_list /proc/self/status; grep -c bind:3 /proc/self/numa_maps'"),
@@ -55,6 +59,9 @@ fn four_node_script() -> String {
     .join("\n")
         + "\n"
 }
+
+/// Node 2's pool of 2 MiB hugetlb pages, inside the guest.
+const POOL2: &str = "/sys/devices/system/node/node2/hugepages/hugepages-2048kB/nr_hugepages";
 
 /// A step that runs one in-guest check of this binary (see [`Boot::guest_test_passed`]).
 fn guest_step(step: &str, test: &str) -> String {
@@ -317,6 +324,53 @@ fn arena_regions_under_a_seccomp_filter_are_placed_by_first_touch() {
         "guest-filtered-arena",
         "guest::arena_under_a_seccomp_filter",
     );
+}
+
+/// hugetlb regions follow each node's pool (checked inside), and the
+/// doctor shows the pools per node and which GPU nodes lack pages.
+#[test]
+fn hugetlb_pools_are_per_node() {
+    let Some(boot) = four_nodes() else { return };
+    boot.guest_test_passed(
+        "guest-hugetlb",
+        "guest::hugetlb_regions_follow_each_nodes_pool",
+    );
+    let s = boot.ok("doctor-hugetlb");
+    let v: serde_json::Value =
+        serde_json::from_str(&s.stdout).unwrap_or_else(|e| panic!("not JSON ({e}):\n{}", s.stdout));
+    let pools = v["huge_pages"]["pools"].as_array().unwrap();
+    for node in 0..4u64 {
+        let row = pools
+            .iter()
+            .find(|r| r["node"] == node && r["page_bytes"] == 2u64 << 20)
+            .unwrap_or_else(|| panic!("node {node}: no 2 MiB row in {pools:?}"));
+        let want = if node == 2 { 8 } else { 0 };
+        assert_eq!(
+            (&row["total"], &row["free"], &row["surplus"]),
+            (&want.into(), &want.into(), &0.into()),
+            "node {node}: {row}"
+        );
+    }
+    let c = v["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "huge_pages")
+        .unwrap();
+    assert_eq!(c["verdict"], "warn", "{c}");
+    let ev = c["evidence"].as_str().unwrap();
+    assert!(
+        ev.contains("node 2: 2 MiB 8 free of 8")
+            && ev.contains("node 2, node 3 have fewer than 128 free 2 MiB pages"),
+        "{ev}"
+    );
+    let fix = c["fix"].as_str().unwrap();
+    for node in [2, 3] {
+        let want = format!(
+            "`echo 128 > /sys/devices/system/node/node{node}/hugepages/hugepages-2048kB/nr_hugepages`"
+        );
+        assert!(fix.contains(&want), "{fix}");
+    }
 }
 
 #[test]
@@ -861,6 +915,133 @@ mod guest {
             assert_eq!(s.bytes_in_use, 0, "{s:?}");
         }
         println!("24 batches, workers on CPUs {cpus}, every slot page on node 2");
+    }
+
+    /// A pool of 2 MiB hugetlb pages on node 2 only: regions of its pages
+    /// on node 2 come from it, every page there (move_pages per 4 KiB page,
+    /// independently of numapin's count); node 3 has none: asking for them
+    /// there is an error and Auto uses THP; and when a pool file lies
+    /// (claims node 3 has pages), the machine-wide reservation succeeds
+    /// with node 2's pages but faulting them in on node 3 fails, which must
+    /// be an error, not SIGBUS, with everything given back.
+    #[test]
+    #[ignore = "runs inside the emulated machine; `cargo test --test vm` boots it"]
+    fn hugetlb_regions_follow_each_nodes_pool() {
+        use numapin::runtime::{ArenaError, HugePages, Runtime, RuntimeConfig};
+        use numapin::topology::{CudaMode, ProbeOptions, Topology};
+        if !in_guest() {
+            return;
+        }
+        const MIB: usize = 1 << 20;
+        let pool = crate::common::HugePool::reserve(2, 2 << 20, 8).unwrap();
+        let t = Topology::probe(&ProbeOptions::default().with_cuda(CudaMode::Off)).unwrap();
+        let stats =
+            |rt: &Runtime, node: u32| rt.stats().into_iter().find(|s| s.node == node).unwrap();
+        let explicit = RuntimeConfig::default()
+            .with_region_bytes(8 * MIB)
+            .with_huge_pages(HugePages::Hugetlb2M);
+        let rt = Runtime::new(t.clone(), explicit.clone()).unwrap();
+        let mut b = rt.alloc_on_node(2, 3 * MIB).unwrap();
+        b.fill(9);
+        let pages: Vec<*mut libc::c_void> = (0..3 * MIB)
+            .step_by(4096)
+            .map(|o| b.as_mut_ptr().wrapping_add(o).cast())
+            .collect();
+        let status = raw::query(&pages).unwrap();
+        assert!(status.iter().all(|&s| s == 2), "{status:?}");
+        let s = stats(&rt, 2);
+        assert_eq!(
+            (
+                s.regions_hugetlb_2m,
+                s.pages_on_node,
+                s.pages_off_node,
+                s.bytes_locked
+            ),
+            (1, 2048, 0, 0),
+            "{s:?}"
+        );
+        assert_eq!(pool.free(), 4);
+        match rt.alloc_on_node(3, MIB) {
+            Err(ArenaError::HugePages {
+                node: 3,
+                needed: 4,
+                usable: Some(0),
+                ..
+            }) => {}
+            other => panic!(
+                "node 3: expected the pool error, got {:?}",
+                other.map(|b| b.len())
+            ),
+        }
+        drop(b);
+        drop(rt);
+        assert_eq!(pool.free(), 8);
+
+        // Auto: node 2 takes its pool, node 3 (no pool: no note) THP.
+        let auto = RuntimeConfig::default().with_region_bytes(8 * MIB);
+        let rt = Runtime::new(t.clone(), auto).unwrap();
+        let a = rt.alloc_on_node(2, MIB).unwrap();
+        let b = rt.alloc_on_node(3, MIB).unwrap();
+        let (s2, s3) = (stats(&rt, 2), stats(&rt, 3));
+        assert_eq!(s2.regions_hugetlb_2m, 1, "{s2:?}");
+        assert_eq!(s3.regions_hugetlb_2m, 0, "{s3:?}");
+        assert_eq!(s3.regions_thp + s3.regions_base_pages, 1, "{s3:?}");
+        assert!(s3.method_notes.is_empty(), "{s3:?}");
+        drop((a, b));
+        drop(rt);
+        assert_eq!(pool.free(), 8);
+
+        // A pool file that claims node 3 has 8 free pages.
+        let fake = tempfile::tempdir().unwrap();
+        for (dir, files) in [
+            (
+                "sys/devices/system/node/node3/hugepages/hugepages-2048kB",
+                &[
+                    ("nr_hugepages", 8),
+                    ("free_hugepages", 8),
+                    ("surplus_hugepages", 0),
+                ][..],
+            ),
+            (
+                "sys/kernel/mm/hugepages/hugepages-2048kB",
+                &[
+                    ("nr_hugepages", 8),
+                    ("free_hugepages", 8),
+                    ("resv_hugepages", 0),
+                    ("surplus_hugepages", 0),
+                    ("nr_overcommit_hugepages", 0),
+                ][..],
+            ),
+        ] {
+            let d = fake.path().join(dir);
+            std::fs::create_dir_all(&d).unwrap();
+            for (f, v) in files {
+                std::fs::write(d.join(f), format!("{v}\n")).unwrap();
+            }
+        }
+        let mut cfg = explicit;
+        numapin::internals::pool_root(&mut cfg, Some(fake.path().to_path_buf()));
+        let rt = Runtime::new(t, cfg).unwrap();
+        let e = rt.alloc_on_node(3, MIB).unwrap_err();
+        let msg = numapin::error::with_causes(&e);
+        assert!(
+            matches!(
+                &e,
+                ArenaError::HugePages {
+                    node: 3,
+                    usable: None,
+                    source: Some(_),
+                    ..
+                }
+            ),
+            "{msg}"
+        );
+        assert!(msg.contains("faulting the pages in failed"), "{msg}");
+        assert!(!numapin::internals::numa::is_mapped(
+            numapin::internals::last_mapped_addr()
+        ));
+        assert_eq!(pool.free(), 8, "node 2's pages back in its pool");
+        println!("node 3 without pages, past a lying pool file: {msg}");
     }
 
     /// The raw system calls the checks need (std + libc only).
