@@ -280,13 +280,15 @@ fn pool_words(a: &hugetlb::Availability, node: u32, page: u64, needed: u64) -> S
 fn auto(node: u32, size: usize, root: &Path) -> Choice {
     let fallback = transparent();
     let mut short = Vec::new();
+    // The size any region has (a multiple of 2 MiB).
+    let len = size.div_ceil(HUGE_PAGE).max(1) * HUGE_PAGE;
     for kind in [PageKind::Hugetlb1G, PageKind::Hugetlb2M] {
         let page = kind.granule();
         // 1 GiB pages only where they add nothing to the region's size.
-        if size % page != 0 || size == 0 {
+        if len % page != 0 {
             continue;
         }
-        let needed = (size / page) as u64;
+        let needed = (len / page) as u64;
         match hugetlb::availability(root, node, page as u64) {
             Ok(a) if a.usable() >= needed => {
                 if numa::populate_write_supported() {
@@ -461,6 +463,13 @@ mod tests {
                 note: None
             }
         );
+        // Sizes are rounded to 2 MiB first, as for any region: 3 MiB is two
+        // pages, 1 byte one.
+        let kind = |size| choose(HugePages::Auto, 1, size, r.path()).unwrap().kind;
+        assert_eq!(kind(3 * MIB), PageKind::Hugetlb2M);
+        assert_eq!(kind(1), PageKind::Hugetlb2M);
+        let c = choose(HugePages::Auto, 1, 120 * MIB + 1, r.path()).unwrap();
+        assert!(c.note.unwrap().contains("61 needed"));
     }
 
     #[test]

@@ -7,6 +7,9 @@
 //! and hands out [`PinnedBuf`]s; see `docs/arena.md` for the design, the
 //! budget and what each error means.
 //!
+//! * Regions are backed by transparent huge pages, or by hugetlb pages from
+//!   the node's pool ([`HugePages`]; `huge.rs` decides, per region, and the
+//!   region records what it got).
 //! * Regions are made lazily, at the configured size (256 MiB by default);
 //!   a request over half a region gets a region of its own size, and one
 //!   larger than a region a *dedicated* region; of the dedicated regions
@@ -428,7 +431,8 @@ impl NodeStats {
 /// How one node's arena behaves.
 #[derive(Debug, Clone)]
 pub struct ArenaConfig {
-    /// Standard region size in bytes (a multiple of 2 MiB).
+    /// Standard region size in bytes (a multiple of 2 MiB, of 1 GiB with
+    /// [`HugePages::Hugetlb1G`]).
     pub region_bytes: u64,
     /// Block alignment (power of two, 4 KiB to 2 MiB).
     pub alignment: u64,
