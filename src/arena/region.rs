@@ -495,6 +495,7 @@ impl Region {
             }
             Ok(())
         };
+        let gate = &Gate::default();
         std::thread::scope(|s| {
             let mut handles = Vec::new();
             for t in 0..threads {
@@ -506,11 +507,22 @@ impl Region {
                 // Always a thread of its own, even for one: the caller's
                 // CPU set stays as it was.
                 let b = std::thread::Builder::new().name("numapin-populate".into());
-                handles.push(b.spawn_scoped(s, move || {
+                let started = b.spawn_scoped(s, move || {
+                    if !gate.arrive() {
+                        return Ok(());
+                    }
                     bind()?;
                     touch(from, to)
-                })?);
+                });
+                match started {
+                    Ok(h) => handles.push(h),
+                    Err(e) => {
+                        gate.open(false, 0);
+                        return Err(e);
+                    }
+                }
             }
+            gate.open(true, handles.len());
             for h in handles {
                 h.join()
                     .map_err(|_| std::io::Error::other("a populate thread panicked"))??;
@@ -678,6 +690,56 @@ impl Drop for Region {
     }
 }
 
+/// Holds the populate threads until every one has started. A thread that
+/// faults its share in with `MADV_POPULATE_WRITE` holds the process's mmap
+/// lock (for reading) for the whole share, and a thread starting up maps
+/// its stack and its signal stack (the lock for writing): threads let go
+/// while others still start run one after another (a 1 GiB hugetlb region
+/// on 16 cores of an H200 VM: 60-77 ms, against 23-25 ms with all 16
+/// released once every one has started).
+#[derive(Default)]
+struct Gate {
+    state: std::sync::Mutex<GateState>,
+    changed: std::sync::Condvar,
+}
+
+#[derive(Default)]
+struct GateState {
+    arrived: usize,
+    open: Option<bool>,
+}
+
+impl Gate {
+    fn lock(&self) -> std::sync::MutexGuard<'_, GateState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Called by a started thread: counts it, then waits until the gate is
+    /// opened; whether to go on (`false`: starting the others failed).
+    fn arrive(&self) -> bool {
+        let mut g = self.lock();
+        g.arrived += 1;
+        self.changed.notify_all();
+        loop {
+            if let Some(go) = g.open {
+                return go;
+            }
+            g = self.changed.wait(g).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    /// Waits until `threads` threads have arrived, then lets them go on
+    /// (`go`); with `go` false, at once: every thread gives up.
+    fn open(&self, go: bool, threads: usize) {
+        let mut g = self.lock();
+        while go && g.arrived < threads {
+            g = self.changed.wait(g).unwrap_or_else(|p| p.into_inner());
+        }
+        g.open = Some(go);
+        self.changed.notify_all();
+    }
+}
+
 /// The error for hugetlb pages that `what` (`mmap`, faulting in) could not
 /// get: the pool's figures read now, the system's error kept.
 fn hugetlb_failed(
@@ -726,4 +788,35 @@ pub(crate) fn mmap_mlock_baseline(len: usize) -> std::io::Result<std::time::Dura
         let _ = numa::unmap(p, len);
     }
     locked.map(|()| d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Gate;
+
+    /// The gate lets threads go only once every one has arrived, and a
+    /// closed gate sends them all home.
+    #[test]
+    fn the_populate_gate_waits_for_every_thread() {
+        let gate = Gate::default();
+        let went = std::sync::atomic::AtomicUsize::new(0);
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                s.spawn(|| {
+                    if gate.arrive() {
+                        went.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    }
+                });
+            }
+            gate.open(true, 4);
+            assert_eq!(gate.lock().arrived, 4, "opened before every thread arrived");
+        });
+        assert_eq!(went.into_inner(), 4);
+        let gate = Gate::default();
+        std::thread::scope(|s| {
+            let h = s.spawn(|| gate.arrive());
+            gate.open(false, 0);
+            assert!(!h.join().unwrap());
+        });
+    }
 }
