@@ -285,7 +285,7 @@ fn auto(node: u32, size: usize, root: &Path) -> Choice {
     let len = size.div_ceil(HUGE_PAGE).max(1) * HUGE_PAGE;
     // 2 MiB pages first: the kernel zeroes each hugetlb page in one thread,
     // so a region of few 1 GiB pages populates with few threads (a 1 GiB
-    // region on 16 cores of an H200 VM: 177 ms with one 1 GiB page, 55 ms
+    // region on 16 cores of an H200 VM: 177 ms with one 1 GiB page, 22 ms
     // with 512 pages of 2 MiB); 1 GiB pages when the 2 MiB pool is short.
     for kind in [PageKind::Hugetlb2M, PageKind::Hugetlb1G] {
         let page = kind.granule();
