@@ -28,14 +28,15 @@ use crate::topology::{NodeKind, Topology};
 
 pub use crate::arena::region::Step;
 pub use crate::arena::{
-    ArenaError, CacheLimits, NodeStats, PinnedBuf, PinnedBy, PlacedBy, Placement, RegionMethods,
-    VerifiedBy, DEFAULT_ALIGNMENT, DEFAULT_BUDGET_FRACTION, DEFAULT_REGION_BYTES, MAX_ALIGNMENT,
+    ArenaError, Backend, CacheLimits, NodeStats, PinnedBuf, PinnedBy, PlacedBy, Placement,
+    RegionMethods, VerifiedBy, DEFAULT_ALIGNMENT, DEFAULT_BUDGET_FRACTION, DEFAULT_REGION_BYTES,
+    MAX_ALIGNMENT,
 };
 
 /// Most threads that fault in a new region when
 /// [`RuntimeConfig::populate_threads`] is 0 (they are also limited to the
 /// node's allowed CPUs).
-pub const MAX_POPULATE_THREADS: usize = 16;
+pub const MAX_POPULATE_THREADS: usize = 64;
 
 /// Hooks numapin's own tests set through [`crate::internals`]; never set
 /// in normal use.
@@ -83,6 +84,11 @@ pub struct RuntimeConfig {
     pub register: bool,
     /// What a page found off its node means (default an error).
     pub placement: Placement,
+    /// Where regions' memory comes from (default [`Backend::Mapped`],
+    /// numapin's own mmap + mbind + mlock + `cuMemHostRegister`; the
+    /// driver backends are measured against it by `numapin bench --only
+    /// pinning`, and `docs/BENCHMARKS.md` says why it stays the default).
+    pub backend: Backend,
     /// Bounds of each thread's cache of freed blocks, per node (default
     /// 64 blocks, 16 MiB, blocks up to 4 MiB; [`arena::CacheLimits::off`]
     /// turns caching off).
@@ -103,6 +109,7 @@ impl Default for RuntimeConfig {
             populate_threads: 0,
             register: true,
             placement: Placement::Strict,
+            backend: Backend::Mapped,
             thread_cache: arena::CacheLimits::default(),
             budget_wait: None,
             hooks: TestHooks::default(),
@@ -118,6 +125,7 @@ with_setters!(RuntimeConfig {
     with_populate_threads => populate_threads: usize,
     with_register => register: bool,
     with_placement => placement: Placement,
+    with_backend => backend: Backend,
     with_thread_cache => thread_cache: CacheLimits,
     with_budget_wait => budget_wait: Option<Duration>,
 });
@@ -236,6 +244,7 @@ impl Runtime {
                         cpus,
                         register: config.register,
                         placement: config.placement,
+                        backend: config.backend,
                         cache: config.thread_cache,
                         memlock_applies,
                         shared: shared.clone(),

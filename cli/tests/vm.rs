@@ -654,6 +654,7 @@ mod guest {
             register: false,
             placement: Placement::Strict,
             pin_by_registration: None,
+            backend: numapin::runtime::Backend::Mapped,
             fail_after: None,
         };
         let e = Region::create(&o).unwrap_err();

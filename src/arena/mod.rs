@@ -30,6 +30,7 @@ mod buf;
 pub(crate) mod cache;
 mod error;
 pub(crate) mod region;
+pub(crate) mod release;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
@@ -69,6 +70,7 @@ pub enum Placement {
 /// How a region's pages were put on its node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum PlacedBy {
     /// `mbind(MPOL_BIND)` to the node, then touched.
     Mbind,
@@ -76,28 +78,92 @@ pub enum PlacedBy {
     /// first by threads bound to the node's CPUs, so that the default
     /// policy allocated the pages there.
     FirstTouch,
+    /// The CUDA driver placed them: `cuMemCreate` with a host NUMA
+    /// location ([`Backend::DriverNuma`]).
+    DriverNuma,
+    /// `cuMemHostAlloc` while the calling thread's memory policy was
+    /// `MPOL_BIND` to the node ([`Backend::HostAllocBound`]).
+    BindPolicy,
+}
+
+/// Where a region's pinned memory comes from (the region *backend*).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Backend {
+    /// numapin's own (the default): `mmap`, `mbind(MPOL_BIND)`, populated by
+    /// threads on the node's CPUs, `mlock`, `cuMemHostRegister`, placement
+    /// checked page by page. Works without a CUDA driver (unregistered).
+    #[default]
+    Mapped,
+    /// The driver allocates pinned memory on the node itself: `cuMemCreate`
+    /// with a `CU_MEM_LOCATION_TYPE_HOST_NUMA` location, mapped with
+    /// `cuMemMap` and made accessible to the host and every GPU with
+    /// `cuMemSetAccess` (CUDA 12.2+ drivers; needs a driver and a GPU).
+    DriverNuma,
+    /// `cuMemHostAlloc(PORTABLE | DEVICEMAP)` with the thread's memory
+    /// policy bound to the node for the call (needs a driver and a GPU, and
+    /// `set_mempolicy` allowed).
+    HostAllocBound,
+}
+
+impl Backend {
+    /// `mapped`, `driver_numa`, `host_alloc_bound`: the name in `numapin
+    /// bench` parameters and on the command line.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Backend::Mapped => "mapped",
+            Backend::DriverNuma => "driver_numa",
+            Backend::HostAllocBound => "host_alloc_bound",
+        }
+    }
+
+    /// Every backend, the default first.
+    pub const ALL: [Backend; 3] = [
+        Backend::Mapped,
+        Backend::DriverNuma,
+        Backend::HostAllocBound,
+    ];
+}
+
+impl std::fmt::Display for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Backend::Mapped => "mmap + mbind + mlock + cuMemHostRegister",
+            Backend::DriverNuma => "cuMemCreate on a host NUMA node",
+            Backend::HostAllocBound => "cuMemHostAlloc under MPOL_BIND",
+        })
+    }
 }
 
 /// What keeps a region's pages resident.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum PinnedBy {
     /// `mlock`.
     Mlock,
     /// CUDA registration alone: RLIMIT_MEMLOCK was too low for `mlock`,
     /// and `cuMemHostRegister` pins the pages without that limit.
     Registration,
+    /// The CUDA driver allocated them pinned (a driver backend).
+    Driver,
 }
 
 /// How a region's placement was checked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum VerifiedBy {
     /// `move_pages` with a null node list, page by page.
     MovePages,
     /// `move_pages` was refused: per-node page counts of the region's own
     /// VMAs from `/proc/self/numa_maps` (as exact).
     NumaMaps,
+    /// Not checked: the driver's mapping hides its pages from both
+    /// `move_pages` and `numa_maps` (a driver backend, which was given the
+    /// node explicitly).
+    Unverified,
 }
 
 impl PlacedBy {
@@ -106,6 +172,8 @@ impl PlacedBy {
         match self {
             PlacedBy::Mbind => "mbind",
             PlacedBy::FirstTouch => "first_touch",
+            PlacedBy::DriverNuma => "driver_numa",
+            PlacedBy::BindPolicy => "bind_policy",
         }
     }
 }
@@ -116,6 +184,7 @@ impl PinnedBy {
         match self {
             PinnedBy::Mlock => "mlock",
             PinnedBy::Registration => "registration",
+            PinnedBy::Driver => "driver",
         }
     }
 }
@@ -126,6 +195,7 @@ impl VerifiedBy {
         match self {
             VerifiedBy::MovePages => "move_pages",
             VerifiedBy::NumaMaps => "numa_maps",
+            VerifiedBy::Unverified => "unverified",
         }
     }
 }
@@ -148,14 +218,18 @@ impl std::fmt::Display for RegionMethods {
         let placed = match self.placed {
             PlacedBy::Mbind => "bound (mbind MPOL_BIND)",
             PlacedBy::FirstTouch => "placed by first touch",
+            PlacedBy::DriverNuma => "placed by the driver (cuMemCreate, host NUMA location)",
+            PlacedBy::BindPolicy => "allocated by cuMemHostAlloc under MPOL_BIND",
         };
         let pinned = match self.pinned {
             PinnedBy::Mlock => "locked (mlock)",
             PinnedBy::Registration => "pinned by CUDA registration (no mlock)",
+            PinnedBy::Driver => "pinned by the driver",
         };
         let verified = match self.verified {
             VerifiedBy::MovePages => "verified with move_pages",
             VerifiedBy::NumaMaps => "verified through /proc/self/numa_maps",
+            VerifiedBy::Unverified => "not verifiable (the driver's mapping hides its pages)",
         };
         write!(f, "{placed}, {pinned}, {verified}")
     }
@@ -307,6 +381,15 @@ pub struct NodeStats {
     /// Of the current regions, those whose placement was checked through
     /// `/proc/self/numa_maps` (`move_pages` was refused).
     pub regions_verified_numa_maps: u64,
+    /// Bytes of emptied regions of 64 MiB or more that the release thread
+    /// is still tearing down (they count against the budget until gone).
+    pub bytes_releasing: u64,
+    /// Of the current regions, those a driver backend allocated
+    /// ([`Backend::DriverNuma`], [`Backend::HostAllocBound`]).
+    pub regions_driver: u64,
+    /// Of the current regions, those whose placement could not be checked
+    /// (a driver backend's mapping hides its pages).
+    pub regions_unverified: u64,
     /// Why methods other than the usual ones were used, for the latest
     /// region (`mbind refused (EPERM): placed by first touch from CPUs
     /// 0-3`); empty before any region or when none was needed.
@@ -322,7 +405,7 @@ impl NodeStats {
         if self.regions == 0 {
             return "no region".into();
         }
-        let part = |pairs: [(u64, &str); 2]| -> String {
+        let part = |pairs: &[(u64, &str)]| -> String {
             let used: Vec<_> = pairs.iter().filter(|(n, _)| *n > 0).collect();
             match used.as_slice() {
                 [(_, one)] => one.to_string(),
@@ -335,23 +418,26 @@ impl NodeStats {
         };
         format!(
             "{}, {}, {}",
-            part([
+            part(&[
                 (self.regions_bound, "bound (mbind MPOL_BIND)"),
                 (self.regions_first_touch, "placed by first touch"),
+                (self.regions_driver, "placed by the CUDA driver"),
             ]),
-            part([
+            part(&[
                 (self.regions_mlocked, "locked (mlock)"),
                 (
                     self.regions_registration_pinned,
                     "pinned by CUDA registration (no mlock)"
                 ),
+                (self.regions_driver, "pinned by the driver"),
             ]),
-            part([
+            part(&[
                 (self.regions_verified_move_pages, "verified with move_pages"),
                 (
                     self.regions_verified_numa_maps,
                     "verified through /proc/self/numa_maps"
                 ),
+                (self.regions_unverified, "not verifiable"),
             ]),
         )
     }
@@ -374,6 +460,8 @@ pub struct ArenaConfig {
     pub register: bool,
     /// What a page off the node means.
     pub placement: Placement,
+    /// Where regions' memory comes from.
+    pub backend: Backend,
     /// Whether RLIMIT_MEMLOCK applies (false with CAP_IPC_LOCK).
     pub memlock_applies: bool,
     /// A budget over every node of the runtime (the memory cgroup's
@@ -463,6 +551,8 @@ pub struct NodeArena {
     // Threads' caches, written when a thread first caches a block here.
     shelves: Padded<Mutex<Vec<Weak<cache::Shelf>>>>,
     slow: Padded<Slow>,
+    // Large regions being torn down by the release thread.
+    releasing: Arc<release::Releasing>,
 }
 
 impl std::fmt::Debug for NodeArena {
@@ -511,6 +601,7 @@ impl NodeArena {
                 grow: Mutex::new(()),
                 freed: Condvar::new(),
             }),
+            releasing: Arc::default(),
             cfg,
         })
     }
@@ -603,6 +694,10 @@ impl NodeArena {
             }
             st.tlsf.region_bytes()
         };
+        // Growing waits for regions still being released: until gone they
+        // hold budget, cgroup memory and locked bytes (and growing costs
+        // more than the wait).
+        self.releasing.wait();
         // Blocks in threads' caches may make room: give them back before
         // growing (rare, and cheap next to making a region).
         if self.flush_all_caches() > 0 {
@@ -639,7 +734,9 @@ impl NodeArena {
             }
         }
         let mut pin_by_registration = None;
-        if self.cfg.memlock_applies {
+        // Driver backends' memory is pinned by the driver, outside
+        // RLIMIT_MEMLOCK (as registration is).
+        if self.cfg.memlock_applies && self.cfg.backend == Backend::Mapped {
             let soft = crate::platform::sys::memlock_limit().map_or(0, |(s, _)| s);
             let locked = crate::platform::sys::locked_bytes();
             let room = soft.saturating_sub(locked);
@@ -680,6 +777,7 @@ impl NodeArena {
             register: self.cfg.register,
             placement: self.cfg.placement,
             pin_by_registration,
+            backend: self.cfg.backend,
             fail_after: self.cfg.fail_after,
         });
         let mut region = match created {
@@ -771,8 +869,11 @@ impl NodeArena {
             }
         }
         self.notify_waiters();
-        // A dedicated region is torn down outside the lock.
-        drop(released);
+        // A dedicated region is torn down outside the lock (a large one by
+        // the release thread).
+        if let Some(r) = released {
+            release::release(r, &self.releasing);
+        }
     }
 
     /// Wakes threads waiting for the budget, if any.
@@ -827,7 +928,9 @@ impl NodeArena {
             let r = Self::reclaim_locked(&mut st);
             (r, st.deferred.len())
         };
-        drop(released);
+        for r in released {
+            release::release(r, &self.releasing);
+        }
         self.notify_waiters();
         left
     }
@@ -836,6 +939,7 @@ impl NodeArena {
     /// the system; returns the bytes still reserved.
     pub fn trim(&self) -> u64 {
         self.flush_all_caches();
+        self.releasing.wait();
         let (released, left) = {
             let mut st = lock(&self.state);
             Self::reclaim_locked(&mut st);
@@ -887,6 +991,7 @@ impl NodeArena {
                 Some(Registration::Skipped(why)) => format!("skipped: {why}"),
             },
             method_notes: st.notes.clone(),
+            bytes_releasing: self.releasing.bytes(),
             ..NodeStats::default()
         };
         for slot in regions {
@@ -896,6 +1001,7 @@ impl NodeArena {
             match m.placed {
                 PlacedBy::Mbind => s.regions_bound += 1,
                 PlacedBy::FirstTouch => s.regions_first_touch += 1,
+                PlacedBy::DriverNuma | PlacedBy::BindPolicy => s.regions_driver += 1,
             }
             match m.pinned {
                 PinnedBy::Mlock => {
@@ -903,10 +1009,12 @@ impl NodeArena {
                     s.bytes_locked += r.len() as u64;
                 }
                 PinnedBy::Registration => s.regions_registration_pinned += 1,
+                PinnedBy::Driver => {}
             }
             match m.verified {
                 VerifiedBy::MovePages => s.regions_verified_move_pages += 1,
                 VerifiedBy::NumaMaps => s.regions_verified_numa_maps += 1,
+                VerifiedBy::Unverified => s.regions_unverified += 1,
             }
             if r.registered() {
                 s.bytes_registered += r.len() as u64;
@@ -930,5 +1038,8 @@ impl Drop for NodeArena {
                 let _ = e.synchronize();
             }
         }
+        // Nothing outlives the arena: its regions in the release thread
+        // are gone before this returns.
+        self.releasing.wait();
     }
 }

@@ -189,6 +189,7 @@ pub fn region_create_ms_per_gib(
         register: cfg.register,
         placement: Placement::Strict,
         pin_by_registration: None,
+        backend: cfg.backend,
         fail_after: None,
     };
     let mut samples = Vec::with_capacity(reps);

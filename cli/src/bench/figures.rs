@@ -122,6 +122,9 @@ pub(crate) enum Measure {
     AllGpus,
     /// Loader throughput.
     Loader,
+    /// Pinning itself: region creation per step and per backend, release,
+    /// placement checks, registration in parts, copies per backend.
+    Pinning,
 }
 
 /// What to measure and how long.
@@ -137,6 +140,8 @@ pub(super) struct BenchOptions {
     pub(crate) warmup: usize,
     /// Measurements to run.
     pub(crate) measures: Vec<Measure>,
+    /// Region sizes the pinning figures are measured at.
+    pub(crate) region_sizes: Vec<usize>,
 }
 
 impl Default for BenchOptions {
@@ -152,7 +157,9 @@ impl Default for BenchOptions {
                 Measure::Staged,
                 Measure::AllGpus,
                 Measure::Loader,
+                Measure::Pinning,
             ],
+            region_sizes: vec![256 << 20, 4 << 30],
         }
     }
 }
@@ -377,7 +384,8 @@ pub(super) fn run(
             }
             for (label, src) in kinds {
                 progress(&format!("GPU {g}: {label} copies"));
-                let (h2d, d2h) = copy_gbps(rt, g, src, opts.copy_bytes, opts.warmup, opts.reps)?;
+                let (h2d, d2h) =
+                    copy_gbps_from(rt, g, src, opts.copy_bytes, opts.warmup, opts.reps)?;
                 let methods = match src {
                     Source::Arena(n) => node_methods(rt, n),
                     _ => None,
@@ -405,6 +413,9 @@ pub(super) fn run(
         );
     }
     extra::run(rt, opts, &ordinals, gpu_ok, &mut report, progress)?;
+    if has(Measure::Pinning) {
+        super::pinning::run(rt, opts, &ordinals, gpu_ok, &mut report, progress)?;
+    }
     Ok((report, None))
 }
 
@@ -495,7 +506,7 @@ mod extra {
 
 /// Where a copy reads from (host to device) or writes to.
 #[derive(Debug, Clone, Copy)]
-enum Source {
+pub(super) enum Source {
     /// A `Vec<u8>`.
     Pageable,
     /// `cuMemAllocHost`.
@@ -520,7 +531,7 @@ impl HostMem {
     }
 }
 
-fn cuda_err(what: &str, e: numapin::gpu::CudaError) -> CliError {
+pub(super) fn cuda_err(what: &str, e: numapin::gpu::CudaError) -> CliError {
     CliError::system(what, "check `nvidia-smi` and `numapin doctor`", e)
 }
 
@@ -542,7 +553,7 @@ fn host_mem(rt: &Runtime, src: Source, bytes: usize) -> Result<HostMem> {
 }
 
 /// Host-to-device and device-to-host GB/s of `bytes` from/to `src`.
-fn copy_gbps(
+pub(super) fn copy_gbps_from(
     rt: &Runtime,
     gpu: CudaOrdinal,
     src: Source,
@@ -667,7 +678,7 @@ fn all_gpus_gbps(
 
 /// `cuMemAllocHost` + first touch + `cuMemFreeHost` per GiB, the driver's
 /// own way to get pinned memory (the baseline for region creation).
-fn host_alloc_ms_per_gib(bytes: usize, reps: usize) -> Result<Stats> {
+pub(super) fn host_alloc_ms_per_gib(bytes: usize, reps: usize) -> Result<Stats> {
     cuda::ensure_context().map_err(|e| cuda_err("CUDA context", e))?;
     let mut samples = Vec::new();
     for _ in 0..reps.max(1) {

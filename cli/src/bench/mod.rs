@@ -5,6 +5,7 @@ use std::io::IsTerminal;
 use crate::TopoSource;
 use numapin::internals::table::Table;
 mod figures;
+mod pinning;
 
 use crate::error::{CliError, Result};
 use crate::output;
@@ -35,6 +36,10 @@ pub(crate) struct BenchArgs {
     /// Measurements to run (default: all).
     #[arg(long, value_delimiter = ',')]
     pub(crate) only: Option<Vec<Measure>>,
+    /// Region sizes for the pinning figures, comma-separated (suffixes K,
+    /// M, G; each rounded up to 2 MiB).
+    #[arg(long, value_delimiter = ',', default_value = "256M,4G", value_parser = parse_size)]
+    pub(crate) region_sizes: Vec<usize>,
     /// Print JSON (schema in docs/bench.md).
     #[arg(long)]
     pub(crate) json: bool,
@@ -82,6 +87,7 @@ pub(crate) fn run(a: &BenchArgs) -> Result<i32> {
             .only
             .clone()
             .unwrap_or_else(|| BenchOptions::default().measures),
+        region_sizes: a.region_sizes.clone(),
     };
     if a.gpus.as_ref().is_some_and(|g| g.len() > MAX_GPUS) {
         return Err(CliError::Usage {

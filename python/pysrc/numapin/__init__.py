@@ -308,6 +308,7 @@ def configure(
     thread_cache_blocks: int | None = None,
     thread_cache_bytes: int | None = None,
     populate_threads: int | None = None,
+    backend: str | None = None,
 ) -> None:
     """Configures the arenas; call before the first call that allocates.
 
@@ -318,7 +319,11 @@ def configure(
     off its node is an error, the default) or ``"warn"``;
     ``thread_cache_blocks`` / ``thread_cache_bytes``: each thread's cache of
     freed blocks (0 blocks turns it off); ``populate_threads``: threads that
-    fault in a new region (0 picks).
+    fault in a new region (0 picks); ``backend``: where pinned regions
+    come from, ``"mapped"`` (the default: mmap + mbind + mlock +
+    cuMemHostRegister), ``"driver_numa"`` (cuMemCreate on the node) or
+    ``"host_alloc_bound"`` (cuMemHostAlloc under MPOL_BIND); the driver
+    backends need a GPU.
     """
     _numapin.configure(
         budget_bytes=budget_bytes,
@@ -329,6 +334,7 @@ def configure(
         thread_cache_blocks=thread_cache_blocks,
         thread_cache_bytes=thread_cache_bytes,
         populate_threads=populate_threads,
+        backend=backend,
     )
 
 
