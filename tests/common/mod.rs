@@ -115,6 +115,8 @@ pub(crate) fn empty(source: &str) -> Topology {
             device_order: "FASTEST_FIRST".into(),
             ..Default::default()
         },
+        nics: vec![],
+        storage: vec![],
     }
 }
 

@@ -37,6 +37,8 @@ fn machine(nodes: u32) -> Topology {
             device_order: "FASTEST_FIRST".into(),
             ..Default::default()
         },
+        nics: vec![],
+        storage: vec![],
     }
 }
 
