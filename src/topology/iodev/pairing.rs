@@ -199,4 +199,41 @@ mod tests {
         assert_eq!(pair(&[], 3), vec![Vec::new(); 3]);
         assert!(pair(&[], 0).is_empty());
     }
+
+    proptest::proptest! {
+        /// Every GPU gets NICs when there are any, all at its best
+        /// relation, and GPUs sharing a best set use each NIC about as often.
+        #[test]
+        fn every_gpu_gets_its_nearest(
+            gpus in 1usize..10,
+            nics_n in 1usize..10,
+            cells in proptest::collection::vec(0usize..6, 100),
+        ) {
+            let rel: Vec<Vec<Relation>> = (0..gpus)
+                .map(|g| (0..nics_n).map(|n| Relation::ALL[cells[g * 10 + n]]).collect())
+                .collect();
+            let p = pair(&nics(&rel, DeviceKind::Infiniband), gpus);
+            for (g, chosen) in p.iter().enumerate() {
+                let best = *rel[g].iter().min().unwrap();
+                proptest::prop_assert!(!chosen.is_empty());
+                for c in chosen {
+                    proptest::prop_assert_eq!(c.relation, best);
+                    proptest::prop_assert_eq!(rel[g][c.nic], best);
+                }
+                let mut ids: Vec<usize> = chosen.iter().map(|c| c.nic).collect();
+                ids.sort_unstable();
+                ids.dedup();
+                proptest::prop_assert_eq!(ids.len(), chosen.len(), "no NIC twice");
+            }
+            // All at one distance: the NICs are spread as evenly as can be.
+            let flat = vec![vec![Phb; nics_n]; gpus];
+            let p = pair(&nics(&flat, DeviceKind::Infiniband), gpus);
+            let mut uses = vec![0usize; nics_n];
+            for c in p.iter().flatten() {
+                uses[c.nic] += 1;
+            }
+            let (lo, hi) = (uses.iter().min().unwrap(), uses.iter().max().unwrap());
+            proptest::prop_assert!(hi - lo <= 1, "{:?}", uses);
+        }
+    }
 }

@@ -402,4 +402,42 @@ pub(crate) mod tests {
         assert_eq!(t.relation(g2, n2), Pxb);
         assert_eq!(t.relation(g, g2), Phb);
     }
+
+    proptest::proptest! {
+        /// Whatever the tree, the relation is symmetric, a device is PIX to
+        /// itself, and devices on one bridge are PIX.
+        #[test]
+        fn relations_are_symmetric(
+            shape in proptest::collection::vec((0usize..64, 0u8..4, 0u8..3, 0u32..3), 1..48)
+        ) {
+            let chips = [PEX88000, PEX8747, ROOT_PORT];
+            let mut t = PciTree::default();
+            let mut devices = Vec::new();
+            for (parent, what, chip, numa) in shape {
+                let parent = (parent < t.nodes.len() && t.nodes[parent].role != Role::Device)
+                    .then_some(parent);
+                let add = match what {
+                    0 => Add::HostBridge,
+                    1 => Add::Bridge(chips[chip as usize]),
+                    2 => Add::Switch(chips[chip as usize]),
+                    _ => Add::Device,
+                };
+                let l = loc(numa, numa / 2);
+                let i = t.add(if add == Add::HostBridge { None } else { parent }, add, l);
+                if add == Add::Device {
+                    devices.push(i);
+                }
+            }
+            for &a in &devices {
+                proptest::prop_assert_eq!(t.relation(a, a), Pix);
+                for &b in &devices {
+                    proptest::prop_assert_eq!(t.relation(a, b), t.relation(b, a));
+                    let (pa, pb) = (t.nodes[a].parent, t.nodes[b].parent);
+                    if pa.is_some() && pa == pb && t.nodes[pa.unwrap_or(0)].role != Role::HostBridge {
+                        proptest::prop_assert_eq!(t.relation(a, b), Pix);
+                    }
+                }
+            }
+        }
+    }
 }
