@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set-up and entry points on a fresh Debian/Ubuntu machine with Rust.
 #   ./dev.sh topo [ARGS...]   install what numapin needs, build it, run `numapin topo`
-#   ./dev.sh test             install what the tests need, run every test
+#   ./dev.sh test             install what the tests need, run every test (Rust and Python)
 #   ./dev.sh deps             only install the system packages
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -20,8 +20,23 @@ install_pkgs() {
 
 # hwloc >= 2.8 with its pkg-config file, and libudev that it links against.
 BUILD_PKGS=(libhwloc-dev libudev-dev pkg-config)
-# The emulated multi-node machine used by the VM tests (tests/vm).
+# Python's venv module (Debian ships it apart) for the Python package's tests.
+PY_PKGS=(python3-venv)
+# The emulated multi-node machine used by the VM tests (cli/tests/vm).
 VM_PKGS=(qemu-system-x86 linux-image-amd64 busybox-static cpio)
+
+# The Python package (python/): built into .venv with maturin and tested with
+# pytest, with NumPy and (unless NUMAPIN_NO_TORCH=1) torch.
+python_tests() {
+  if [ ! -x .venv/bin/python ]; then
+    python3 -m venv .venv
+  fi
+  local want=(maturin==1.16.0 numpy pytest)
+  if [ "${NUMAPIN_NO_TORCH:-0}" != 1 ]; then want+=(torch==2.11.0); fi
+  .venv/bin/pip install -q --disable-pip-version-check "${want[@]}"
+  .venv/bin/pip install -q --disable-pip-version-check ./python
+  .venv/bin/python -m pytest -q python/tests
+}
 
 cmd=${1:-}
 shift || true
@@ -36,11 +51,15 @@ case "$cmd" in
     ;;
   test)
     install_pkgs "${BUILD_PKGS[@]}"
-    if [ -f tests/vm/harness.sh ] && grep -qi debian /etc/os-release; then
+    if [ -f cli/tests/vm/harness.sh ] && grep -qi debian /etc/os-release; then
       install_pkgs "${VM_PKGS[@]}" || echo "dev.sh: VM packages unavailable; the VM tests will skip" >&2
+    fi
+    if ! python3 -c "import venv, ensurepip" >/dev/null 2>&1; then
+      install_pkgs "${PY_PKGS[@]}" || true
     fi
     cargo build --release --quiet --workspace --bins
     cargo test --release --workspace "$@"
+    python_tests
     ;;
   *)
     echo "usage: ./dev.sh topo [ARGS...] | ./dev.sh test [CARGO TEST ARGS...] | ./dev.sh deps" >&2

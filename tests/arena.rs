@@ -337,11 +337,24 @@ fn a_request_larger_than_a_region_gets_a_dedicated_one() {
     let big = rt.alloc_on_node(node, 20 * MIB + 1).unwrap();
     assert_eq!(rt.stats()[0].bytes_reserved, 22 * MIB as u64);
     assert_eq!(locked_bytes() - before, 22 * MIB as u64);
+    let first = big.as_ptr() as usize;
     drop(big);
-    // Given back to the system as soon as it is free.
-    assert_eq!(rt.stats()[0].regions, 0);
-    assert_eq!(locked_bytes(), before);
-    // A standard region stays for reuse until trim.
+    // The last dedicated region emptied is kept, and the next large
+    // request reuses it instead of making one.
+    assert_eq!(rt.stats()[0].regions, 1);
+    let again = rt.alloc_on_node(node, 20 * MIB).unwrap();
+    assert_eq!(again.as_ptr() as usize, first);
+    assert_eq!(rt.stats()[0].regions, 1);
+    // Two at once: when both are free, only the last one emptied stays.
+    let other = rt.alloc_on_node(node, 30 * MIB).unwrap();
+    assert_eq!(rt.stats()[0].regions, 2);
+    drop(again);
+    drop(other);
+    let s = &rt.stats()[0];
+    assert_eq!((s.regions, s.bytes_reserved), (1, 30 * MIB as u64));
+    assert_eq!(locked_bytes() - before, 30 * MIB as u64);
+    // A small request is served from the kept region (no new region), and
+    // trim gives it back.
     drop(rt.alloc_on_node(node, MIB).unwrap());
     assert_eq!(rt.stats()[0].regions, 1);
     assert_eq!(rt.trim(), 0);

@@ -60,6 +60,15 @@ pub fn bind_current_thread(cpus: &CpuList) -> Result<()> {
 /// both; a memory policy cannot be set for other, already running threads
 /// (Linux keeps it per thread), so call this early, before starting workers.
 pub fn bind_current_process(plan: &RankPlan, policy: MemPolicy) -> Result<()> {
+    bind_current_process_cpus(plan)?;
+    set_mempolicy(policy, &plan.mems)
+}
+
+/// The CPU half of [`bind_current_process`]: every thread whose CPU set is
+/// the calling thread's moves to the plan's CPUs; the memory policy is left
+/// as it is (memory then comes from the node of the CPU that first touches
+/// it, which the binding makes the plan's node).
+pub fn bind_current_process_cpus(plan: &RankPlan) -> Result<()> {
     let before =
         crate::platform::sys::sched_getaffinity_self().map_err(|source| Error::System {
             what: "reading this thread's CPU set: sched_getaffinity failed".into(),
@@ -83,7 +92,7 @@ pub fn bind_current_process(plan: &RankPlan, policy: MemPolicy) -> Result<()> {
             }
         }
     }
-    set_mempolicy(policy, &plan.mems)
+    Ok(())
 }
 
 fn thread_affinity(tid: i32) -> Option<CpuList> {

@@ -18,11 +18,14 @@ mod error;
 pub mod launcher;
 mod nic_env;
 mod plan;
+mod rank;
 
 pub use apply::{
-    bind_current_process, bind_current_thread, get_mempolicy, set_mempolicy, MemPolicy,
+    bind_current_process, bind_current_process_cpus, bind_current_thread, get_mempolicy,
+    set_mempolicy, MemPolicy,
 };
 pub use error::AffinityError;
 pub use launcher::{local_rank, LocalRank};
 pub use nic_env::{nic_env, NicEnv};
 pub use plan::{plan, plan_node, Mode, Plan, PlanOptions, RankNic, RankPlan};
+pub use rank::{rank_plan, RankChoice};

@@ -516,8 +516,8 @@ fn mapping(units: u64) -> (usize, usize) {
 /// 2 MiB): a request larger than half a region gets a region of its own
 /// size rounded to 2 MiB (kept for reuse when the buffer is freed), and
 /// anything smaller a standard region. Returns the size and whether the
-/// region is *dedicated* (larger than a standard region: given back to the
-/// system as soon as it is empty).
+/// region is *dedicated* (larger than a standard region: the arena keeps
+/// only the last one emptied for reuse and gives the others back).
 ///
 /// Sizing a region to a large request avoids stranding most of a
 /// standard region behind one buffer just over half its size, which is

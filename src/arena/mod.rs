@@ -9,8 +9,9 @@
 //!
 //! * Regions are made lazily, at the configured size (256 MiB by default);
 //!   a request over half a region gets a region of its own size, and one
-//!   larger than a region a *dedicated* region, given back to the system
-//!   when its buffer is freed. Other empty regions are kept for reuse until
+//!   larger than a region a *dedicated* region; of the dedicated regions
+//!   emptied, only the last is kept for reuse, the others go back to the
+//!   system when their buffer is freed. Other empty regions are kept for reuse until
 //!   [`NodeArena::trim`].
 //! * The budget of pinned bytes per node defaults to half the node's
 //!   memory ([`DEFAULT_BUDGET_FRACTION`]); without CAP_IPC_LOCK, a region
@@ -192,6 +193,10 @@ struct State {
     deferred: Vec<Deferred>,
     counters: Counters,
     registration: Option<Registration>,
+    /// The one empty dedicated region kept for the next large request (a
+    /// loop that pins one large tensor after another reuses it instead of
+    /// making a region each time); any other goes back when emptied.
+    kept_dedicated: Option<u32>,
 }
 
 /// Keeps a value on cache lines of its own, so that writes to it do not
@@ -272,6 +277,7 @@ impl NodeArena {
                 deferred: Vec::new(),
                 counters: Counters::default(),
                 registration: None,
+                kept_dedicated: None,
             })),
             shelves: Padded(Mutex::new(Vec::new())),
             slow: Padded(Slow {
@@ -504,19 +510,23 @@ impl NodeArena {
     }
 
     /// Frees a block (`count`: as a buffer taken back, not a block leaving
-    /// a thread's cache); returns its region when it was dedicated and is
-    /// now empty (to be dropped by the caller, outside the lock).
+    /// a thread's cache). A dedicated region that is now empty is kept for
+    /// the next large request, and the one kept before it (if still empty)
+    /// is returned, to be dropped by the caller outside the lock.
     #[inline]
     fn free_locked(st: &mut State, lease: Lease, count: bool) -> Option<Region> {
         let region = st.tlsf.block_region(lease.id);
         st.tlsf.free(lease.id);
         st.counters.frees += u64::from(count);
-        if st.slots[region as usize]
+        let dedicated = st.slots[region as usize]
             .as_ref()
-            .is_some_and(|s| s.dedicated)
-            && st.tlsf.remove_region(region)
-        {
-            return st.slots[region as usize].take().map(|s| s.region);
+            .is_some_and(|s| s.dedicated);
+        if !dedicated || !st.tlsf.region_is_empty(region) {
+            return None;
+        }
+        let older = st.kept_dedicated.replace(region)?;
+        if older != region && st.slots[older as usize].is_some() && st.tlsf.remove_region(older) {
+            return st.slots[older as usize].take().map(|s| s.region);
         }
         None
     }

@@ -18,12 +18,15 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
+mod pin;
 mod stream_copy;
+
+pub use pin::pin;
 
 use crate::cpulist::CpuList;
 use crate::gpu::{CudaError, CudaOrdinal};
 use crate::loader::{placement, LoaderError, Target};
-use crate::platform::cuda::{self, CUdeviceptr, Event, Stream};
+use crate::platform::cuda::{self, CUdeviceptr, CUstream, Event, Stream};
 use crate::runtime::{PinnedBuf, Runtime};
 
 use LoaderError as Error;
@@ -100,8 +103,67 @@ pub fn copy_to_device_with(
     gpu: CudaOrdinal,
     opts: &StagedOptions,
 ) -> Result<()> {
+    // SAFETY: no stream to order after.
+    unsafe { copy_to_device_after(rt, src, dst, gpu, std::ptr::null_mut(), false, opts) }
+}
+
+/// [`copy_to_device_with`], ordered after the work already queued on
+/// `stream` (a stream of `gpu`'s primary context, such as a framework's
+/// current stream): the copy's DMAs start only once that work is done (an
+/// event recorded on `stream`, waited on by the copy's own streams; the
+/// host does not wait for it before staging). Returns when the data is on
+/// the device, so work queued on `stream` afterwards sees it.
+///
+/// # Safety
+/// `stream` must be a live stream of `gpu`'s primary context (or null, the
+/// legacy default stream) for the whole call.
+pub unsafe fn copy_to_device_on(
+    rt: &Runtime,
+    src: &[u8],
+    dst: CUdeviceptr,
+    gpu: CudaOrdinal,
+    stream: CUstream,
+    opts: &StagedOptions,
+) -> Result<()> {
+    // SAFETY: the caller vouches for the stream.
+    unsafe { copy_to_device_after(rt, src, dst, gpu, stream, true, opts) }
+}
+
+/// [`copy_from_device_with`], ordered after the work already queued on
+/// `stream` (see [`copy_to_device_on`]): the data read is what that work
+/// left in device memory.
+///
+/// # Safety
+/// As for [`copy_to_device_on`].
+pub unsafe fn copy_from_device_on(
+    rt: &Runtime,
+    src: CUdeviceptr,
+    dst: &mut [u8],
+    gpu: CudaOrdinal,
+    stream: CUstream,
+    opts: &StagedOptions,
+) -> Result<()> {
+    // SAFETY: the caller vouches for the stream.
+    unsafe { copy_from_device_after(rt, src, dst, gpu, stream, true, opts) }
+}
+
+/// # Safety
+/// With `ordered`, `stream` is a live stream of `gpu`'s primary context.
+unsafe fn copy_to_device_after(
+    rt: &Runtime,
+    src: &[u8],
+    dst: CUdeviceptr,
+    gpu: CudaOrdinal,
+    stream: CUstream,
+    ordered: bool,
+    opts: &StagedOptions,
+) -> Result<()> {
     let plan = prepare(rt, gpu, dst, src.len(), opts, Direction::ToDevice)?;
-    let Some(plan) = plan else { return Ok(()) };
+    let Some(mut plan) = plan else { return Ok(()) };
+    if ordered {
+        // SAFETY: per this function's contract.
+        plan.after = Some(unsafe { event_on(gpu, stream) }?);
+    }
     let chunks = Mutex::new(src.chunks(plan.chunk).enumerate());
     run(&plan, |slots, stream, failed| {
         to_device(&chunks, slots, stream, dst, plan.chunk, failed)
@@ -116,8 +178,27 @@ pub fn copy_from_device_with(
     gpu: CudaOrdinal,
     opts: &StagedOptions,
 ) -> Result<()> {
+    // SAFETY: no stream to order after.
+    unsafe { copy_from_device_after(rt, src, dst, gpu, std::ptr::null_mut(), false, opts) }
+}
+
+/// # Safety
+/// With `ordered`, `stream` is a live stream of `gpu`'s primary context.
+unsafe fn copy_from_device_after(
+    rt: &Runtime,
+    src: CUdeviceptr,
+    dst: &mut [u8],
+    gpu: CudaOrdinal,
+    stream: CUstream,
+    ordered: bool,
+    opts: &StagedOptions,
+) -> Result<()> {
     let plan = prepare(rt, gpu, src, dst.len(), opts, Direction::FromDevice)?;
-    let Some(plan) = plan else { return Ok(()) };
+    let Some(mut plan) = plan else { return Ok(()) };
+    if ordered {
+        // SAFETY: per this function's contract.
+        plan.after = Some(unsafe { event_on(gpu, stream) }?);
+    }
     let chunk = plan.chunk;
     let chunks = Mutex::new(dst.chunks_mut(chunk).enumerate());
     run(&plan, |slots, stream, failed| {
@@ -131,6 +212,22 @@ struct Plan {
     chunk: usize,
     /// Staging slots, one group per thread.
     slots: Mutex<Vec<Vec<PinnedBuf>>>,
+    /// An event recorded on the caller's stream: every copy stream waits on
+    /// it before its first DMA.
+    after: Option<Event>,
+}
+
+/// An event recorded now on `stream` of `gpu`.
+///
+/// # Safety
+/// `stream` is a live stream of `gpu`'s primary context (or null).
+unsafe fn event_on(gpu: CudaOrdinal, stream: CUstream) -> Result<Event> {
+    let _ctx = cuda::ContextGuard::push(gpu.0).map_err(|e| copy_error(gpu, e))?;
+    let e = Event::new(false).map_err(|e| copy_error(gpu, e))?;
+    // SAFETY: the caller vouches for the stream; the event is of the same
+    // (primary) context.
+    unsafe { e.record(stream) }.map_err(|e| copy_error(gpu, e))?;
+    Ok(e)
 }
 
 fn copy_error(gpu: CudaOrdinal, e: CudaError) -> Error {
@@ -187,6 +284,7 @@ fn prepare(
         cpus: place.cpus,
         chunk,
         slots: Mutex::new(slots),
+        after: None,
     }))
 }
 
@@ -246,6 +344,12 @@ where
             _ctx = cuda::ContextGuard::push(plan.gpu.0).map_err(|e| copy_error(plan.gpu, e))?;
         }
         let stream = Stream::new().map_err(|e| copy_error(plan.gpu, e))?;
+        if let Some(after) = &plan.after {
+            // SAFETY: our stream and the caller's event, both alive, of the
+            // same context.
+            unsafe { cuda::stream_wait_event(stream.raw(), after.raw()) }
+                .map_err(|e| copy_error(plan.gpu, e))?;
+        }
         let r = work(&mut slots, &stream, &failed);
         if r.is_err() {
             failed.store(true, Ordering::SeqCst);

@@ -1,0 +1,516 @@
+"""``numapin.torch.DataLoader``: torch's DataLoader, with workers that write
+each batch straight into pinned memory on the GPU's NUMA node.
+
+It takes torch's arguments (``dataset``, ``batch_size``, ``shuffle``,
+``sampler``, ``batch_sampler``, ``num_workers``, ``collate_fn``,
+``drop_last``, ``timeout``, ``worker_init_fn``, ``multiprocessing_context``,
+``generator``, ``prefetch_factor``, ``persistent_workers``) plus ``device``:
+a CUDA device (batches arrive on it) or ``None`` (pinned CPU batches), and
+the pool's ``slot_bytes`` (default: the first batch's bytes plus a quarter),
+``slots`` (default ``num_workers * prefetch_factor + 4``) and
+``slot_timeout`` (how long a worker waits for a free slot before the batch
+takes torch's path; default 5 s for a device, 50 ms for CPU batches, whose
+consumer may hold them all). It
+yields the same batches, in the same order for the same seed, as
+``torch.utils.data.DataLoader`` with the same arguments: it *is* one inside,
+with its samplers, worker seeding, ordering and error handling; only the
+data's path changes:
+
+* a pool of slots in shared memory (one memfd) on the device's node, faulted
+  in once and registered with CUDA in the main process; workers start bound
+  to the device's local CPUs and attach to the pool;
+* a worker stacks the batch straight into a free slot (the default collate),
+  or copies a user ``collate_fn``'s result into one; only a small descriptor
+  (slot, offsets, shapes, dtypes, the nested structure) crosses the queue;
+* the main process copies the used part of the slot to the device on a side
+  stream, hands out CUDA tensors the consumer's current stream waits on (an
+  event; the host does not wait), frees the slot once the copy has
+  completed, and lets torch's caching allocator reuse the device memory
+  stream-ordered (``record_stream``).
+
+The first batches (before the slot size is known, unless ``slot_bytes`` is
+given) and a batch larger than a slot take torch's ordinary path (the
+latter with one warning). Memory held: ``memory_bound()``.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import warnings
+import weakref
+from collections.abc import Mapping, Sequence
+from typing import Any, Callable
+
+import torch
+from torch.utils.data import DataLoader as _TorchLoader
+from torch.utils.data._utils.collate import collate as _torch_collate
+from torch.utils.data._utils.collate import default_collate, default_collate_fn_map
+
+import numapin
+from numapin import _numapin
+
+__all__ = ["DataLoader"]
+
+#: Offsets of tensors in a slot are multiples of this (DMA- and cache-friendly).
+ALIGN = 512
+#: Slot size headroom over the first batch's bytes.
+HEADROOM = 1.25
+
+# Pools made in this process, by path (num_workers=0 collates in the main
+# process, which keeps its own mapping).
+_MAIN_POOLS: dict[str, Any] = {}
+
+
+class _NoRoom(Exception):
+    """The batch does not fit its slot."""
+
+
+class _Leaf:
+    """Where one tensor of a batch lies in its slot."""
+
+    __slots__ = ("offset", "nbytes", "dtype", "shape")
+
+    def __init__(self, offset: int, nbytes: int, dtype: str, shape: tuple[int, ...]) -> None:
+        self.offset, self.nbytes, self.dtype, self.shape = offset, nbytes, dtype, shape
+
+
+class _SlotBatch:
+    """A batch written into slot ``slot``: the nested structure with
+    :class:`_Leaf` where its tensors were."""
+
+    __slots__ = ("slot", "used", "tree")
+
+    def __init__(self, slot: int, used: int, tree: Any) -> None:
+        self.slot, self.used, self.tree = slot, used, tree
+
+
+class _Plain:
+    """A batch that took torch's ordinary path, and why (``"unsized"``
+    before the pool exists, ``"large"``, ``"busy"``)."""
+
+    __slots__ = ("data", "why", "nbytes")
+
+    def __init__(self, data: Any, why: str, nbytes: int) -> None:
+        self.data, self.why, self.nbytes = data, why, nbytes
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _tensor_bytes(tree: Any) -> int:
+    """Bytes the tensors of a batch take in a slot (aligned)."""
+    total = 0
+
+    def visit(x: Any) -> None:
+        nonlocal total
+        if isinstance(x, torch.Tensor):
+            total += -(-x.numel() * x.element_size() // ALIGN) * ALIGN
+        elif isinstance(x, Mapping):
+            for v in x.values():
+                visit(v)
+        elif isinstance(x, (list, tuple)):
+            for v in x:
+                visit(v)
+
+    visit(tree)
+    return total
+
+
+def _rebuild(x: Any, items: list[Any]) -> Any:
+    """``x``'s container type with ``items`` (dicts keep their type when it
+    can be built from a dict; namedtuples are rebuilt field by field)."""
+    if isinstance(x, tuple) and hasattr(x, "_fields"):
+        return type(x)(*items)
+    if isinstance(x, tuple):
+        return tuple(items)
+    return list(items)
+
+
+def _map(x: Any, f: Callable[[Any], Any]) -> Any:
+    """Applies ``f`` to every leaf of a nested batch, keeping its structure."""
+    if isinstance(x, (torch.Tensor, _Leaf)):
+        return f(x)
+    if isinstance(x, Mapping):
+        out = {k: _map(v, f) for k, v in x.items()}
+        try:
+            return type(x)(out)
+        except TypeError:
+            return out
+    if isinstance(x, (list, tuple)):
+        return _rebuild(x, [_map(v, f) for v in x])
+    return x
+
+
+class _Writer:
+    """Places tensors one after another in a slot (in a worker)."""
+
+    def __init__(self, pool: Any, slot: int) -> None:
+        self.pool, self.slot, self.used = pool, slot, 0
+        self.size = pool.slot_bytes
+
+    def place(self, dtype: torch.dtype, shape: tuple[int, ...]) -> tuple[torch.Tensor, _Leaf]:
+        n = 1
+        for d in shape:
+            n *= d
+        nbytes = n * torch.empty((), dtype=dtype).element_size()
+        if self.used + nbytes > self.size:
+            raise _NoRoom
+        leaf = _Leaf(self.used, nbytes, _dtype_name(dtype), tuple(shape))
+        view = torch.from_dlpack(self.pool.view(self.slot, self.used, nbytes, leaf.dtype, list(shape)))
+        self.used += -(-nbytes // ALIGN) * ALIGN
+        return view, leaf
+
+    def copy(self, t: torch.Tensor) -> _Leaf:
+        view, leaf = self.place(t.dtype, tuple(t.shape))
+        view.copy_(t)
+        return leaf
+
+
+class _SlotCollate:
+    """The collate function the workers run: collates into a slot and
+    returns a :class:`_SlotBatch` (or a :class:`_Plain` batch)."""
+
+    def __init__(self, path: str, user: Callable[[list[Any]], Any] | None, timeout: float) -> None:
+        self.path, self.user, self.timeout = path, user, timeout
+        self._pool: Any = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"path": self.path, "user": self.user, "timeout": self.timeout, "_pool": None}
+
+    def _attached(self) -> Any:
+        if self._pool is None:
+            self._pool = _MAIN_POOLS.get(self.path) or _numapin.SlotPool.attach(self.path)
+        return self._pool if self._pool.ready else None
+
+    def _ordinary(self, samples: list[Any]) -> Any:
+        return (self.user or default_collate)(samples)
+
+    def __call__(self, samples: list[Any]) -> Any:
+        pool = self._attached()
+        if pool is None:
+            data = self._ordinary(samples)
+            return _Plain(data, "unsized", _tensor_bytes(data))
+        slot = pool.acquire(self.timeout)
+        if slot is None:
+            data = self._ordinary(samples)
+            return _Plain(data, "busy", _tensor_bytes(data))
+        try:
+            w = _Writer(pool, slot)
+            if self.user is None:
+                tree = self._collate_into(samples, w)
+            else:
+                data = self.user(samples)
+                try:
+                    tree = _map(data, w.copy)
+                except _NoRoom:
+                    pool.release(slot)
+                    return _Plain(data, "large", _tensor_bytes(data))
+            return _SlotBatch(slot, w.used, tree)
+        except _NoRoom:
+            pool.release(slot)
+            data = self._ordinary(samples)
+            return _Plain(data, "large", _tensor_bytes(data))
+        except BaseException:
+            pool.release(slot)
+            raise
+
+    @staticmethod
+    def _collate_into(samples: list[Any], w: _Writer) -> Any:
+        def stack(batch: Sequence[torch.Tensor], *, collate_fn_map: Any = None) -> _Leaf:
+            elem = batch[0]
+            view, leaf = w.place(elem.dtype, (len(batch),) + tuple(elem.shape))
+            torch.stack(list(batch), 0, out=view)
+            return leaf
+
+        fmap = dict(default_collate_fn_map)
+        fmap[torch.Tensor] = stack
+        tree = _torch_collate(samples, collate_fn_map=fmap)
+        # Numbers become small tensors in torch's collate: into the slot too.
+        return _map(tree, lambda x: w.copy(x) if isinstance(x, torch.Tensor) else x)
+
+
+class _WorkerInit:
+    """Binds a worker to the device's CPUs, then runs the user's init."""
+
+    def __init__(self, cpus: list[int], user: Callable[[int], None] | None) -> None:
+        self.cpus, self.user = cpus, user
+
+    def __call__(self, worker_id: int) -> None:
+        if self.cpus:
+            try:
+                os.sched_setaffinity(0, self.cpus)
+            except OSError:
+                pass  # a cpuset narrower than the topology's: stay where allowed
+        if self.user is not None:
+            self.user(worker_id)
+
+
+class DataLoader:
+    """torch's DataLoader with batches written straight into pinned memory
+    on ``device``'s node (see the module docs). Without CUDA, or with
+    ``device=None``, batches are pinned CPU tensors."""
+
+    def __init__(
+        self,
+        dataset: Any,
+        batch_size: int | None = 1,
+        shuffle: bool | None = None,
+        sampler: Any = None,
+        batch_sampler: Any = None,
+        num_workers: int = 0,
+        collate_fn: Callable[[list[Any]], Any] | None = None,
+        drop_last: bool = False,
+        timeout: float = 0,
+        worker_init_fn: Callable[[int], None] | None = None,
+        multiprocessing_context: Any = None,
+        generator: torch.Generator | None = None,
+        *,
+        prefetch_factor: int | None = None,
+        persistent_workers: bool = False,
+        device: Any = None,
+        slot_bytes: int | None = None,
+        slots: int | None = None,
+        slot_timeout: float | None = None,
+    ) -> None:
+        if batch_size is None and batch_sampler is None:
+            raise numapin.InputError(
+                "batch_size=None (no batching) has no batch to place in a slot\n"
+                "  fix: use torch.utils.data.DataLoader for unbatched loading, or give a batch_size"
+            )
+        self.device = torch.device(device) if device is not None else None
+        if self.device is not None and self.device.type != "cuda":
+            raise numapin.InputError(
+                f"device={device!r} is not a CUDA device\n  fix: pass a CUDA device, or None for pinned CPU batches"
+            )
+        if self.device is not None and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        self._gpu = self.device.index if self.device is not None else None
+        pf = prefetch_factor if prefetch_factor is not None else (2 if num_workers > 0 else 1)
+        wanted = slots if slots is not None else max(4, max(num_workers, 1) * pf + 4)
+        if not 1 <= wanted <= 4096:
+            raise numapin.InputError(f"slots={wanted}: a pool holds 1 to 4096 slots\n  fix: ask for fewer slots")
+        self._nslots = wanted
+        self._slot_bytes = slot_bytes
+        self._warned = False
+        self.stats_plain = collections.Counter()
+        self.stats_slotted = 0
+        self._pool = _numapin.SlotPool.create()
+        _MAIN_POOLS[self._pool.path] = self._pool
+        if slot_timeout is None:
+            # In the main process no one else frees a slot while collate
+            # waits; for CPU batches the consumer may hold them all (a
+            # short wait, then torch's path); copies to a device free
+            # their slots within milliseconds.
+            slot_timeout = 0.0 if num_workers == 0 else (5.0 if self.device is not None else 0.05)
+        self._collate = _SlotCollate(self._pool.path, collate_fn, slot_timeout)
+        self._cpus = self._worker_cpus()
+        # Weak: an epoch the consumer drops (a `break` out of a for loop)
+        # ends at once and gives its slots back.
+        self._iter: weakref.ref[_Iter] | None = None
+        kwargs: dict[str, Any] = {}
+        if num_workers > 0:
+            kwargs["prefetch_factor"] = prefetch_factor
+            kwargs["persistent_workers"] = persistent_workers
+            kwargs["worker_init_fn"] = _WorkerInit(self._cpus, worker_init_fn)
+            kwargs["multiprocessing_context"] = multiprocessing_context
+        elif worker_init_fn is not None:
+            kwargs["worker_init_fn"] = worker_init_fn
+        self._loader = _TorchLoader(
+            dataset,
+            batch_size=batch_size,
+            shuffle=shuffle,
+            sampler=sampler,
+            batch_sampler=batch_sampler,
+            num_workers=num_workers,
+            collate_fn=self._collate,
+            pin_memory=False,
+            drop_last=drop_last,
+            timeout=timeout,
+            generator=generator,
+            **kwargs,
+        )
+        self.dataset = dataset
+        self.num_workers = num_workers
+        self.persistent_workers = persistent_workers and num_workers > 0
+        if slot_bytes is not None:
+            self._provision(slot_bytes)
+
+    def _worker_cpus(self) -> list[int]:
+        """The device's local CPUs this process may use (all allowed CPUs
+        without a device or when the locality is unknown)."""
+        t = numapin.topology()
+        allowed = set(t.allowed.cpus)
+        if self._gpu is not None:
+            g = t.gpu_by_ordinal(self._gpu)
+            if g is not None and g.numa_node is not None:
+                local = [c for c in g.local_cpus if c in allowed]
+                if local:
+                    return local
+        return sorted(allowed)
+
+    def _provision(self, nbytes: int) -> None:
+        register = self.device is not None or torch.cuda.is_available()
+        self._pool.provision(self._nslots, max(nbytes, 1), gpu=self._gpu, register=register)
+
+    def memory_bound(self) -> dict[str, int]:
+        """Pinned host bytes the slot pool holds (``slots`` x slot size; 0
+        before it is sized)."""
+        return {"pinned_bytes": self._pool.nslots * self._pool.slot_bytes}
+
+    def stats(self) -> dict[str, Any]:
+        """The pool (slots, size, free, leased) and how many batches took
+        each path."""
+        s = dict(self._pool.stats())
+        s["slotted_batches"] = self.stats_slotted
+        s["plain_batches"] = dict(self.stats_plain)
+        return s
+
+    def __len__(self) -> int:
+        return len(self._loader)
+
+    def __iter__(self) -> _Iter:
+        old = self._iter() if self._iter is not None else None
+        if old is not None and not self.persistent_workers:
+            old.close()
+        it = _Iter(self)
+        self._iter = weakref.ref(it)
+        return it
+
+    def close(self) -> None:
+        """Stops the workers and gives every slot back (also on deletion)."""
+        it = self._iter() if self._iter is not None else None
+        if it is not None:
+            it.close(shutdown=True)
+        self._iter = None
+        if self._pool is not None:
+            self._pool.close()
+            _MAIN_POOLS.pop(self._pool.path, None)
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    # Main-process side of a batch.
+
+    def _warn(self, why: str, nbytes: int) -> None:
+        if self._warned:
+            return
+        self._warned = True
+        reason = {
+            "large": f"a batch of {nbytes} bytes is larger than a slot ({self._pool.slot_bytes} bytes)",
+            "busy": "no slot came free in time (the consumer holds many batches, or slots= is too small)",
+        }[why]
+        warnings.warn(
+            f"numapin.torch.DataLoader: {reason}; such batches take torch's ordinary path "
+            "(give slot_bytes= or slots= to avoid it)",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
+    def _plain(self, b: _Plain) -> Any:
+        self.stats_plain[b.why] += 1
+        if b.why == "unsized" and not self._pool.ready:
+            self._provision(int(max(b.nbytes, 1) * HEADROOM))
+        elif b.why in ("large", "busy"):
+            self._warn(b.why, b.nbytes)
+        if self.device is not None:
+            return _map(b.data, lambda t: t.to(self.device, non_blocking=True))
+        return _map(b.data, lambda t: numapin.pin(t, node=None) if t.numel() else t)
+
+
+class _Iter:
+    """One epoch's iterator."""
+
+    def __init__(self, loader: DataLoader) -> None:
+        self.l = loader
+        generation = loader._pool.begin_generation()
+        self.it = iter(loader._loader)
+        # torch has drained an abandoned epoch of persistent workers by now:
+        # the slots its undelivered batches took come back; the new epoch's
+        # (taken in this generation, maybe being filled) are left alone.
+        loader._pool.reclaim_before(generation)
+        self.pending: collections.deque[tuple[Any, Any]] = collections.deque()
+        self.side = torch.cuda.Stream(loader.device) if loader.device is not None else None
+        self.done = False
+
+    def __iter__(self) -> _Iter:
+        return self
+
+    def _retire(self) -> None:
+        """Frees the slots whose copies have completed (never waits)."""
+        while self.pending and self.pending[0][0].query():
+            self.pending.popleft()
+
+    def __next__(self) -> Any:
+        if self.done:
+            raise StopIteration
+        self._retire()
+        try:
+            item = next(self.it)
+        except StopIteration:
+            self.close()
+            raise
+        except BaseException:
+            self.close(shutdown=True)
+            raise
+        if isinstance(item, _Plain):
+            return self.l._plain(item)
+        self.l.stats_slotted += 1
+        lease = self.l._pool.lease(item.slot)
+        if self.l.device is None:
+            # Pinned CPU batches: the slot comes back when the last tensor goes.
+            return _map(
+                item.tree,
+                lambda leaf: torch.from_dlpack(lease.view(leaf.offset, leaf.nbytes, leaf.dtype, list(leaf.shape))),
+            )
+        return self._to_device(item, lease)
+
+    def _to_device(self, item: _SlotBatch, lease: Any) -> Any:
+        dev = self.l.device
+        src = torch.from_dlpack(lease.view(0, item.used, "uint8", [item.used]))
+        consumer = torch.cuda.current_stream(dev)
+        with torch.cuda.stream(self.side):
+            buf = torch.empty(item.used, dtype=torch.uint8, device=dev)
+            buf.copy_(src, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record(self.side)
+        consumer.wait_event(done)
+        buf.record_stream(consumer)
+        # The slot (held by `src`) comes back once the copy has completed.
+        self.pending.append((done, src))
+        if len(self.pending) > 8:
+            self.pending[0][0].synchronize()
+            self._retire()
+
+        def leaf_view(leaf: _Leaf) -> torch.Tensor:
+            t = buf[leaf.offset : leaf.offset + leaf.nbytes]
+            dtype = getattr(torch, leaf.dtype)
+            return t.view(dtype).view(leaf.shape)
+
+        return _map(item.tree, leaf_view)
+
+    def close(self, shutdown: bool = False) -> None:
+        """Ends the epoch: waits for copies in flight, stops the workers
+        (unless persistent, and not shutting down), gives back every slot no
+        batch the consumer holds still uses."""
+        if self.done and not shutdown:
+            return
+        self.done = True
+        for ev, _ in self.pending:
+            ev.synchronize()
+        self.pending.clear()
+        stop = getattr(self.it, "_shutdown_workers", None)
+        if stop is not None and (shutdown or not self.l.persistent_workers):
+            stop()
+        if self.l._pool.ready and (shutdown or not self.l.persistent_workers):
+            self.l._pool.reset()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass

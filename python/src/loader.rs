@@ -1,0 +1,302 @@
+//! `SlotPool` and `SlotLease`: the Python face of [`crate::slots`], used by
+//! `numapin.torch.DataLoader` (see `numapin/torch.py`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use numapin::affinity::Mode;
+use numapin::{CpuList, CudaOrdinal};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use crate::errors::to_py;
+use crate::memory::Memory;
+use crate::slots::{Shm, SlotLease, MAX_SLOTS};
+use crate::{dtype_of, rt, PinnedBuffer};
+
+fn io_err(e: std::io::Error) -> PyErr {
+    pyo3::exceptions::PyOSError::new_err(e.to_string())
+}
+
+/// A pool of batch slots in shared memory (one memfd), made by the main
+/// process and attached by the DataLoader's workers.
+#[pyclass(frozen, module = "numapin._numapin", name = "SlotPool")]
+pub(crate) struct SlotPool {
+    shm: Arc<Shm>,
+}
+
+/// The main process's hold on one filled slot: views made through it keep
+/// it, and the slot goes back to the pool when the lease and every view are
+/// gone.
+#[pyclass(frozen, module = "numapin._numapin", name = "SlotLease")]
+pub(crate) struct PyLease {
+    lease: Arc<SlotLease>,
+}
+
+fn check_range(shm: &Shm, offset: usize, nbytes: usize) -> PyResult<()> {
+    let (_, slot_bytes) = shm.geometry();
+    if offset
+        .checked_add(nbytes)
+        .is_none_or(|end| end > slot_bytes)
+    {
+        return Err(PyValueError::new_err(format!(
+            "{nbytes} bytes at offset {offset} run past the {slot_bytes}-byte slot"
+        )));
+    }
+    Ok(())
+}
+
+/// Binds `len` bytes at `p` to `node` where the system allows it, then
+/// faults every page in from threads bound to `cpus` (so that, allowed or
+/// not, first touch puts them on the node).
+fn place(p: *mut u8, len: usize, node: u32, cpus: &CpuList) {
+    // SAFETY: the range is the pool's own fresh mapping. A refusal (a
+    // seccomp profile, a cpuset) leaves placement to the first touch below.
+    let _ = unsafe { numapin::internals::numa::mbind_node(p, len, node) };
+    let threads = cpus.len().clamp(1, 8);
+    let per = len.div_ceil(threads).next_multiple_of(4096);
+    let base = p as usize;
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            let from = base + t * per;
+            let to = (from + per).min(base + len);
+            if from >= to {
+                break;
+            }
+            s.spawn(move || {
+                let _ = numapin::affinity::bind_current_thread(cpus);
+                let mut a = from;
+                while a < to {
+                    // SAFETY: `a` is inside the fresh shared mapping, which
+                    // no one else uses yet; each thread writes its own part.
+                    unsafe { std::ptr::write_volatile(a as *mut u8, 0) };
+                    a += 4096;
+                }
+            });
+        }
+    });
+}
+
+#[pymethods]
+impl SlotPool {
+    /// A new, empty pool (main process).
+    #[staticmethod]
+    fn create() -> PyResult<SlotPool> {
+        Ok(SlotPool {
+            shm: Arc::new(Shm::create().map_err(io_err)?),
+        })
+    }
+
+    /// The pool at `path` (a worker process).
+    #[staticmethod]
+    fn attach(py: Python<'_>, path: &str) -> PyResult<SlotPool> {
+        let shm = py.detach(|| Shm::attach(path)).map_err(io_err)?;
+        Ok(SlotPool { shm: Arc::new(shm) })
+    }
+
+    /// The path workers attach by.
+    #[getter]
+    fn path(&self) -> String {
+        self.shm.path()
+    }
+
+    /// Whether the slots are provisioned.
+    #[getter]
+    fn ready(&self) -> bool {
+        self.shm.ready()
+    }
+
+    /// Slots in the pool.
+    #[getter]
+    fn nslots(&self) -> usize {
+        self.shm.geometry().0
+    }
+
+    /// Bytes per slot.
+    #[getter]
+    fn slot_bytes(&self) -> usize {
+        self.shm.geometry().1
+    }
+
+    /// Whether the slots are registered with CUDA in this process.
+    #[getter]
+    fn registered(&self) -> bool {
+        self.shm.registered()
+    }
+
+    /// Makes `nslots` slots of `slot_bytes` on the node of CUDA device
+    /// `gpu` (or `node`, or the calling thread's node), faulted in by
+    /// threads on its CPUs and, with `register`, registered with CUDA.
+    #[pyo3(signature = (nslots, slot_bytes, *, gpu=None, node=None, register=true))]
+    fn provision(
+        &self,
+        py: Python<'_>,
+        nslots: usize,
+        slot_bytes: usize,
+        gpu: Option<u32>,
+        node: Option<u32>,
+        register: bool,
+    ) -> PyResult<()> {
+        if nslots == 0 || nslots > MAX_SLOTS {
+            return Err(PyValueError::new_err(format!(
+                "{nslots} slots: a pool holds 1 to {MAX_SLOTS}"
+            )));
+        }
+        let slot_bytes = slot_bytes.max(1).next_multiple_of(2 << 20);
+        let rt = rt(py)?;
+        let (node, cpus) = py
+            .detach(|| -> Result<(u32, CpuList), numapin::Error> {
+                let topo = rt.topology();
+                match (gpu, node) {
+                    (Some(g), None) => {
+                        let n = rt.node_for_gpu(CudaOrdinal(g))?;
+                        Ok((n, rt.gpu_plan(CudaOrdinal(g), Mode::Node)?.cpus))
+                    }
+                    (_, n) => {
+                        let n = n.unwrap_or_else(|| rt.calling_thread_node());
+                        let cpus = topo
+                            .node(n)
+                            .map(|x| x.cpus.intersection(&topo.allowed.cpus))
+                            .filter(|c| !c.is_empty())
+                            .unwrap_or_else(|| topo.allowed.cpus.clone());
+                        Ok((n, cpus))
+                    }
+                }
+            })
+            .map_err(|e| to_py(py, &e))?;
+        let shm = self.shm.clone();
+        py.detach(move || {
+            shm.provision(
+                nslots,
+                slot_bytes,
+                |p, len| {
+                    place(p, len, node, &cpus);
+                    Ok(())
+                },
+                |p, len| {
+                    if !register || !numapin::internals::cuda::available() {
+                        return false;
+                    }
+                    let flags = numapin::internals::cuda::HOST_REGISTER_PORTABLE
+                        | numapin::internals::cuda::HOST_REGISTER_DEVICEMAP;
+                    // SAFETY: the range is the pool's mapping, which stays
+                    // mapped until the pool's Drop unregisters it first.
+                    unsafe { numapin::internals::cuda::host_register(p.cast(), len, flags) }.is_ok()
+                },
+            )
+        })
+        .map_err(io_err)
+    }
+
+    /// Takes a free slot, waiting up to `timeout` seconds (the GIL
+    /// released); `None` if none came free, or the pool is not ready.
+    fn acquire(&self, py: Python<'_>, timeout: f64) -> Option<u32> {
+        let t = Duration::from_secs_f64(timeout.clamp(0.0, 3600.0));
+        let shm = self.shm.clone();
+        py.detach(move || shm.acquire(t))
+    }
+
+    /// Gives a slot back.
+    fn release(&self, slot: u32) {
+        self.shm.release(slot);
+    }
+
+    /// A `dtype`/`shape` view of `nbytes` at `offset` in `slot`, for the
+    /// worker that fills it (the pool stays mapped while it lives).
+    fn view(
+        &self,
+        py: Python<'_>,
+        slot: u32,
+        offset: usize,
+        nbytes: usize,
+        dtype: &str,
+        shape: Vec<i64>,
+    ) -> PyResult<PinnedBuffer> {
+        check_range(&self.shm, offset, nbytes)?;
+        let dtype = dtype_of(py, dtype)?;
+        let base = self.shm.slot_ptr(slot).map_err(io_err)?;
+        let mem = Memory::Mapped {
+            _shm: self.shm.clone(),
+            ptr: base.wrapping_add(offset),
+            len: nbytes,
+        };
+        PinnedBuffer::checked(py, mem, dtype, shape)
+    }
+
+    /// Takes over giving `slot` back: it returns to the pool when the lease
+    /// and every view made through it are gone.
+    fn lease(&self, slot: u32) -> PyResult<PyLease> {
+        let (n, _) = self.shm.geometry();
+        if slot as usize >= n {
+            return Err(PyValueError::new_err(format!("slot {slot} of {n}")));
+        }
+        Ok(PyLease {
+            lease: Arc::new(SlotLease::new(self.shm.clone(), slot)),
+        })
+    }
+
+    /// Frees every slot no lease holds; returns the slots still leased.
+    fn reset(&self) -> usize {
+        self.shm.reset()
+    }
+
+    /// Starts a generation of slots (before an epoch starts); returns it.
+    fn begin_generation(&self) -> u32 {
+        self.shm.begin_generation()
+    }
+
+    /// Frees the slots taken before `generation` that no lease holds;
+    /// returns how many came back.
+    fn reclaim_before(&self, generation: u32) -> usize {
+        self.shm.reclaim_before(generation)
+    }
+
+    /// `{"nslots", "slot_bytes", "free", "leased", "registered"}`.
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        let (n, b) = self.shm.geometry();
+        d.set_item("nslots", n)?;
+        d.set_item("slot_bytes", b)?;
+        d.set_item("free", self.shm.free_slots())?;
+        d.set_item("leased", self.shm.leased_slots())?;
+        d.set_item("registered", self.shm.registered())?;
+        Ok(d)
+    }
+
+    /// Closes the pool: workers waiting for a slot give up at once.
+    fn close(&self) {
+        self.shm.close();
+    }
+}
+
+#[pymethods]
+impl PyLease {
+    /// The slot.
+    #[getter]
+    fn slot(&self) -> u32 {
+        self.lease.slot
+    }
+
+    /// A `dtype`/`shape` view of `nbytes` at `offset` in the slot, holding
+    /// the lease.
+    fn view(
+        &self,
+        py: Python<'_>,
+        offset: usize,
+        nbytes: usize,
+        dtype: &str,
+        shape: Vec<i64>,
+    ) -> PyResult<PinnedBuffer> {
+        let shm = &self.lease.shm;
+        check_range(shm, offset, nbytes)?;
+        let dtype = dtype_of(py, dtype)?;
+        let base = shm.slot_ptr(self.lease.slot).map_err(io_err)?;
+        let mem = Memory::Slot {
+            lease: self.lease.clone(),
+            ptr: base.wrapping_add(offset),
+            len: nbytes,
+        };
+        PinnedBuffer::checked(py, mem, dtype, shape)
+    }
+}

@@ -1,0 +1,93 @@
+//! [`Memory`]: what a `PinnedBuffer` and its DLPack exports share.
+
+use std::sync::Arc;
+
+use numapin::PinnedBuf;
+
+use crate::slots::{Shm, SlotLease};
+
+/// Host memory a tensor or array is built over: a buffer lent by numapin's
+/// arena (given back to it when the last owner drops it, on whatever thread
+/// that is, without the GIL), or a plain heap block (tests, and the
+/// `copy=True` path without a runtime).
+#[derive(Debug)]
+pub(crate) enum Memory {
+    /// From the arena: pinned, on one NUMA node, registered when CUDA is.
+    Pinned {
+        /// The buffer (at least one byte: the arena lends no empty ones).
+        buf: PinnedBuf,
+        /// Bytes the tensor uses (`0` for an empty tensor).
+        len: usize,
+    },
+    /// Ordinary heap memory.
+    Heap(Box<[u8]>),
+    /// Part of a loader slot this process is responsible for giving back.
+    Slot {
+        /// The lease (the slot is freed when the last one goes).
+        lease: Arc<SlotLease>,
+        /// The first byte.
+        ptr: *mut u8,
+        /// Bytes.
+        len: usize,
+    },
+    /// Part of a loader slot a worker writes into (another process frees it).
+    Mapped {
+        /// Keeps the pool mapped (held, never read).
+        _shm: Arc<Shm>,
+        /// The first byte.
+        ptr: *mut u8,
+        /// Bytes.
+        len: usize,
+    },
+}
+
+// SAFETY: the raw pointers in the slot variants are addresses into the
+// pool's shared mapping, which the Arc they sit beside keeps mapped;
+// `PinnedBuf` and boxed bytes are Send.
+unsafe impl Send for Memory {}
+// SAFETY: as above; the memory is only read and written through tensors.
+unsafe impl Sync for Memory {}
+
+impl Memory {
+    /// `len` zeroed heap bytes.
+    pub(crate) fn heap(len: usize) -> Self {
+        Memory::Heap(vec![0u8; len].into_boxed_slice())
+    }
+
+    /// The first byte.
+    pub(crate) fn as_ptr(&self) -> *mut u8 {
+        match self {
+            // The arena's memory is handed out as raw bytes; writes go
+            // through tensors (never through a Rust reference).
+            Memory::Pinned { buf, .. } => buf.as_ptr().cast_mut(),
+            Memory::Heap(b) => b.as_ptr().cast_mut(),
+            Memory::Slot { ptr, .. } | Memory::Mapped { ptr, .. } => *ptr,
+        }
+    }
+
+    /// Bytes the tensor uses.
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            Memory::Pinned { len, .. } => *len,
+            Memory::Heap(b) => b.len(),
+            Memory::Slot { len, .. } | Memory::Mapped { len, .. } => *len,
+        }
+    }
+
+    /// The NUMA node of arena memory.
+    pub(crate) fn node(&self) -> Option<u32> {
+        match self {
+            Memory::Pinned { buf, .. } => Some(buf.node()),
+            _ => None,
+        }
+    }
+
+    /// Whether the memory is registered with CUDA (pinned for DMA).
+    pub(crate) fn registered(&self) -> bool {
+        match self {
+            Memory::Pinned { buf, .. } => buf.is_registered(),
+            Memory::Slot { lease, .. } => lease.shm.registered(),
+            _ => false,
+        }
+    }
+}

@@ -1,0 +1,69 @@
+"""Shared helpers for numapin's Python tests.
+
+The arenas live in one process-wide runtime, made on first use, so tests
+that configure it or change the process (bind, limits) run in a child
+interpreter (`run_py`).
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURES = ROOT / "topology"
+
+
+def in_use() -> int:
+    """Bytes of arena buffers handed out and not yet given back, all nodes."""
+    import numapin
+
+    gc.collect()
+    return sum(s["bytes_in_use"] for s in numapin.stats())
+
+
+@pytest.fixture
+def no_leak():
+    """Fails the test if it leaves arena buffers in use."""
+    before = in_use()
+    yield
+    assert in_use() == before, "the test left numapin buffers in use"
+
+
+LAUNCHER_VARS = [
+    "LOCAL_RANK",
+    "SLURM_LOCALID",
+    "OMPI_COMM_WORLD_LOCAL_RANK",
+    "MV2_COMM_WORLD_LOCAL_RANK",
+    "PMI_LOCAL_RANK",
+]
+
+
+def run_py(code: str, *, env: dict[str, str | None] | None = None, prefix: list[str] | None = None,
+           timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """Runs `code` in a child interpreter (same Python, this environment
+    without the launchers' rank variables, plus `env`; a `None` value
+    removes a variable), behind `prefix` (a command such as `taskset -c 0`)."""
+    e = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS}
+    for k, v in (env or {}).items():
+        if v is None:
+            e.pop(k, None)
+        else:
+            e[k] = v
+    cmd = list(prefix or []) + [sys.executable, "-c", textwrap.dedent(code)]
+    return subprocess.run(cmd, env=e, capture_output=True, text=True, timeout=timeout)
+
+
+def cuda_ok() -> bool:
+    """Whether torch sees a CUDA device (GPU tests skip otherwise)."""
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())

@@ -1,0 +1,250 @@
+"""numapin.torch.DataLoader against torch's DataLoader: the same batches in
+the same order for the same seed, errors where torch gives them, and every
+slot back after an epoch ends, breaks, fails or is deleted."""
+
+from __future__ import annotations
+
+import collections
+import gc
+import os
+import signal
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+np = pytest.importorskip("numpy")
+
+import numapin.torch as nt  # noqa: E402
+from torch.utils.data import DataLoader as TorchLoader  # noqa: E402
+from torch.utils.data import Dataset  # noqa: E402
+
+Point = collections.namedtuple("Point", ["x", "y"])
+
+
+class Mixed(Dataset):
+    """Samples of every shape collate handles: tensors of several dtypes,
+    numpy arrays, numbers, strings, nested dicts, lists, tuples and
+    namedtuples."""
+
+    def __init__(self, n: int = 37) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        g = torch.Generator().manual_seed(i)
+        return {
+            "image": torch.randint(0, 255, (3, 8, 8), dtype=torch.uint8, generator=g),
+            "feat": torch.randn(5, generator=g, dtype=torch.float32),
+            "half": torch.randn(2, 2, generator=g).to(torch.bfloat16),
+            "ids": np.arange(i, i + 4, dtype=np.int64),
+            "label": i % 7,
+            "weight": float(i) / 3,
+            "name": f"sample-{i}",
+            "nested": [torch.tensor([i, -i]), (torch.tensor(i * 2.0), Point(torch.tensor(i), i + 1))],
+            "rand": torch.rand(3),  # uses the worker's seeded RNG
+        }
+
+
+def same(a, b, path="batch"):
+    """Asserts two batches are equal, bit for bit and type for type."""
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor), path
+        assert a.dtype == b.dtype and a.shape == b.shape, f"{path}: {a.dtype}{tuple(a.shape)} vs {b.dtype}{tuple(b.shape)}"
+        assert torch.equal(a.cpu().view(torch.uint8) if a.dtype == torch.bfloat16 else a.cpu(), b.cpu().view(torch.uint8) if b.dtype == torch.bfloat16 else b.cpu()), path
+    elif isinstance(a, dict):
+        assert type(a) is type(b) and a.keys() == b.keys(), path
+        for k in a:
+            same(a[k], b[k], f"{path}[{k!r}]")
+    elif isinstance(a, (list, tuple)):
+        assert type(a) is type(b) and len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            same(x, y, f"{path}[{i}]")
+    else:
+        assert a == b, path
+
+
+def detached(x):
+    """A batch with every tensor cloned to plain CPU memory (so collecting
+    batches holds no slot, as a training loop holds none)."""
+    if isinstance(x, torch.Tensor):
+        return x.cpu().clone()
+    if isinstance(x, dict):
+        return type(x)({k: detached(v) for k, v in x.items()})
+    if isinstance(x, tuple) and hasattr(x, "_fields"):
+        return type(x)(*[detached(v) for v in x])
+    if isinstance(x, (list, tuple)):
+        return type(x)(detached(v) for v in x)
+    return x
+
+
+def compare_epochs(ref, ours, n=1):
+    """Runs `n` epochs of each loader (the global RNG seeded alike before
+    each, for samples drawn in the main process) and compares them."""
+    for e in range(n):
+        torch.manual_seed(100 + e)
+        want = [detached(b) for b in ref]
+        torch.manual_seed(100 + e)
+        got = [detached(b) for b in ours]
+        assert len(got) == len(want) == len(ours)
+        same(want, got)
+
+
+CASES = {
+    "in-process": dict(batch_size=4, num_workers=0),
+    "workers": dict(batch_size=5, num_workers=2, shuffle=True),
+    "drop_last": dict(batch_size=8, num_workers=2, drop_last=True),
+    "custom collate": dict(batch_size=3, num_workers=2, collate_fn=lambda b: [s["feat"] * 2 for s in b]),
+    "sampler": dict(batch_size=4, num_workers=2, sampler=list(range(30, 0, -3))),
+    "batch_sampler": dict(batch_sampler=[[1, 2], [9], [4, 5, 6], [36, 0]], num_workers=2),
+    "persistent": dict(batch_size=6, num_workers=2, shuffle=True, persistent_workers=True, prefetch_factor=3),
+}
+
+
+@pytest.mark.parametrize("case", CASES, ids=list(CASES))
+def test_batches_equal_torchs_for_the_same_seed(case):
+    kw = CASES[case]
+    ds = Mixed()
+    ref = TorchLoader(ds, generator=torch.Generator().manual_seed(3), **kw)
+    ours = nt.DataLoader(ds, generator=torch.Generator().manual_seed(3), **kw)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no fallback warning in the ordinary case
+        compare_epochs(ref, ours, 2)
+    s = ours.stats()
+    assert s["slotted_batches"] > 0, s
+    gc.collect()
+    ours.close()
+    s = ours.stats()
+    assert s["free"] == s["nslots"] and s["leased"] == 0, s
+
+
+def test_cpu_batches_are_pinned_views_of_slots_that_come_back():
+    ds = Mixed(24)
+    dl = nt.DataLoader(ds, batch_size=4, num_workers=2, slot_bytes=1 << 20)
+    it = iter(dl)
+    held = [next(it) for _ in range(3)]
+    assert dl.stats()["leased"] >= 3
+    del held
+    gc.collect()
+    for b in it:
+        assert b["image"].shape == (4, 3, 8, 8)
+    del b  # the loop variable holds the last batch
+    gc.collect()
+    s = dl.stats()
+    assert s["free"] == s["nslots"] and s["leased"] == 0, s
+    assert dl.memory_bound()["pinned_bytes"] == s["nslots"] * s["slot_bytes"]
+
+
+class Failing(Dataset):
+    def __len__(self):
+        return 40
+
+    def __getitem__(self, i):
+        if i == 17:
+            raise ValueError(f"bad record {i}")
+        return torch.full((4,), i)
+
+
+def test_a_worker_exception_is_raised_at_its_batch_and_slots_come_back():
+    dl = nt.DataLoader(Failing(), batch_size=2, num_workers=2, slot_bytes=1 << 20)
+    seen = []
+    with pytest.raises(ValueError, match="bad record 17"):
+        for b in dl:
+            seen.append(int(b[0, 0]))
+    assert seen == list(range(0, 16, 2))
+    del b
+    gc.collect()
+    dl.close()
+    s = dl.stats()
+    assert s["free"] == s["nslots"], s
+
+
+class Killer(Dataset):
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        if i == 21:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return torch.full((1024,), i)
+
+
+def test_a_killed_worker_is_an_error_not_a_hang_and_slots_come_back():
+    dl = nt.DataLoader(Killer(), batch_size=4, num_workers=2, slot_bytes=1 << 20, timeout=60)
+    with pytest.raises(RuntimeError, match="(?i)worker"):
+        for b in dl:
+            del b
+    dl.close()
+    s = dl.stats()
+    assert s["free"] == s["nslots"], s
+
+
+def test_breaking_out_and_deleting_give_every_slot_back():
+    dl = nt.DataLoader(Mixed(64), batch_size=2, num_workers=2, slot_bytes=1 << 20)
+    for i, b in enumerate(dl):
+        if i == 3:
+            break
+    del b
+    gc.collect()
+    # The loop's iterator is gone: its workers stopped, every slot is back.
+    s = dl.stats()
+    assert s["free"] == s["nslots"] and s["leased"] == 0, s
+    # The next epoch starts clean: the abandoned epoch's slots are back.
+    it = iter(dl)
+    next(it)
+    gc.collect()
+    del it
+    gc.collect()
+    s = dl.stats()
+    assert s["free"] == s["nslots"] and s["leased"] == 0, s
+    pool = dl._pool
+    del dl
+    gc.collect()
+    assert pool.stats()["free"] == pool.stats()["nslots"]
+
+
+def test_persistent_workers_keep_the_pool_across_epochs_and_after_a_break():
+    ds = Mixed(30)
+    kw = dict(batch_size=4, num_workers=2, shuffle=True, persistent_workers=True)
+    ours = nt.DataLoader(ds, generator=torch.Generator().manual_seed(1), **kw)
+    ref = TorchLoader(ds, generator=torch.Generator().manual_seed(1), **kw)
+    for i, _ in enumerate(ours):
+        if i == 2:
+            break
+    for i, _ in enumerate(ref):
+        if i == 2:
+            break
+    compare_epochs(ref, ours)
+    gc.collect()
+    s = ours.stats()
+    assert s["free"] == s["nslots"], s
+    ours.close()
+
+
+def test_a_batch_larger_than_a_slot_takes_the_ordinary_path_once_warned():
+    class Growing(Dataset):
+        def __len__(self):
+            return 12
+
+        def __getitem__(self, i):
+            return torch.full((1000 * (1 + (i >= 8) * 3000),), i, dtype=torch.uint8)
+
+    dl = nt.DataLoader(Growing(), batch_size=4, num_workers=0, slot_bytes=1 << 20)
+    with pytest.warns(RuntimeWarning, match="larger than a slot"):
+        got = list(dl)
+    want = list(TorchLoader(Growing(), batch_size=4))
+    same(want, got)
+    assert dl.stats()["plain_batches"] == {"large": 1}
+
+
+def test_bad_arguments_are_input_errors():
+    import numapin
+
+    with pytest.raises(numapin.InputError):
+        nt.DataLoader(Mixed(), batch_size=None)
+    with pytest.raises(numapin.InputError):
+        nt.DataLoader(Mixed(), device="cpu")
+    with pytest.raises(numapin.InputError):
+        nt.DataLoader(Mixed(), slots=0)

@@ -1,0 +1,177 @@
+"""empty() and pin() with NumPy: pinned memory from the node's arena, of the
+size asked for, given back when the last array over it is gone."""
+
+from __future__ import annotations
+
+import gc
+import threading
+import time
+
+import pytest
+
+np = pytest.importorskip("numpy")
+
+import numapin  # noqa: E402
+from numapin import _numapin  # noqa: E402
+from conftest import in_use, run_py  # noqa: E402
+
+
+def test_empty_is_an_exact_c_contiguous_array_on_a_node(no_leak):
+    a = numapin.empty((3, 5), "float64", like="numpy")
+    assert a.shape == (3, 5) and a.dtype == np.float64 and a.flags.c_contiguous
+    a[:] = 7.0
+    assert a.sum() == 105.0
+    node = numapin.topology().numa_nodes[0].os_index
+    b = numapin.empty(1000, np.uint8, node=node, like="numpy")
+    assert b.nbytes == 1000
+    del a, b
+
+
+def test_sizes_are_not_rounded_up_to_powers_of_two(no_leak):
+    before = in_use()
+    a = numapin.empty(5 * 2**20 + 3, "uint8", like="numpy")
+    # Only the arena's 4 KiB alignment: 5 MiB + 4 KiB, not 8 MiB.
+    assert in_use() - before == 5 * 2**20 + 4096
+    del a
+
+
+def test_memory_goes_back_when_the_last_view_dies_and_not_before(no_leak):
+    before = in_use()
+    a = numapin.empty((4, 1024), "float32", like="numpy")
+    row = a[1]
+    col = a[:, 2]
+    del a
+    gc.collect()
+    assert in_use() > before, "a view alone must keep the memory"
+    row[:] = 1.0
+    col[:] = 2.0
+    del row
+    assert in_use() > before
+    del col
+    assert in_use() == before
+
+
+def test_zero_sized_and_zero_dimensional_arrays():
+    z = numapin.empty((0, 4), "float32", like="numpy")
+    assert z.shape == (0, 4) and z.size == 0
+    s = numapin.empty((), "int32", like="numpy")
+    assert s.shape == () and s.ndim == 0
+    s[()] = 5
+    assert int(s) == 5
+
+
+def test_pin_copies_exactly_from_contiguous_and_strided_arrays(no_leak):
+    rng = np.random.default_rng(1)
+    for src in (
+        rng.integers(0, 255, size=(257, 1031), dtype=np.uint8),
+        rng.standard_normal((64, 128)).astype(np.float32)[:, ::2],  # strided
+        rng.standard_normal(3 * 2**20 // 8 + 11),  # above the 4 MiB parallel threshold
+    ):
+        p = numapin.pin(src)
+        assert isinstance(p, np.ndarray) and p.flags.c_contiguous
+        assert p.dtype == src.dtype and p.shape == src.shape
+        np.testing.assert_array_equal(p, src)
+        del p
+
+
+def test_pin_of_a_large_array_uses_threads_and_stays_exact(no_leak):
+    src = np.arange(48 * 2**20 // 8, dtype=np.int64)
+    p = numapin.pin(src)
+    np.testing.assert_array_equal(p, src)
+    del p
+
+
+def test_the_gil_is_released_while_pinning(no_leak):
+    src = np.ones(256 * 2**20 // 8)
+    ticks = 0
+    stop = threading.Event()
+
+    def count():
+        nonlocal ticks
+        while not stop.is_set():
+            ticks += 1
+
+    t = threading.Thread(target=count)
+    t.start()
+    time.sleep(0.01)
+    start = ticks
+    for _ in range(3):
+        p = numapin.pin(src)
+        del p
+    stop.set()
+    t.join()
+    # With the GIL held through three 256 MiB copies the counter would
+    # barely move; released, it runs alongside.
+    assert ticks - start > 1000, ticks - start
+
+
+def test_stats_per_node_and_trim():
+    s = numapin.stats()
+    assert s and all({"node", "bytes_reserved", "bytes_in_use", "budget", "registration"} <= d.keys() for d in s)
+    a = numapin.empty(2**20, "uint8", like="numpy")
+    assert sum(d["bytes_in_use"] for d in numapin.stats()) >= 2**20
+    del a
+    gc.collect()
+    numapin.trim()
+    assert sum(d["bytes_reserved"] for d in numapin.stats()) == 0
+
+
+def test_dlpack_deleter_runs_without_the_gil():
+    buf = _numapin.empty((16,), "float32")
+    assert buf._owners == 1
+    # Deleting an export on a thread that never touched Python, while this
+    # one holds the GIL, must not deadlock (torch frees tensors that way).
+    assert _numapin._delete_export_on_foreign_thread(buf) == 1
+
+
+def test_bad_shapes_and_dtypes_are_input_errors():
+    with pytest.raises(numapin.InputError) as e:
+        numapin.empty((2, -1), "float32", like="numpy")
+    assert "-1" in str(e.value) and e.value.fix
+    with pytest.raises(numapin.InputError) as e:
+        numapin.empty(4, "float128", like="numpy")
+    assert "float128" in str(e.value) and "float32" in e.value.fix
+    with pytest.raises(numapin.InputError):
+        numapin.empty(4, "float32", like="cupy")
+    with pytest.raises(numapin.InputError) as e:
+        numapin.empty(4, "float32", node=4000, like="numpy")
+    assert "4000" in str(e.value)
+
+
+def test_budget_exhausted_is_a_budget_error_and_frees_make_room():
+    r = run_py(
+        """
+        import numapin, gc
+        numapin.configure(budget_bytes=8 << 20, region_bytes=4 << 20)
+        a = numapin.empty(6 << 20, "uint8", like="numpy")
+        try:
+            numapin.empty(6 << 20, "uint8", like="numpy")
+        except numapin.BudgetError as e:
+            assert isinstance(e, MemoryError)
+            print("budget", "RuntimeConfig" not in str(e), e.fix is not None)
+        del a; gc.collect()
+        b = numapin.empty(6 << 20, "uint8", like="numpy")
+        print("after free", b.nbytes)
+        """
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split("\n")[0].startswith("budget"), r.stdout
+    assert "after free 6291456" in r.stdout
+
+
+def test_configure_comes_before_first_use():
+    r = run_py(
+        """
+        import numapin
+        numapin.stats()
+        try:
+            numapin.configure(budget_bytes=1 << 30)
+        except numapin.InputError as e:
+            print("refused:", e.fix)
+        """
+    )
+    assert r.returncode == 0, r.stderr
+    assert "refused: call numapin.configure() once" in r.stdout
+    with pytest.raises(numapin.InputError) as e:
+        numapin.configure(placement="sometimes")
+    assert "strict" in e.value.fix

@@ -1,0 +1,97 @@
+//! [`rank_plan`]: the binding of one rank of a job, chosen the way
+//! `numapin exec` chooses it: an explicit GPU, else the launcher's local
+//! rank, else the only GPU a launcher left visible.
+
+use super::launcher::{self, LocalRank};
+use super::{plan, AffinityError as Error, Mode, PlanOptions, RankPlan};
+use crate::gpu::CudaOrdinal;
+use crate::topology::Topology;
+
+/// Which rank's binding is wanted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct RankChoice {
+    /// This CUDA device, whatever the rank (`numapin exec --gpu`).
+    pub gpu: Option<CudaOrdinal>,
+    /// The local rank, when the caller knows it (otherwise the launcher's
+    /// variables are read: [`launcher::local_rank`]).
+    pub local_rank: Option<u32>,
+}
+
+with_setters!(RankChoice {
+    with_gpu => gpu: Option<CudaOrdinal>,
+    with_local_rank => local_rank: Option<u32>,
+});
+
+/// The binding of one rank, planned among all the ranks of this machine
+/// (so that ranks sharing a node divide it the same way in every process),
+/// and a sentence saying how its GPU was chosen.
+///
+/// The GPU is `choice.gpu` when given; else CUDA device = local rank (from
+/// `choice.local_rank` or the launcher's variables), or the only GPU in
+/// `CUDA_VISIBLE_DEVICES` when the launcher gave each process one. Without
+/// any of them, an error naming the variables read.
+pub fn rank_plan(
+    topo: &Topology,
+    choice: RankChoice,
+    mode: Mode,
+    opts: &PlanOptions,
+) -> Result<(RankPlan, String), Error> {
+    let rank = match choice.local_rank {
+        Some(r) => Some(LocalRank {
+            rank: r,
+            variable: "the caller",
+        }),
+        None => launcher::local_rank()?,
+    };
+    let (slot, gpu, why) =
+        match (choice.gpu, rank) {
+            (Some(g), _) => {
+                let (s, gpu) = launcher::slot_of_ordinal(topo, g, "the chosen GPU")?;
+                (s, gpu, format!("CUDA device {g} (chosen)"))
+            }
+            (None, Some(r)) => {
+                let (s, gpu) = launcher::slot_for_rank(topo, r.rank, r.variable)?;
+                let how = if launcher::one_visible_gpu(topo) {
+                    "the only GPU in CUDA_VISIBLE_DEVICES"
+                } else {
+                    "CUDA device = local rank"
+                };
+                (
+                    s,
+                    gpu,
+                    format!("local rank {} from {} ({how})", r.rank, r.variable),
+                )
+            }
+            (None, None) if launcher::one_visible_gpu(topo) => {
+                let (s, gpu) = launcher::slot_of_ordinal(
+                    topo,
+                    topo.cuda.ordinals[0].ordinal,
+                    "CUDA_VISIBLE_DEVICES",
+                )?;
+                (s, gpu, "the only GPU in CUDA_VISIBLE_DEVICES".to_string())
+            }
+            (None, None) => return Err(Error::request(
+                format!(
+                    "no local rank: none of {} is set",
+                    launcher::LOCAL_RANK_VARS.join(", ")
+                ),
+                "run under a launcher (torchrun, srun, mpirun), or pass the local rank or the GPU",
+            )),
+        };
+    let slots = launcher::rank_gpus(topo);
+    let mut p = plan(topo, &slots, mode, opts)?;
+    if slot >= p.ranks.len() {
+        return Err(Error::request(
+            format!("GPU {gpu} is not among the GPUs this process plans for"),
+            "check CUDA_VISIBLE_DEVICES",
+        ));
+    }
+    let mut r = p.ranks.swap_remove(slot);
+    r.local_rank = rank.map_or(slot as u32, |r| r.rank);
+    let line = format!(
+        "GPU {gpu} ({}) chosen by {why}; mode {mode}",
+        r.pci_bus_id.as_deref().unwrap_or("?")
+    );
+    Ok((r, line))
+}
