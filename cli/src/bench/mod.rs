@@ -40,6 +40,10 @@ pub(crate) struct BenchArgs {
     /// M, G; each rounded up to 2 MiB).
     #[arg(long, value_delimiter = ',', default_value = "256M,4G", value_parser = parse_size)]
     pub(crate) region_sizes: Vec<usize>,
+    /// Pinned bytes allowed per node (suffixes K, M, G), instead of the
+    /// default budget (half the node's memory, capped by a memory cgroup).
+    #[arg(long, value_parser = parse_size)]
+    pub(crate) budget: Option<usize>,
     /// Print JSON (schema in docs/bench.md).
     #[arg(long)]
     pub(crate) json: bool,
@@ -74,7 +78,11 @@ pub(crate) fn run(a: &BenchArgs) -> Result<i32> {
         });
     }
     let topo = a.source.topology()?;
-    let rt = Runtime::new(topo, RuntimeConfig::default())?;
+    let mut config = RuntimeConfig::default();
+    if let Some(b) = a.budget {
+        config = config.with_budget_bytes(Some(b as u64));
+    }
+    let rt = Runtime::new(topo, config)?;
     let opts = BenchOptions {
         gpus: a
             .gpus
