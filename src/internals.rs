@@ -5,10 +5,11 @@
 pub use crate::affinity::apply::{exec, find_program};
 pub use crate::arena::alloc;
 pub use crate::arena::region::{
-    last_mapped_addr, thp_enabled, PageCounts, Region, RegionOptions, Registration, HUGE_PAGE, PAGE,
+    last_mapped_addr, thp_enabled, PageCounts, Region, RegionOptions, Registration, StepTimes,
+    HUGE_PAGE, PAGE, VERIFY_THREADS,
 };
 pub use crate::arena::{fmt_bytes, NodeArena};
-pub use crate::measure::{arena as arena_measure, kernels, loader as loader_measure};
+pub use crate::measure::{arena as arena_measure, kernels, loader as loader_measure, pinning};
 pub use crate::platform::{cgroup, cleanup, container, cuda, hugetlb, numa, numa_maps, probe, sys};
 pub use crate::report::{quote, shorten, table};
 pub use crate::topology::hwloc::export_live_xml;
@@ -24,6 +25,15 @@ pub fn fail_after(config: &mut RuntimeConfig, step: Option<Step>) {
 /// itself fails.
 pub fn skip_memlock_check(config: &mut RuntimeConfig, skip: bool) {
     config.hooks.skip_memlock_check = skip;
+}
+
+/// Test hook: the background release thread waits this long before each
+/// region it releases (to observe a release in flight).
+pub fn release_delay(delay: std::time::Duration) {
+    crate::arena::release::DELAY_MS.store(
+        delay.as_millis() as u64,
+        std::sync::atomic::Ordering::Relaxed,
+    );
 }
 
 /// Test hook: read the memory cgroup limits under `root` (a fake

@@ -28,15 +28,15 @@ use crate::topology::{NodeKind, Topology};
 
 pub use crate::arena::region::Step;
 pub use crate::arena::{
-    ArenaError, CacheLimits, HugePages, NodeStats, PageKind, ParseHugePagesError, PinnedBuf,
-    PinnedBy, PlacedBy, Placement, RegionMethods, VerifiedBy, DEFAULT_ALIGNMENT,
+    ArenaError, Backend, CacheLimits, HugePages, NodeStats, PageKind, ParseHugePagesError,
+    PinnedBuf, PinnedBy, PlacedBy, Placement, RegionMethods, VerifiedBy, DEFAULT_ALIGNMENT,
     DEFAULT_BUDGET_FRACTION, DEFAULT_REGION_BYTES, MAX_ALIGNMENT,
 };
 
 /// Most threads that fault in a new region when
 /// [`RuntimeConfig::populate_threads`] is 0 (they are also limited to the
 /// node's allowed CPUs).
-pub const MAX_POPULATE_THREADS: usize = 16;
+pub const MAX_POPULATE_THREADS: usize = 64;
 
 /// Hooks numapin's own tests set through [`crate::internals`]; never set
 /// in normal use.
@@ -86,6 +86,11 @@ pub struct RuntimeConfig {
     pub register: bool,
     /// What a page found off its node means (default an error).
     pub placement: Placement,
+    /// Where regions' memory comes from (default [`Backend::Mapped`],
+    /// numapin's own mmap + mbind + mlock + `cuMemHostRegister`; the
+    /// driver backends are measured against it by `numapin bench --only
+    /// pinning`, and `docs/BENCHMARKS.md` says why it stays the default).
+    pub backend: Backend,
     /// Bounds of each thread's cache of freed blocks, per node (default
     /// 64 blocks, 16 MiB, blocks up to 4 MiB; [`arena::CacheLimits::off`]
     /// turns caching off).
@@ -112,6 +117,7 @@ impl Default for RuntimeConfig {
             populate_threads: 0,
             register: true,
             placement: Placement::Strict,
+            backend: Backend::Mapped,
             thread_cache: arena::CacheLimits::default(),
             budget_wait: None,
             huge_pages: HugePages::default(),
@@ -128,6 +134,7 @@ with_setters!(RuntimeConfig {
     with_populate_threads => populate_threads: usize,
     with_register => register: bool,
     with_placement => placement: Placement,
+    with_backend => backend: Backend,
     with_thread_cache => thread_cache: CacheLimits,
     with_budget_wait => budget_wait: Option<Duration>,
     with_huge_pages => huge_pages: HugePages,
@@ -204,6 +211,22 @@ impl Runtime {
                 "use a fraction such as 0.5",
             ));
         }
+        if config.backend != Backend::Mapped
+            && matches!(
+                config.huge_pages,
+                HugePages::Hugetlb2M | HugePages::Hugetlb1G
+            )
+        {
+            return Err(config_error(
+                "huge_pages",
+                config.huge_pages.to_string(),
+                &format!(
+                    "hugetlb pages are for the mapped backend, and backend is {}",
+                    config.backend.as_str()
+                ),
+                "use HugePages::Auto (or Transparent) with a driver backend, or Backend::Mapped with hugetlb pages",
+            ));
+        }
         let region_bytes = arena::alloc::round_up(
             config.region_bytes as u64,
             config.huge_pages.granule() as u64,
@@ -249,6 +272,7 @@ impl Runtime {
                         cpus,
                         register: config.register,
                         placement: config.placement,
+                        backend: config.backend,
                         cache: config.thread_cache,
                         memlock_applies,
                         shared: shared.clone(),

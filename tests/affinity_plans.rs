@@ -493,7 +493,20 @@ fn plans_serialize_as_documented() {
     let v: serde_json::Value = serde_json::to_value(run(&t, Mode::Exclusive)).unwrap();
     assert_eq!(
         v,
-        serde_json::json!({"mode":"exclusive","ranks":[{"local_rank":0,"gpu":0,"pci_bus_id":"0000:01:00.0","cpus":"0-3","mems":[0],"warnings":[]}]})
+        serde_json::json!({"mode":"exclusive","ranks":[{"local_rank":0,"gpu":0,"pci_bus_id":"0000:01:00.0","cpus":"0-3","mems":[0],"warnings":[],"nics":[]}]})
+    );
+    // With a NIC, each rank names it (docs/affinity.md).
+    let mut t = t;
+    common::add_nic(
+        &mut t,
+        "mlx5_0",
+        numapin::topology::DeviceKind::Infiniband,
+        &[numapin::topology::Relation::Pix],
+    );
+    let v: serde_json::Value = serde_json::to_value(run(&t, Mode::Exclusive)).unwrap();
+    assert_eq!(
+        v["ranks"][0]["nics"],
+        serde_json::json!([{"nic":0,"pci_bus_id":"0000:80:00.0","names":["mlx5_0","if_mlx5_0"],"relation":"PIX"}])
     );
 }
 

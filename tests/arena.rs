@@ -503,6 +503,7 @@ fn region_options(node: u32, size: usize, cpus: numapin::CpuList) -> RegionOptio
         register: false,
         placement: Placement::Strict,
         pin_by_registration: None,
+        backend: numapin::runtime::Backend::Mapped,
         huge_pages: HugePages::Transparent,
         pool_root: None,
         fail_after: None,

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use numapin::affinity::{plan, Mode, PlanOptions};
-use numapin::topology::limits::{MAX_CPUS, MAX_GPUS, MAX_NODES};
+use numapin::topology::limits::{MAX_CPUS, MAX_GPUS, MAX_IO_DEVICES, MAX_NODES, MAX_PCI_DEPTH};
 use numapin::topology::{ProbeOptions, Topology};
 use numapin::{ErrorKind, GpuIndex};
 use serde_json::{json, Value};
@@ -138,6 +138,85 @@ fn nccl_files_are_held_to_the_limits_while_parsed() {
     let xml = "<system version=\"1\"><cpu numaid=\"1048576\" affinity=\"ff\"/></system>";
     let e = load(&write(dir.path(), "node.xml", xml.as_bytes())).unwrap_err();
     assert!(e.to_string().contains("1023"), "{e}");
+}
+
+#[test]
+fn nics_storage_and_pci_trees_beyond_the_limits_are_refused() {
+    // JSON: more NICs and drives than the limit, and a drive among the NICs.
+    let mut v = json_of("pcie-switch-2s.xml");
+    let nic = v["nics"][0].clone();
+    v["nics"] = Value::Array(vec![nic; MAX_IO_DEVICES + 1]);
+    refused(&v, "NICs and storage devices, more than the limit of 4096");
+    let mut v = json_of("dgx-h100.xml");
+    v["nics"][0]["kind"] = json!("nvme");
+    refused(&v, "belongs in storage");
+
+    // NCCL: more NICs than the limit, refused while parsed.
+    let dir = tempfile::tempdir().unwrap();
+    let nics: String = (0..=MAX_IO_DEVICES)
+        .map(|i| {
+            format!(
+                "<pci busid=\"0000:{:02x}:{:02x}.{}\" class=\"0x020000\"/>",
+                i / 256,
+                (i / 8) % 32,
+                i % 8
+            )
+        })
+        .collect();
+    let xml = format!(
+        "<system version=\"1\"><cpu numaid=\"0\" affinity=\"ffffffff\">{nics}</cpu></system>"
+    );
+    let start = Instant::now();
+    let e = load(&write(dir.path(), "nics.xml", xml.as_bytes())).unwrap_err();
+    assert!(start.elapsed() < Duration::from_secs(2), "{e}");
+    assert_eq!(e.kind(), ErrorKind::Input, "{e}");
+    assert!(e.to_string().contains("4097 NICs"), "{e}");
+
+    // hwloc XML: as many NICs below one root bus, and a chain of bridges
+    // deeper than the limit.
+    let src = std::fs::read_to_string(fixture("pcie-switch-2s.xml")).unwrap();
+    let anchor = r#"bridge_pci="0000:[00-01]">"#;
+    assert!(src.contains(anchor));
+    let functions = |n: usize, class: &str| -> String {
+        (0..n)
+            .map(|i| {
+                format!(
+                    r#"<object type="PCIDev" pci_busid="0001:{:02x}:{:02x}.{}" pci_type="{class} [8086:1563] [8086:0000] a1"/>"#,
+                    i / 256,
+                    (i / 8) % 32,
+                    i % 8
+                )
+            })
+            .collect()
+    };
+    let many = src.replacen(
+        anchor,
+        &format!("{anchor}{}", functions(MAX_IO_DEVICES + 1, "0200")),
+        1,
+    );
+    let bridge = r#"<object type="Bridge" bridge_type="1-1" depth="1" bridge_pci="0000:[02-02]" pci_busid="0000:01:00.0" pci_type="0604 [8086:a190] [0000:0000] 00">"#;
+    let depth = MAX_PCI_DEPTH + 2;
+    let deep = src.replacen(
+        anchor,
+        &format!(
+            "{anchor}{}{}{}",
+            bridge.repeat(depth),
+            functions(1, "0200"),
+            "</object>".repeat(depth)
+        ),
+        1,
+    );
+    for (what, xml, want) in [
+        ("many", many, "4097 NICs and storage devices"),
+        ("deep", deep, "64 bridges deep"),
+    ] {
+        let start = Instant::now();
+        let e = load(&write(dir.path(), "io.xml", xml.as_bytes())).unwrap_err();
+        let text = numapin::error::with_causes(&e);
+        assert!(start.elapsed() < Duration::from_secs(5), "{what}: {text}");
+        assert_eq!(e.kind(), ErrorKind::Input, "{what}: {text}");
+        assert!(text.contains(want), "{what}: {text}");
+    }
 }
 
 #[test]

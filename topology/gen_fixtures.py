@@ -131,7 +131,7 @@ def write_pci(g, d, dev, depth):
     if dev.get("switch"):
         g.out(d, f'<object type="Bridge" gp_index="{g.gpi()}" bridge_type="1-1" depth="{depth}" '
                  f'bridge_pci="{dev["busid"][:4]}:[{dev["lo"]:02x}-{dev["hi"]:02x}]" pci_busid="{dev["busid"]}" '
-                 f'pci_type="0604 [{dev["vendor"]}:{dev["device"]}] [0000:0000] 00" pci_link_speed="{dev.get("speed", 0.0):f}">')
+                 f'pci_type="0604 [{dev["vendor"]}:{dev["device"]}] [{dev.get("sub", "0000:0000")}] 00" pci_link_speed="{dev.get("speed", 0.0):f}">')
         for ch in dev["children"]:
             write_pci(g, d + 1, ch, depth + 1)
         g.out(d, '</object>')
@@ -141,7 +141,22 @@ def write_pci(g, d, dev, depth):
                  f'pci_link_speed="{dev.get("speed", 0.0):f}">')
         if dev.get("name"):
             g.out(d + 1, f'<info name="PCIDevice" value="{dev["name"]}"/>')
+        for od in dev.get("osdevs", []):
+            write_osdev(g, d + 1, od)
         g.out(d, '</object>')
+
+
+# hwloc's OS device types in XML: 0 block (storage), 2 network, 3 OpenFabrics.
+OSDEV_BLOCK, OSDEV_NETWORK, OSDEV_OPENFABRICS = 0, 2, 3
+
+
+def write_osdev(g, d, od):
+    """od: {name, type (OSDEV_*), subtype (optional), infos: [(name, value)]}"""
+    sub = f' subtype="{od["subtype"]}"' if od.get("subtype") else ""
+    g.out(d, f'<object type="OSDev" gp_index="{g.gpi()}" name="{od["name"]}"{sub} osdev_type="{od["type"]}">')
+    for k, v in od.get("infos", []):
+        g.out(d + 1, f'<info name="{k}" value="{v}"/>')
+    g.out(d, '</object>')
 
 
 def smt_cores(first_core, count, threads_offset, smt=True):
@@ -159,6 +174,30 @@ def nic(busid):
 
 def switch(busid, lo, hi, children, device="c010"):
     return {"switch": True, "busid": busid, "lo": lo, "hi": hi, "vendor": "1000", "device": device, "children": children}
+
+
+def bridge(busid, lo, hi, children, vendor, device, sub="0000:0000", speed=0.0):
+    """A PCI-PCI bridge: a root port, or a switch's upstream or downstream port."""
+    return {"switch": True, "busid": busid, "lo": lo, "hi": hi, "vendor": vendor, "device": device, "sub": sub,
+            "speed": speed, "children": children}
+
+
+def ib_osdevs(verbs, netdev, guid, lid, port_state=4):
+    """A ConnectX port as hwloc shows it: the verbs device (with its port's
+    state, 4 = active, and LID) and the IPoIB interface (20-byte address)."""
+    return [{"name": verbs, "type": OSDEV_OPENFABRICS,
+             "infos": [("NodeGUID", guid), ("SysImageGUID", guid), ("Port1State", str(port_state)),
+                       ("Port1LID", lid), ("Port1LMC", "0")]},
+            {"name": netdev, "type": OSDEV_NETWORK,
+             "infos": [("Address", "00:00:10:29:fe:80:00:00:00:00:00:00:" + ":".join(
+                 guid.replace(":", "")[i:i + 2] for i in range(0, 16, 2))), ("Port", "1")]}]
+
+
+def roce_osdevs(verbs, netdev, mac):
+    """A ConnectX Ethernet port with RoCE: verbs device with LID 0, Ethernet interface."""
+    return [{"name": verbs, "type": OSDEV_OPENFABRICS,
+             "infos": [("Port1State", "4"), ("Port1LID", "0x0"), ("Port1LMC", "0")]},
+            {"name": netdev, "type": OSDEV_NETWORK, "infos": [("Address", mac), ("Port", "1")]}]
 
 
 # --- DGX A100-like: 2x AMD EPYC 7742 (64 cores, SMT2), NPS4 = 4 nodes per
@@ -202,15 +241,45 @@ def dgx_a100():
 # --- DGX H100-like: 2x Intel Xeon Platinum 8480C (56 cores, SMT2), one node
 # per socket, 105 MiB L3 per socket, 2 TiB, 8 H100 SXM5 (PCIe Gen5).
 # Published affinity: GPU0-3 -> node 0 (0-55,112-167), GPU4-7 -> node 1.
+# Published I/O (DGX H100 user guide and block diagram): each GPU shares a
+# Broadcom PEX89000 Gen5 switch with one single-port ConnectX-7 (400 Gb/s
+# InfiniBand, the compute fabric) and one U.2 NVMe data drive, four switches
+# per socket; two dual-port ConnectX-7 (storage and in-band management, here
+# as Ethernet with RoCE), one per socket, on a root port of their own. The
+# PCIe chain is what lstopo shows: root bus, root port, switch upstream port,
+# one downstream port per device. OS names follow the kernel's naming from
+# the bus numbers; the real machine numbers its mlx5_N devices otherwise.
 def dgx_h100():
     h100 = "2330"
     bus = [[0x18, 0x2a, 0x3a, 0x5d], [0x9a, 0xab, 0xba, 0xdb]]
+    storage_bus = [0x40, 0xc0]
     pkgs = []
     for s in range(2):
         cores = smt_cores(s * 56, 56, 112)
-        roots = [{"domain": 0, "lo": b - 2, "hi": b + 2, "children": [
-            switch(f"0000:{b - 1:02x}:00.0", b - 1, b + 2, [gpu(f"0000:{b:02x}:00.0", h100, "H100 80GB HBM3", 63.0)])]}
-            for b in bus[s]]
+        roots = []
+        for k, b in enumerate(bus[s]):
+            i = s * 4 + k
+            guid = "a088:c203:00%02x:0001" % i
+            devices = [gpu(f"0000:{b:02x}:00.0", h100, "H100 80GB HBM3", 63.0),
+                       {"busid": f"0000:{b + 1:02x}:00.0", "class": "0207", "vendor": "15b3", "device": "1021",
+                        "name": "MT2910 Family [ConnectX-7]", "speed": 63.0,
+                        "osdevs": ib_osdevs(f"mlx5_{i}", f"ibp{b + 1}s0", guid, "0x%x" % (i + 1))},
+                       {"busid": f"0000:{b + 2:02x}:00.0", "class": "0108", "vendor": "144d", "device": "a824",
+                        "name": "NVMe SSD Controller PM173X", "speed": 7.88,
+                        "osdevs": [{"name": f"nvme{i}n1", "type": OSDEV_BLOCK, "subtype": "Disk",
+                                    "infos": [("Size", "3750000000"), ("SectorSize", "512"), ("Type", "Disk")]}]}]
+            downstream = [bridge(f"0000:{b - 1:02x}:{j:02x}.0", b + j, b + j, [dev], "1000", "c030", "1000:0000", 63.0)
+                          for j, dev in enumerate(devices)]
+            upstream = bridge(f"0000:{b - 2:02x}:00.0", b - 1, b + 2, downstream, "1000", "c030", "1000:0000", 63.0)
+            root_port = bridge(f"0000:{b - 3:02x}:01.0", b - 2, b + 2, [upstream], "8086", "352a", speed=63.0)
+            roots.append({"domain": 0, "lo": b - 3, "hi": b + 2, "children": [root_port]})
+        sb = storage_bus[s]
+        functions = [{"busid": f"0000:{sb + 1:02x}:00.{f}", "class": "0200", "vendor": "15b3", "device": "1021",
+                      "name": "MT2910 Family [ConnectX-7]", "speed": 63.0,
+                      "osdevs": roce_osdevs(f"mlx5_{8 + 2 * s + f}", f"enp{sb + 1}s0f{f}np{f}",
+                                            "b8:3f:d2:00:%02x:%02x" % (s, f))} for f in range(2)]
+        roots.append({"domain": 0, "lo": sb, "hi": sb + 1, "children": [
+            bridge(f"0000:{sb:02x}:01.0", sb + 1, sb + 1, functions, "8086", "352a", speed=63.0)]})
         pkgs.append({"nodes": [{"os": s, "memory": 1024 * GIB, "cores": cores, "caches": [cores], "pci_roots": roots}]})
     write_machine("dgx-h100.xml", {"product": "DGXH100", "cpu_model": "Intel(R) Xeon(R) Platinum 8480C",
                                    "l3_bytes": 105 << 20, "packages": pkgs,
@@ -219,7 +288,11 @@ def dgx_h100():
 
 # --- 2-socket PCIe server (Supermicro 4029GP-TRT class): 2x Xeon Gold 6248
 # (20 cores, SMT2), 8 PCIe V100 behind two PLX switches per socket, one GPU's
-# link trained down to x8.
+# link trained down to x8. One ConnectX-6 InfiniBand HCA, in the slot of the
+# first switch of socket 1 (so GPUs 4-5 share its switch, GPUs 6-7 reach it
+# through another root of the same socket, GPUs 0-3 across the socket link);
+# on socket 0's first root bus the chipset's SATA controller (the boot
+# drive) and the onboard dual 10GBase-T.
 def pcie_switch_server():
     v100 = "1db4"
     pkgs = []
@@ -227,11 +300,28 @@ def pcie_switch_server():
     for s in range(2):
         cores = smt_cores(s * 20, 20, 40)
         roots = []
+        if s == 0:
+            roots.append({"domain": 0, "lo": 0x00, "hi": 0x01, "children": [
+                {"busid": "0000:00:17.0", "class": "0106", "vendor": "8086", "device": "a182",
+                 "name": "C620 Series Chipset Family SATA Controller [AHCI mode]",
+                 "osdevs": [{"name": "sda", "type": OSDEV_BLOCK, "subtype": "Disk",
+                             "infos": [("Size", "468851544"), ("Type", "Disk")]}]},
+                bridge("0000:00:1c.0", 0x01, 0x01, [
+                    {"busid": f"0000:01:00.{f}", "class": "0200", "vendor": "8086", "device": "1563",
+                     "name": "Ethernet Controller 10G X550T", "speed": 7.88,
+                     "osdevs": [{"name": f"eno{f + 1}", "type": OSDEV_NETWORK,
+                                 "infos": [("Address", "ac:1f:6b:00:00:%02x" % f), ("Port", "1")]}]}
+                    for f in range(2)], "8086", "a190")]})
         for (sw, gb) in layout[s]:
-            roots.append({"domain": 0, "lo": sw - 1, "hi": gb[-1], "children": [
-                switch(f"0000:{sw:02x}:00.0", sw, gb[-1],
-                       [gpu(f"0000:{b:02x}:00.0", v100, "Tesla V100-PCIE-32GB", 15.75 if b != 0x3f else 7.88) for b in gb],
-                       device="8747")]})
+            children = [gpu(f"0000:{b:02x}:00.0", v100, "Tesla V100-PCIE-32GB", 15.75 if b != 0x3f else 7.88) for b in gb]
+            hi = gb[-1]
+            if sw == 0x88:
+                hi += 1
+                children.append({"busid": f"0000:{hi:02x}:00.0", "class": "0207", "vendor": "15b3", "device": "101b",
+                                 "name": "MT28908 Family [ConnectX-6]", "speed": 31.5,
+                                 "osdevs": ib_osdevs("mlx5_0", "ib0", "9803:9b03:0001:0001", "0x2a")})
+            roots.append({"domain": 0, "lo": sw - 1, "hi": hi, "children": [
+                switch(f"0000:{sw:02x}:00.0", sw, hi, children, device="8747")]})
         pkgs.append({"nodes": [{"os": s, "memory": 192 * GIB, "cores": cores, "caches": [cores], "pci_roots": roots}]})
     write_machine("pcie-switch-2s.xml", {"product": "SYS-4029GP-TRT", "cpu_model": "Intel(R) Xeon(R) Gold 6248 CPU @ 2.50GHz",
                                          "l3_bytes": 27 << 20 + 0, "packages": pkgs,
@@ -250,6 +340,38 @@ def vm_two_nodes():
     write_machine("cloud-vm-2n-nolocality.xml", {"product": "Virtual Machine", "cpu_model": "AMD EPYC 7V13 64-Core Processor",
                                                  "l3_bytes": 32 << 20, "packages": pkgs, "machine_pci_roots": [root],
                                                  "distances": lambda a, b: 10 if a == b else 20})
+
+
+# --- Azure ND96asr v4 (the machine of ../shared/topologies/nccl/azure-ndv4-topo.xml),
+# as hwloc sees it inside the VM: 2x AMD EPYC 7V12 giving 96 vCPUs in 4 vNUMA
+# nodes of 24 (no SMT), 900 GiB; 8 A100 SXM4 40GB and 8 HDR InfiniBand VFs
+# (ConnectX-6, 15b3:101c) on Hyper-V virtual PCI, each in a PCI domain of its
+# own (GPUs 0001-0004 and 000b-000e, NICs 0101-0108). The hypervisor gives
+# them no NUMA node (sysfs numa_node -1), so hwloc hangs them off the whole
+# machine; Azure ships the NCCL topology file for that reason. Azure's images
+# name the verbs devices mlx5_ib0-7, the IPoIB interfaces ib0-7.
+def vm_ndv4():
+    pkgs = []
+    for s in range(2):
+        nodes = []
+        for k in range(2):
+            nid = s * 2 + k
+            cores = [[c] for c in range(nid * 24, nid * 24 + 24)]
+            nodes.append({"os": nid, "memory": 225 * GIB, "cores": cores, "caches": [cores[i:i + 4] for i in range(0, 24, 4)]})
+        pkgs.append({"nodes": nodes})
+    roots = []
+    for i, dom in enumerate([1, 2, 3, 4, 0xb, 0xc, 0xd, 0xe]):
+        roots.append({"domain": dom, "lo": 0, "hi": 0, "children": [
+            gpu(f"{dom:04x}:00:00.0", "20b0", "A100-SXM4-40GB")]})
+    for i in range(8):
+        dom = 0x101 + i
+        roots.append({"domain": dom, "lo": 0, "hi": 0, "children": [
+            {"busid": f"{dom:04x}:00:00.0", "class": "0207", "vendor": "15b3", "device": "101c",
+             "name": "MT28908 Family [ConnectX-6 Virtual Function]", "speed": 31.5,
+             "osdevs": ib_osdevs(f"mlx5_ib{i}", f"ib{i}", "0015:5dff:fe33:%04x" % i, "0x%x" % (0x100 + i))}]})
+    write_machine("cloud-vm-ndv4-nolocality.xml", {"product": "Virtual Machine", "cpu_model": "AMD EPYC 7V12 64-Core Processor",
+                                                   "l3_bytes": 16 << 20, "packages": pkgs, "machine_pci_roots": roots,
+                                                   "distances": lambda a, b: 10 if a == b else 12 if a // 2 == b // 2 else 32})
 
 
 # --- Cloud VM with one node (the usual single-GPU instance): numa_node -1 as
@@ -300,6 +422,7 @@ if __name__ == "__main__":
     dgx_h100()
     pcie_switch_server()
     vm_two_nodes()
+    vm_ndv4()
     vm_one_node()
     grace_hopper()
     memoryless_node()

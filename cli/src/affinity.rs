@@ -177,6 +177,24 @@ pub(crate) fn numactl_args(r: &RankPlan, policy: MemPolicy) -> Vec<String> {
     v
 }
 
+/// A rank's NICs for people: `mlx5_0 (PIX)`, `-` when it has none.
+pub(crate) fn rank_nics(t: &Topology, r: &RankPlan) -> String {
+    if r.nics.is_empty() {
+        return "-".into();
+    }
+    r.nics
+        .iter()
+        .map(|n| {
+            let label = t
+                .nics
+                .get(n.nic)
+                .map_or_else(|| format!("NIC {}", n.nic), |d| d.label());
+            format!("{label} ({})", n.relation)
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// The plan in one of the output formats.
 /// The plan in one of the output formats; `binding` is what `numapin exec`
 /// in this process would apply (JSON carries it as `memory_binding`, the
@@ -197,10 +215,17 @@ pub(crate) fn render(
             out.push('\n');
         }
         Format::Table => {
-            let mut tab = Table::new(["RANK", "GPU", "CUDA", "BUS ID", "CPUS", "N", "MEMS"]);
+            let mut header = vec!["RANK", "GPU", "CUDA", "BUS ID", "CPUS", "N", "MEMS"];
+            // The NIC column only where there are NICs: the table of a
+            // machine without stays as it was.
+            let with_nics = !t.nics.is_empty();
+            if with_nics {
+                header.push("NICS");
+            }
+            let mut tab = Table::new(header);
             for r in &plan.ranks {
                 let g = r.gpu.and_then(|g| t.gpu(g));
-                tab.row([
+                let mut row = vec![
                     r.local_rank.to_string(),
                     r.gpu.map_or("-".into(), |g| g.to_string()),
                     g.and_then(|g| g.cuda_ordinal)
@@ -209,7 +234,11 @@ pub(crate) fn render(
                     r.cpus.to_string(),
                     r.cpus.len().to_string(),
                     nodes(&r.mems),
-                ]);
+                ];
+                if with_nics {
+                    row.push(rank_nics(t, r));
+                }
+                tab.row(row);
             }
             out.push_str(&format!("mode {}; {}\n\n", plan.mode, t.source));
             out.push_str(&tab.render());

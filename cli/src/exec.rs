@@ -13,16 +13,35 @@ use std::ffi::OsString;
 use crate::affinity::numactl_args;
 use crate::TopoSource;
 use numapin::affinity::{
-    bind_current_process, launcher, plan, plan_node, probe_memory_binding, Binding, MemPolicy,
-    Mode, PlanOptions, RankPlan,
+    bind_current_process, launcher, nic_env, plan, plan_node, probe_memory_binding, Binding,
+    MemPolicy, Mode, NicEnv, PlanOptions, RankPlan,
 };
 use numapin::internals as apply;
+use numapin::topology::Topology;
 use numapin::CudaOrdinal;
 
 use crate::error::{report, CliError, Result};
 use crate::output;
 use crate::ModeArg;
 use numapin::topology::limits::{MAX_GPUS, MAX_NODES};
+
+/// Which variable `--nic-env` sets: the library's [`NicEnv`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum NicEnvArg {
+    /// UCX_NET_DEVICES (UCX, UCC, NIXL, Open MPI with UCX).
+    Ucx,
+    /// NCCL_IB_HCA (NCCL's InfiniBand/RoCE transport).
+    Nccl,
+}
+
+impl From<NicEnvArg> for NicEnv {
+    fn from(a: NicEnvArg) -> Self {
+        match a {
+            NicEnvArg::Ucx => NicEnv::Ucx,
+            NicEnvArg::Nccl => NicEnv::Nccl,
+        }
+    }
+}
 
 /// Arguments of `numapin exec`.
 #[derive(Debug, clap::Args)]
@@ -52,6 +71,12 @@ pub(crate) struct ExecArgs {
     /// Set OMP_NUM_THREADS to the number of CPUs bound to.
     #[arg(long)]
     pub(crate) threads_env: bool,
+    /// Point the command's communication library at the rank's NICs (its
+    /// GPU's nearest): `ucx` sets UCX_NET_DEVICES (`mlx5_3:1`), `nccl` sets
+    /// NCCL_IB_HCA (`=mlx5_3:1`, an exact match). Nothing is set unless
+    /// asked; a NIC the description does not name is an error.
+    #[arg(long, value_enum, value_name = "LIB")]
+    pub(crate) nic_env: Option<NicEnvArg>,
     /// In core mode, one hardware thread instead of the whole core.
     #[arg(long)]
     pub(crate) no_smt: bool,
@@ -88,8 +113,7 @@ pub(crate) fn run(a: &ExecArgs) -> Result<i32> {
 }
 
 /// The binding this invocation asks for, and a line saying where it came from.
-fn choose(a: &ExecArgs) -> Result<(RankPlan, String)> {
-    let t = a.source.topology()?;
+fn choose(a: &ExecArgs, t: &Topology) -> Result<(RankPlan, String)> {
     if let Some(n) = a.node {
         if let Some(m) = a.mode.map(Mode::from).filter(|&m| m != Mode::Node) {
             return Err(CliError::Usage {
@@ -99,18 +123,18 @@ fn choose(a: &ExecArgs) -> Result<(RankPlan, String)> {
                 fix: "drop --mode, or drop --node to bind near the rank's GPU".into(),
             });
         }
-        return Ok((plan_node(&t, n)?, format!("NUMA node {n} (--node)")));
+        return Ok((plan_node(t, n)?, format!("NUMA node {n} (--node)")));
     }
     let mode = a.mode.map_or(Mode::Node, Mode::from);
     let rank = launcher::local_rank()?;
     let (slot, gpu, why) = match (a.gpu, rank) {
         (Some(g), _) => {
-            let (s, gpu) = launcher::slot_of_ordinal(&t, CudaOrdinal(g), "--gpu")?;
+            let (s, gpu) = launcher::slot_of_ordinal(t, CudaOrdinal(g), "--gpu")?;
             (s, gpu, format!("CUDA device {g} (--gpu)"))
         }
         (None, Some(r)) => {
-            let (s, gpu) = launcher::slot_for_rank(&t, r.rank, r.variable)?;
-            let how = if launcher::one_visible_gpu(&t) {
+            let (s, gpu) = launcher::slot_for_rank(t, r.rank, r.variable)?;
+            let how = if launcher::one_visible_gpu(t) {
                 "the only GPU in CUDA_VISIBLE_DEVICES"
             } else {
                 "CUDA device = local rank"
@@ -121,9 +145,9 @@ fn choose(a: &ExecArgs) -> Result<(RankPlan, String)> {
                 format!("local rank {} from {} ({how})", r.rank, r.variable),
             )
         }
-        (None, None) if launcher::one_visible_gpu(&t) => {
+        (None, None) if launcher::one_visible_gpu(t) => {
             let (s, gpu) =
-                launcher::slot_of_ordinal(&t, t.cuda.ordinals[0].ordinal, "CUDA_VISIBLE_DEVICES")?;
+                launcher::slot_of_ordinal(t, t.cuda.ordinals[0].ordinal, "CUDA_VISIBLE_DEVICES")?;
             (s, gpu, "the only GPU in CUDA_VISIBLE_DEVICES".to_string())
         }
         (None, None) => return Err(CliError::Usage {
@@ -136,10 +160,10 @@ fn choose(a: &ExecArgs) -> Result<(RankPlan, String)> {
                     .into(),
         }),
     };
-    let slots = launcher::rank_gpus(&t);
+    let slots = launcher::rank_gpus(t);
     let mut opts = PlanOptions::default();
     opts.smt = !a.no_smt;
-    let mut p = plan(&t, &slots, mode, &opts)?;
+    let mut p = plan(t, &slots, mode, &opts)?;
     if slot >= p.ranks.len() {
         return Err(CliError::Usage {
             problem: format!("GPU {gpu} is not among the GPUs this process plans for"),
@@ -170,10 +194,15 @@ fn exec(a: &ExecArgs) -> Result<i32> {
     } else {
         MemPolicy::Bind
     };
-    let (r, why) = choose(a)?;
+    let t = a.source.topology()?;
+    let (r, why) = choose(a, &t)?;
     for w in &r.warnings {
         output::eprintln(&format!("numapin: warning: {w}"));
     }
+    let nic_var = match a.nic_env {
+        Some(which) => Some(nic_env(&t, &r, which.into())?),
+        None => None,
+    };
     if r.cpus.is_empty() {
         return Err(CliError::Usage {
             problem: format!("{why}: the CPU set is empty"),
@@ -186,6 +215,7 @@ fn exec(a: &ExecArgs) -> Result<i32> {
             "chosen_by": why,
             "mempolicy": policy.as_str(),
             "memory_binding": probe_memory_binding(&r.mems),
+            "environment": nic_var.iter().map(|(k, v)| (k.to_string(), v.clone())).collect::<std::collections::BTreeMap<_, _>>(),
             "command": a.command.iter().map(|c| c.to_string_lossy()).collect::<Vec<_>>(),
         });
         // Output that cannot be written is a failure of its own (exit 1),
@@ -202,6 +232,15 @@ fn exec(a: &ExecArgs) -> Result<i32> {
             "numapin: {why}: numactl {}",
             numactl_args(&r, policy).join(" ")
         ));
+        if !r.nics.is_empty() {
+            output::eprintln(&format!(
+                "numapin: NICs: {}",
+                crate::affinity::rank_nics(&t, &r)
+            ));
+        }
+        if let Some((k, v)) = &nic_var {
+            output::eprintln(&format!("numapin: {k}={v}"));
+        }
     }
     if let Binding::CpusOnly { reason } = bind_current_process(&r, policy)? {
         if a.strict {
@@ -213,11 +252,16 @@ fn exec(a: &ExecArgs) -> Result<i32> {
         }
         output::eprintln(&format!("numapin: warning: {reason}"));
     }
-    let mut env: Vec<(OsString, OsString)> = std::env::vars_os()
-        .filter(|(k, _)| !(a.threads_env && k == "OMP_NUM_THREADS"))
-        .collect();
+    let mut set: Vec<(OsString, OsString)> = Vec::new();
     if a.threads_env {
-        env.push(("OMP_NUM_THREADS".into(), r.cpus.len().to_string().into()));
+        set.push(("OMP_NUM_THREADS".into(), r.cpus.len().to_string().into()));
     }
+    if let Some((k, v)) = nic_var {
+        set.push((k.into(), v.into()));
+    }
+    let mut env: Vec<(OsString, OsString)> = std::env::vars_os()
+        .filter(|(k, _)| set.iter().all(|(s, _)| s != k))
+        .collect();
+    env.extend(set);
     Err(apply::exec(&a.command, &env).into())
 }

@@ -64,7 +64,8 @@ pub(crate) struct TopoSource {
     /// Describe a saved machine instead of this one: an hwloc XML export,
     /// a `numapin topo --json` file, an NCCL topology XML, or a captured
     /// filesystem root (folder, .tar.gz or .tar.bz2); `-` reads standard
-    /// input. At most 64 MiB, 8192 CPUs, 1024 NUMA nodes, 1024 GPUs.
+    /// input. At most 64 MiB, 8192 CPUs, 1024 NUMA nodes, 1024 GPUs, 4096
+    /// NICs and storage devices.
     #[arg(long, value_name = "PATH")]
     pub(crate) input: Option<std::path::PathBuf>,
     /// Treat PCI devices with this id as accelerators too (VENDOR or

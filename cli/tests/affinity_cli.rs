@@ -7,9 +7,9 @@ mod common;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Command, Output};
 
-use common::{cpus, write_json, Shape};
+use common::{add_gpu, add_nic, cpus, write_json, Shape};
 use numapin::affinity::{plan, plan_node, Mode, PlanOptions};
-use numapin::topology::{CudaMode, ProbeOptions, Topology, VisibleEntry};
+use numapin::topology::{CudaMode, DeviceKind, ProbeOptions, Relation, Topology, VisibleEntry};
 use numapin::CpuList;
 use serde_json::Value;
 
@@ -558,4 +558,136 @@ fn affinity_warnings_reach_the_reader() {
     ]));
     assert_eq!(stdout(&o), "taskset -c 0-3\ntaskset -c 0-7\n");
     assert!(stderr(&o).contains("warning: rank 1"), "{}", stderr(&o));
+}
+
+// ---- NICs: each rank's nearest, and the variables that select them.
+
+fn fixture(name: &str) -> String {
+    format!("{}/../topology/{name}", env!("CARGO_MANIFEST_DIR"))
+}
+
+#[test]
+fn affinity_lists_each_ranks_nics() {
+    let f = fixture("dgx-h100.xml");
+    let o = out(numapin(&[
+        "affinity",
+        "--no-cuda",
+        "--input",
+        &f,
+        "--format",
+        "json",
+    ]));
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    for (i, r) in v["ranks"].as_array().unwrap().iter().enumerate() {
+        let nics = r["nics"].as_array().unwrap();
+        assert_eq!(nics.len(), 1, "rank {i}: {r}");
+        assert_eq!(nics[0]["names"][0], format!("mlx5_{i}"));
+        assert_eq!(nics[0]["relation"], "PIX");
+        assert!(nics[0]["pci_bus_id"].is_string());
+    }
+    let o = out(numapin(&["affinity", "--no-cuda", "--input", &f]));
+    let text = stdout(&o);
+    let header = text.lines().find(|l| l.starts_with("RANK")).unwrap();
+    assert!(header.ends_with("NICS"), "{text}");
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("5 ") && l.ends_with("mlx5_5 (PIX)")),
+        "{text}"
+    );
+    // A machine without NICs keeps its table as it was.
+    let o = out(numapin(&[
+        "affinity",
+        "--no-cuda",
+        "--input",
+        &fixture("cloud-vm-1n.xml"),
+    ]));
+    assert!(!stdout(&o).contains("NICS"), "{}", stdout(&o));
+}
+
+#[test]
+fn exec_nic_env_sets_the_variable_only_when_asked() {
+    // This machine's CPUs, a GPU on its first node, an RDMA NIC near it and
+    // one far from it.
+    let mut t = live();
+    // This machine's own NICs and drives have no relation to the added GPU.
+    t.nics.clear();
+    t.storage.clear();
+    let node = first_node(&t);
+    let (local, package) = {
+        let n = t.node(node).unwrap();
+        (n.cpus.clone(), n.package)
+    };
+    add_gpu(&mut t, Some(node), package, local);
+    add_nic(&mut t, "mlx5_7", DeviceKind::Roce, &[Relation::Sys]);
+    add_nic(&mut t, "mlx5_2", DeviceKind::Infiniband, &[Relation::Node]);
+    let path = write_json(&t);
+    let p = path.to_str().unwrap();
+    // `--input` needs `--dry-run` (another machine's binding is never
+    // applied here): the dry run shows the environment the command would
+    // get. The VM tests (cli/tests/vm.rs) run commands under `--nic-env`.
+    let environment = |extra: &[&str]| {
+        let mut args = vec!["--gpu", "0"];
+        args.extend_from_slice(extra);
+        let (o, v) = dry_run(p, &args, &[("UCX_NET_DEVICES", "all")]);
+        assert!(o.status.success(), "{extra:?}: {}", stderr(&o));
+        let v = v.unwrap();
+        assert_eq!(v["binding"]["nics"][0]["relation"], "NODE", "{v}");
+        v["environment"].clone()
+    };
+    assert_eq!(
+        environment(&["--nic-env", "ucx"]),
+        serde_json::json!({"UCX_NET_DEVICES": "mlx5_2:1"}),
+        "the NODE NIC, not the SYS one"
+    );
+    assert_eq!(
+        environment(&["--nic-env", "nccl"]),
+        serde_json::json!({"NCCL_IB_HCA": "=mlx5_2:1"})
+    );
+    assert_eq!(
+        environment(&[]),
+        serde_json::json!({}),
+        "nothing set unless asked"
+    );
+}
+
+#[test]
+fn exec_nic_env_refuses_nics_without_names_and_runs_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join("ran");
+    let touch = format!("touch {}", marker.display());
+    // The DGX A100 description has InfiniBand NICs without OS names.
+    let f = fixture("dgx-a100-nps4.xml");
+    let mut c = numapin(&[
+        "exec",
+        "--no-cuda",
+        "--dry-run",
+        "--input",
+        &f,
+        "--nic-env",
+        "ucx",
+        "--",
+        "sh",
+        "-c",
+        &touch,
+    ]);
+    c.env("LOCAL_RANK", "2");
+    let o = out(c);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("no verbs device name"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(stderr(&o).contains("fix:"), "{}", stderr(&o));
+    assert!(!marker.exists(), "nothing ran");
+    let o = out(numapin(&[
+        "exec",
+        "--no-cuda",
+        "--nic-env",
+        "rdma",
+        "--",
+        "true",
+    ]));
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
 }

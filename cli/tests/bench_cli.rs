@@ -15,6 +15,8 @@ fn bench_json_without_a_gpu_gives_the_host_figures() {
             "2",
             "--size",
             "16M",
+            "--region-sizes",
+            "16M,8M",
         ])
         .env("NUMAPIN_NO_CUDA", "1")
         .output()
@@ -48,6 +50,38 @@ fn bench_json_without_a_gpu_gives_the_host_figures() {
     }
     assert!(by("arena_overhead")["median"].as_f64().unwrap() <= 1.10);
     assert_eq!(by("loader")["mode"], "host");
+    // Pinning: the creation of each size per step, all pages on the node,
+    // the release, and the two placement checks.
+    for bytes in [16 << 20, 8 << 20] {
+        let of = |name: &str| {
+            results
+                .iter()
+                .filter(|r| r["name"] == name && r["region_bytes"] == bytes)
+                .collect::<Vec<_>>()
+        };
+        let create = of("pin_create_per_gib");
+        assert_eq!(create.len(), 1, "{create:?}");
+        assert_eq!(create[0]["backend"], "mapped");
+        assert_eq!(create[0]["pages"], bytes / 4096);
+        assert_eq!(create[0]["pages_on_node"], bytes / 4096);
+        let steps: Vec<_> = of("pin_step_per_gib")
+            .iter()
+            .map(|r| r["step"].clone())
+            .collect();
+        for step in ["map", "populate", "lock", "verify"] {
+            assert!(steps.contains(&step.into()), "{step} missing: {steps:?}");
+        }
+        assert_eq!(of("pin_release_per_gib").len(), 1);
+    }
+    let checks: Vec<_> = results
+        .iter()
+        .filter(|r| r["name"] == "pin_verify_per_gib")
+        .map(|r| r["method"].as_str().unwrap().to_string())
+        .collect();
+    assert!(
+        checks.contains(&"move_pages".into()) && checks.contains(&"numa_maps".into()),
+        "{checks:?}"
+    );
     assert_eq!(by("loader")["verified"], true);
     assert!(
         results.iter().all(|r| r["name"] != "h2d"),

@@ -9,6 +9,7 @@
 #[path = "../../tests/common/mod.rs"]
 mod common;
 
+use std::os::unix::process::CommandExt;
 use std::process::{Command, Output};
 
 use common::seccomp::under_filter;
@@ -49,7 +50,7 @@ fn json(o: &Output) -> Value {
 }
 
 /// A one-node machine whose node 0 has only the last CPU this process may
-/// use, so that a binding to it is visible in `Cpus_allowed_list`.
+/// use (for dry runs: `--input` is never bound here).
 fn one_cpu_machine() -> (tempfile::TempPath, u32) {
     let cpu = numapin::internals::sys::sched_getaffinity_self()
         .unwrap()
@@ -69,6 +70,36 @@ fn one_cpu_machine() -> (tempfile::TempPath, u32) {
     (common::write_json(&t), cpu)
 }
 
+/// The last CPU this process may use, and its node on this machine. `exec`
+/// applies only this machine's bindings (`--input` needs `--dry-run`): run
+/// on that CPU alone ([`filtered_on`]), a binding to the node shows in
+/// `Cpus_allowed_list` as that one CPU.
+fn last_cpu() -> (u32, String) {
+    let cpu = numapin::internals::sys::sched_getaffinity_self()
+        .unwrap()
+        .iter()
+        .last()
+        .unwrap();
+    let live = numapin::topology::Topology::probe(
+        &numapin::topology::ProbeOptions::default().with_cuda(numapin::topology::CudaMode::Off),
+    )
+    .unwrap();
+    (cpu, live.node_of_cpu(cpu).unwrap().to_string())
+}
+
+/// `numapin ARGS` on CPU `cpu` alone, under the filter.
+fn filtered_on(cpu: u32, args: &[&str]) -> Output {
+    let mut c = numapin(args);
+    let one = numapin::CpuList::from_iter_unsorted([cpu]);
+    // SAFETY: the closure runs in the forked child before exec and makes one
+    // system call on a CPU set built before the fork.
+    unsafe {
+        c.pre_exec(move || numapin::internals::sys::sched_setaffinity(0, &one));
+    }
+    under_filter(&mut c);
+    c.output().unwrap()
+}
+
 #[test]
 fn the_filter_refuses_the_numa_calls_and_shows_in_proc_status() {
     let mut c = Command::new("sh");
@@ -80,29 +111,18 @@ fn the_filter_refuses_the_numa_calls_and_shows_in_proc_status() {
     assert!(out.contains("NoNewPrivs:\t1"), "{}", text(&o));
 }
 
-/// This machine's node 0 CPUs, as `Cpus_allowed_list` prints them: `exec`
-/// binds to this machine (a saved one's binding cannot be applied here).
-fn node0_cpus() -> String {
-    let opts =
-        numapin::topology::ProbeOptions::from_process().with_cuda(numapin::topology::CudaMode::Off);
-    let t = numapin::topology::Topology::probe(&opts).unwrap();
-    let n = t.numa_nodes.iter().find(|n| n.os_index == 0).unwrap();
-    let allowed = numapin::internals::sys::sched_getaffinity_self().unwrap();
-    n.cpus.intersection(&allowed).to_cpulist()
-}
-
 #[test]
 fn exec_binds_the_cpus_only_with_a_warning() {
-    let cpus = node0_cpus();
     let cmd =
         "grep Cpus_allowed_list /proc/self/status; grep -c ' bind:' /proc/self/numa_maps || true";
-    let o = filtered(&["exec", "--node", "0", "--", "sh", "-c", cmd]);
+    let (cpu, node) = last_cpu();
+    let o = filtered_on(cpu, &["exec", "--node", &node, "--", "sh", "-c", cmd]);
     let t = text(&o);
     assert_eq!(o.status.code(), Some(0), "{t}");
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(
-        out.contains(&format!("Cpus_allowed_list:\t{cpus}\n")),
-        "bound to node 0's CPUs {cpus}: {t}"
+        out.contains(&format!("Cpus_allowed_list:\t{cpu}\n")),
+        "bound to CPU {cpu}: {t}"
     );
     // No VMA got a bind policy: memory was not bound.
     assert!(out.lines().any(|l| l == "0"), "{t}");
@@ -114,7 +134,7 @@ fn exec_binds_the_cpus_only_with_a_warning() {
     assert!(err.contains("first touches it"), "{t}");
 
     // Unfiltered, the same command binds memory too, without a warning.
-    let o = numapin(&["exec", "--node", "0", "--", "sh", "-c", cmd])
+    let o = numapin(&["exec", "--node", &node, "--", "sh", "-c", cmd])
         .output()
         .unwrap();
     let t = text(&o);
@@ -133,15 +153,19 @@ fn exec_binds_the_cpus_only_with_a_warning() {
 fn exec_strict_fails_before_running_anything() {
     let dir = tempfile::tempdir().unwrap();
     let marker = dir.path().join("ran");
-    let o = filtered(&[
-        "exec",
-        "--strict",
-        "--node",
-        "0",
-        "--",
-        "touch",
-        marker.to_str().unwrap(),
-    ]);
+    let (cpu, node) = last_cpu();
+    let o = filtered_on(
+        cpu,
+        &[
+            "exec",
+            "--strict",
+            "--node",
+            &node,
+            "--",
+            "touch",
+            marker.to_str().unwrap(),
+        ],
+    );
     let t = text(&o);
     assert_eq!(o.status.code(), Some(2), "{t}");
     assert!(!marker.exists(), "the command ran: {t}");

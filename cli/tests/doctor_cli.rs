@@ -23,6 +23,8 @@ const NAMES: &[&str] = &[
     "gpu_locality",
     "gpu_cpus_allowed",
     "gpu_memory_allowed",
+    "nic_locality",
+    "nic_pcie_link",
     "memory_policy",
     "numa_syscalls",
     "container",
@@ -383,22 +385,93 @@ fn a_vm_without_gpu_locality_gets_the_locality_warning() {
 
 #[test]
 fn every_fixture_gives_a_report() {
-    for f in [
-        "cloud-vm-1n.xml",
-        "dgx-a100-nps4.xml",
-        "dgx-h100.xml",
-        "grace-hopper.xml",
-        "memoryless-node-2s.xml",
-        "pcie-switch-2s.xml",
+    // Each fixture with the checks that are not `ok` (name, GPU): only the
+    // PCIe server, whose one InfiniBand HCA sits on socket 1, warns for
+    // socket 0's GPUs.
+    let sys_nic: Vec<(String, Option<u64>)> = (0..4)
+        .map(|g| ("nic_locality".to_string(), Some(g)))
+        .collect();
+    for (f, want) in [
+        ("cloud-vm-1n.xml", vec![]),
+        ("dgx-a100-nps4.xml", vec![]),
+        ("dgx-h100.xml", vec![]),
+        ("grace-hopper.xml", vec![]),
+        ("memoryless-node-2s.xml", vec![]),
+        ("pcie-switch-2s.xml", sys_nic),
     ] {
         let o = run(numapin(&["doctor", "--json", "--input", &fixture(f)]));
         let (_, checks) = report(&o);
         assert_eq!(o.status.code(), Some(0), "{f}: {}", text(&o));
-        assert!(
-            checks.iter().all(|c| c["verdict"] == "ok"),
-            "{f}: a well-configured machine: {checks:?}"
-        );
+        let not_ok: Vec<(String, Option<u64>)> = checks
+            .iter()
+            .filter(|c| c["verdict"] != "ok")
+            .map(|c| (c["name"].as_str().unwrap().to_string(), c["gpu"].as_u64()))
+            .collect();
+        assert_eq!(not_ok, want, "{f}: {checks:?}");
+        assert!(checks.iter().all(|c| c["verdict"] != "fail"), "{f}");
     }
+}
+
+/// A VM that gives no locality: every GPU's NIC is SYS, and the fix speaks
+/// of the topology file the cloud provides; NIC links below their maximum
+/// warn.
+#[test]
+fn nic_checks_on_saved_machines() {
+    let f = fixture("cloud-vm-ndv4-nolocality.xml");
+    let (_, checks) = report(&run(numapin(&["doctor", "--json", "--input", &f])));
+    let nic = named(&checks, "nic_locality");
+    assert_eq!(nic.len(), 8);
+    for c in &nic {
+        assert_eq!(c["verdict"], "warn", "{c}");
+        assert!(c["evidence"].as_str().unwrap().contains("SYS"), "{c}");
+        assert!(c["fix"].as_str().unwrap().contains("NCCL_TOPO_FILE"), "{c}");
+    }
+    // A saved machine with a NIC whose link trained at x8.
+    let mut t = numapin::Topology::load(
+        std::path::Path::new(&fixture("dgx-h100.xml")),
+        &Default::default(),
+    )
+    .unwrap();
+    for n in &mut t.nics {
+        n.pcie = Some(PcieLink {
+            current_gen: Some(5),
+            current_width: Some(16),
+            max_gen: Some(5),
+            max_width: Some(16),
+            speed_gbps: None,
+        });
+    }
+    t.nics[5].pcie.as_mut().unwrap().current_width = Some(8);
+    let path = write_json(&t);
+    let o = run(numapin(&[
+        "doctor",
+        "--json",
+        "--input",
+        path.to_str().unwrap(),
+    ]));
+    let (_, checks) = report(&o);
+    let links: Vec<&str> = named(&checks, "nic_pcie_link")
+        .iter()
+        .map(|c| c["verdict"].as_str().unwrap())
+        .collect();
+    assert_eq!(links.len(), 12);
+    assert_eq!(links.iter().filter(|v| **v == "warn").count(), 1);
+    let slow = *named(&checks, "nic_pcie_link")
+        .iter()
+        .find(|c| c["verdict"] == "warn")
+        .unwrap();
+    assert_eq!(slow["nic"], 5);
+    assert!(
+        slow["evidence"].as_str().unwrap().contains("mlx5_3"),
+        "{slow}"
+    );
+    assert_eq!(o.status.code(), Some(0), "a warning, not a failure");
+    let o = run(numapin(&["doctor", "--input", path.to_str().unwrap()]));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("WARN  nic_pcie_link (NIC 5)"),
+        "{}",
+        text(&o)
+    );
 }
 
 /// A saved machine whose topology is wrong fails, and the exit code says so.

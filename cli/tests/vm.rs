@@ -17,9 +17,9 @@ mod support;
 
 use std::sync::OnceLock;
 
-use numapin::topology::{Topology, WarningKind};
+use numapin::topology::{DeviceKind, Relation, Topology, WarningKind};
 use numapin::CpuList;
-use support::{Boot, Machine, Outcome, TESTDEV_PCI_ID};
+use support::{Boot, Machine, Outcome, E1000E_PCI_ID, TESTDEV_PCI_ID};
 
 /// The steps run on the 4-node machine, one group per block. A new group adds
 /// its lines here and a `#[test]` below that asserts on them.
@@ -53,6 +53,12 @@ fn four_node_script() -> String {
         format!("step doctor-json numapin doctor --json --no-cuda --accelerator-pci-id {acc}"),
         format!("step doctor-bound numapin exec --no-cuda --node 0 -- numapin doctor --json --no-cuda --accelerator-pci-id {acc}"),
         format!("step doctor-text numapin doctor --no-cuda --no-pin-probe --accelerator-pci-id {acc}"),
+        // NICs: each rank's is the one on its accelerator's node
+        "step net-interfaces ls /sys/class/net".into(),
+        format!("step affinity-nics numapin affinity --no-cuda --accelerator-pci-id {acc} --format json"),
+        format!("step exec-nic-gpu1 numapin exec --no-cuda --accelerator-pci-id {acc} --gpu 1 --nic-env ucx -- sh -c 'echo \"$UCX_NET_DEVICES\"'"),
+        format!("step exec-nic-rank0 env LOCAL_RANK=0 UCX_NET_DEVICES=all numapin exec --no-cuda --accelerator-pci-id {acc} --nic-env ucx -- sh -c 'echo \"$UCX_NET_DEVICES\"'"),
+        format!("step exec-nic-nccl numapin exec --no-cuda --accelerator-pci-id {acc} --gpu 1 --nic-env nccl -- true"),
         // loaders (host mode for the stand-in accelerator)
         guest_step("guest-loader", "guest::loader_for_the_node_2_accelerator_stays_on_node_2"),
     ]
@@ -69,13 +75,16 @@ fn guest_step(step: &str, test: &str) -> String {
 }
 
 /// The 4-node machine (one CPU per node: node N has CPU N), stand-in
-/// accelerators on nodes 2 and 3, booted once for every test in this file.
+/// accelerators on nodes 2 and 3, an Ethernet NIC on each of nodes 2 and 3,
+/// booted once for every test in this file.
 fn four_nodes() -> Option<&'static Boot> {
     static BOOT: OnceLock<Outcome> = OnceLock::new();
     BOOT.get_or_init(|| {
         Machine::new("four-nodes", 4)
             .accelerator_on(2)
             .accelerator_on(3)
+            .nic_on(2)
+            .nic_on(3)
             .boot(&four_node_script())
     })
     .get()
@@ -708,6 +717,7 @@ mod guest {
             register: false,
             placement: Placement::Strict,
             pin_by_registration: None,
+            backend: numapin::runtime::Backend::Mapped,
             huge_pages: Default::default(),
             pool_root: None,
             fail_after: None,
@@ -1187,4 +1197,94 @@ mod guest {
             c as u32
         }
     }
+}
+
+/// The NICs on nodes 2 and 3: each accelerator's is the one on its node
+/// (`NODE`: another PCIe expander bridge of the same node); the other NIC is
+/// on another node (`SOCK` when QEMU puts the nodes in one package, `SYS`
+/// otherwise). Each rank gets the NIC on its node, by PCI location and by
+/// the interface name the kernel gave it.
+#[test]
+fn each_rank_gets_the_nic_on_its_node() {
+    let Some(boot) = four_nodes() else { return };
+    let t = topology(boot, "topo-json");
+    let nics: Vec<_> = t
+        .nics
+        .iter()
+        .filter(|n| (n.vendor_id.as_str(), n.device_id.as_str()) == E1000E_PCI_ID)
+        .collect();
+    assert_eq!(nics.len(), 2, "{:?}", t.nics);
+    assert_eq!(
+        nics.iter().map(|n| n.numa_node).collect::<Vec<_>>(),
+        [Some(2), Some(3)],
+        "in PCI order, behind the expander bridges of nodes 2 and 3"
+    );
+    let package_of = |node: u32| t.node(node).unwrap().package;
+    let far = if package_of(2).is_some() && package_of(2) == package_of(3) {
+        Relation::Sock
+    } else {
+        Relation::Sys
+    };
+    assert_eq!(nics[0].gpu_relations, [Relation::Node, far]);
+    assert_eq!(nics[1].gpu_relations, [far, Relation::Node]);
+    for n in &nics {
+        assert_eq!(n.kind, DeviceKind::Ethernet);
+    }
+    // The kernel's interfaces: with the e1000e driver loaded (the harness
+    // ships it when this kernel's modules have it) each NIC is named.
+    let ifaces = boot.ok("net-interfaces").stdout.clone();
+    let named = ifaces.split_whitespace().any(|i| i.starts_with("eth"));
+    let on = |node: usize| nics[node].names.first().cloned();
+    // The plan: rank r drives accelerator r and gets the NIC of its node.
+    let plan: serde_json::Value = serde_json::from_str(&boot.ok("affinity-nics").stdout).unwrap();
+    for (r, nic) in nics.iter().enumerate() {
+        let rn = &plan["ranks"][r]["nics"];
+        assert_eq!(rn.as_array().unwrap().len(), 1, "rank {r}: {rn}");
+        assert_eq!(
+            rn[0]["pci_bus_id"].as_str(),
+            nic.pci_bus_id.as_deref(),
+            "rank {r}"
+        );
+        assert_eq!(rn[0]["relation"], "NODE", "rank {r}");
+    }
+    let gpu1 = boot.step("exec-nic-gpu1");
+    let rank0 = boot.step("exec-nic-rank0");
+    if named {
+        let (eth2, eth3) = (on(0).unwrap(), on(1).unwrap());
+        assert!(
+            ifaces.contains(&eth2) && ifaces.contains(&eth3),
+            "{ifaces} vs {eth2} {eth3}"
+        );
+        assert_eq!(
+            (gpu1.rc, gpu1.stdout.trim()),
+            (0, eth3.as_str()),
+            "{}",
+            gpu1.stderr
+        );
+        assert_eq!(
+            (rank0.rc, rank0.stdout.trim()),
+            (0, eth2.as_str()),
+            "{}",
+            rank0.stderr
+        );
+    } else {
+        // No driver: the NICs are there but unnamed, and numapin refuses
+        // rather than guesses.
+        support::note(&format!(
+            "vm: the NICs have no driver here ({ifaces}): checking the refusal"
+        ));
+        assert!(on(0).is_none() && on(1).is_none());
+        assert_eq!(gpu1.rc, 2, "{}", gpu1.stderr);
+        assert!(gpu1.stderr.contains("has no OS name"), "{}", gpu1.stderr);
+    }
+    // Plain Ethernet has no verbs device for NCCL_IB_HCA: refused, with the
+    // variable NCCL uses for it in the fix.
+    let nccl = boot.step("exec-nic-nccl");
+    assert_eq!(nccl.rc, 2, "{}", nccl.stderr);
+    let why = if named {
+        "NCCL_SOCKET_IFNAME"
+    } else {
+        "has no OS name"
+    };
+    assert!(nccl.stderr.contains(why), "{}", nccl.stderr);
 }

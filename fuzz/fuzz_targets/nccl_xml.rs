@@ -10,6 +10,11 @@ fuzz_target!(|data: &[u8]| {
                     assert!(t.node(n).is_some());
                 }
             }
+            // Every NIC relates to every GPU, and the pairing covers them.
+            for n in &t.nics {
+                assert_eq!(n.gpu_relations.len(), t.gpus.len());
+            }
+            assert_eq!(t.nic_pairing().len(), t.gpus.len());
         }
     }
 });

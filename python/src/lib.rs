@@ -20,7 +20,7 @@ mod slots;
 use std::sync::{Arc, Mutex};
 
 use numapin::affinity::{self, MemPolicy, Mode, PlanOptions, RankChoice};
-use numapin::runtime::{CacheLimits, HugePages, Placement, Runtime, RuntimeConfig};
+use numapin::runtime::{Backend, CacheLimits, HugePages, Placement, Runtime, RuntimeConfig};
 use numapin::topology::ProbeOptions;
 use numapin::{CudaOrdinal, Target, Topology};
 use pyo3::buffer::PyUntypedBuffer;
@@ -585,7 +585,7 @@ fn bind(
 
 /// Sets the configuration of the runtime numapin makes on first use.
 #[pyfunction]
-#[pyo3(signature = (*, budget_bytes=None, budget_fraction=None, region_bytes=None, register=None, placement=None, thread_cache_blocks=None, thread_cache_bytes=None, populate_threads=None, huge_pages=None))]
+#[pyo3(signature = (*, budget_bytes=None, budget_fraction=None, region_bytes=None, register=None, placement=None, thread_cache_blocks=None, thread_cache_bytes=None, populate_threads=None, backend=None, huge_pages=None))]
 #[allow(clippy::too_many_arguments)]
 fn configure(
     py: Python<'_>,
@@ -597,8 +597,22 @@ fn configure(
     thread_cache_blocks: Option<usize>,
     thread_cache_bytes: Option<u64>,
     populate_threads: Option<usize>,
+    backend: Option<&str>,
     huge_pages: Option<&str>,
 ) -> PyResult<()> {
+    let backend = match backend {
+        None => None,
+        Some(name) => match Backend::ALL.into_iter().find(|b| b.as_str() == name) {
+            Some(b) => Some(b),
+            None => {
+                return Err(input_error(
+                    py,
+                    format!("backend={name:?} is not a region backend"),
+                    "use \"mapped\" (the default: mmap + mbind + mlock + cuMemHostRegister), \"driver_numa\" (cuMemCreate on the node) or \"host_alloc_bound\" (cuMemHostAlloc under MPOL_BIND)",
+                ))
+            }
+        },
+    };
     let huge_pages = match huge_pages.map(str::parse::<HugePages>) {
         None => None,
         Some(Ok(h)) => Some(h),
@@ -647,6 +661,9 @@ fn configure(
     }
     if let Some(t) = populate_threads {
         c = c.with_populate_threads(t);
+    }
+    if let Some(b) = backend {
+        c = c.with_backend(b);
     }
     if let Some(h) = huge_pages {
         c = c.with_huge_pages(h);

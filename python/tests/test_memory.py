@@ -211,3 +211,23 @@ def test_huge_pages_are_configured_and_counted():
     if out != ["made"]:
         assert out[1:] == ["True", "True"], r.stdout
         assert out[0] in ("BudgetError", "Error"), r.stdout
+
+
+def test_backend_is_checked_and_driver_backends_need_a_driver():
+    with pytest.raises(numapin.InputError) as e:
+        numapin.configure(backend="anywhere")
+    assert "driver_numa" in e.value.fix
+    r = run_py(
+        """
+        import numapin
+        numapin.configure(backend="driver_numa")
+        try:
+            numapin.empty(1 << 20, "uint8", like="numpy")
+        except numapin.Error as e:
+            print("refused:", str(e).splitlines()[0], "|", e.fix)
+        """,
+        env={"NUMAPIN_NO_CUDA": "1"},
+    )
+    assert r.returncode == 0, r.stderr
+    assert "the driver_numa backend" in r.stdout, r.stdout
+    assert "Backend::Mapped" in r.stdout or "default backend" in r.stdout, r.stdout

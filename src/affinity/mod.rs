@@ -6,6 +6,8 @@
 //!   `exclusive`, `cache`, `core`); [`plan_node`] binds to a node directly.
 //! * [`launcher`] reads the local rank that torchrun, srun, mpirun and
 //!   friends set, and maps it to a GPU (respecting `CUDA_VISIBLE_DEVICES`).
+//! * Each rank's plan names its NICs (its GPU's nearest); [`nic_env`] gives
+//!   the `UCX_NET_DEVICES` or `NCCL_IB_HCA` value that selects them.
 //! * [`bind_current_thread`] and [`bind_current_process`] apply a binding;
 //!   `numapin exec` applies one and then `execvp`s the command.
 //!
@@ -14,6 +16,7 @@
 pub(crate) mod apply;
 mod error;
 pub mod launcher;
+mod nic_env;
 mod plan;
 mod rank;
 
@@ -23,5 +26,6 @@ pub use apply::{
 };
 pub use error::AffinityError;
 pub use launcher::{local_rank, LocalRank};
-pub use plan::{plan, plan_node, Mode, Plan, PlanOptions, RankPlan};
+pub use nic_env::{nic_env, NicEnv};
+pub use plan::{plan, plan_node, Mode, Plan, PlanOptions, RankNic, RankPlan};
 pub use rank::{rank_plan, RankChoice};

@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 use super::AffinityError as Error;
 use crate::cpulist::CpuList;
 use crate::gpu::GpuIndex;
-use crate::topology::{NodeKind, Topology};
+use crate::topology::{NodeKind, Relation, Topology};
 
 type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -117,6 +117,24 @@ pub struct RankPlan {
     pub mems: Vec<u32>,
     /// What a person should know about this binding (fallbacks, exclusions).
     pub warnings: Vec<String>,
+    /// The rank's NICs, its GPU's nearest ([`Topology::nic_pairing`]),
+    /// preferred first; empty when the machine has none and for a binding
+    /// to a node ([`plan_node`]).
+    #[serde(default)]
+    pub nics: Vec<RankNic>,
+}
+
+/// A NIC of a rank ([`RankPlan::nics`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RankNic {
+    /// Its position in [`Topology::nics`].
+    pub nic: usize,
+    /// Its PCI bus id (`None` for a network device without a PCI function).
+    pub pci_bus_id: Option<String>,
+    /// Its OS names (verbs device first; empty when the source names none).
+    pub names: Vec<String>,
+    /// How the rank's GPU reaches it.
+    pub relation: Relation,
 }
 
 /// A plan: one binding per local rank.
@@ -503,6 +521,8 @@ pub fn plan(topo: &Topology, gpus: &[GpuIndex], mode: Mode, opts: &PlanOptions) 
         })
         .collect();
     let mut parts: HashMap<&HomeKey, Vec<CpuList>> = HashMap::new();
+    // Each GPU's NICs, paired once for the whole machine.
+    let pairing = topo.nic_pairing();
     let mut ranks = Vec::with_capacity(gpus.len());
     for (r, (&g, &h)) in gpus.iter().zip(&rank_home).enumerate() {
         let home = &distinct[h];
@@ -559,6 +579,18 @@ pub fn plan(topo: &Topology, gpus: &[GpuIndex], mode: Mode, opts: &PlanOptions) 
             cpus,
             mems: home.mems.clone(),
             warnings,
+            nics: pairing[g.as_usize()]
+                .iter()
+                .map(|c| {
+                    let n = &topo.nics[c.nic];
+                    RankNic {
+                        nic: c.nic,
+                        pci_bus_id: n.pci_bus_id.clone(),
+                        names: n.names.clone(),
+                        relation: c.relation,
+                    }
+                })
+                .collect(),
         });
     }
     Ok(Plan { mode, ranks })
@@ -689,5 +721,6 @@ pub fn plan_node(topo: &Topology, node: u32) -> Result<RankPlan> {
         cpus,
         mems: vec![node],
         warnings,
+        nics: Vec::new(),
     })
 }

@@ -75,6 +75,19 @@ pub enum ArenaError {
         #[source]
         source: CudaError,
     },
+    /// A driver backend's allocation failed.
+    #[error("node {node}: allocating {} with the {} backend ({backend}) failed", fmt_bytes(*size), backend.as_str())]
+    Backend {
+        /// The node.
+        node: u32,
+        /// Bytes of the region.
+        size: u64,
+        /// The backend.
+        backend: super::Backend,
+        /// The CUDA error.
+        #[source]
+        source: CudaError,
+    },
     /// Pinned bytes over every node would exceed the share of the
     /// process's memory cgroup limit that the default budget allows.
     #[error("node {node}: {} requested with {} already pinned over all nodes would exceed {}, the pinned-memory budget under the memory cgroup limit ({cgroup})", fmt_bytes(*requested), fmt_bytes(*in_use), fmt_bytes(*limit))]
@@ -234,6 +247,8 @@ impl ArenaError {
             ArenaError::Memlock { .. } => "raise the memlock limit of the process: `ulimit -l unlimited` in the shell that starts it (or `memlock` in /etc/security/limits.conf), `LimitMEMLOCK=infinity` in its systemd unit, `docker run --ulimit memlock=-1` for a container; or run with CAP_IPC_LOCK".into(),
             ArenaError::NoMemory { .. } => "use a node that has memory and is in this process's allowed memory nodes (`numapin topo`; cpuset.mems of the cgroup, `numactl --membind`)".into(),
             ArenaError::Register { .. } => "check the driver with `nvidia-smi`; CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED means other code registered this memory; CUDA_ERROR_OUT_OF_MEMORY or CUDA_ERROR_NOT_PERMITTED, lower the arena budget or run with RuntimeConfig::register off".into(),
+            ArenaError::Backend { source, .. } if source.is_no_driver() => "this backend needs the CUDA driver and a GPU: use the default backend (RuntimeConfig::backend = Backend::Mapped), which works without one".into(),
+            ArenaError::Backend { .. } => "driver backends need a recent driver (cuMemCreate on a host NUMA node: CUDA 12.2 or later) and memory free on the node (`numastat -m`); the default backend (Backend::Mapped) needs neither".into(),
             ArenaError::CgroupBudget { .. } => "raise the memory limit of the container or cgroup (`docker run --memory`, Kubernetes resources.limits.memory): by default numapin pins at most budget_fraction of it over all nodes, since pinned pages count against it and the OOM killer ends the process above it; or free buffers (Runtime::trim), or set RuntimeConfig::budget_bytes (the cgroup cap is then not applied)".into(),
             ArenaError::Placement { how, .. } if how.contains("first touch") => "first touch put the pages elsewhere: the node's CPUs this process may use (cpuset) must exist and the memory policy must be the default (no `numactl --membind` around the container), and the node needs free memory (`numastat -m`); to bind with mbind instead, allow it (`docker run --cap-add SYS_NICE`, Kubernetes securityContext.capabilities.add [\"SYS_NICE\"]); RuntimeConfig::placement = Warn keeps such regions".into(),
             ArenaError::Placement { .. } => "the node is short of free memory or the kernel moved pages (check `numastat -m`, free memory on the node, or lower the budget); RuntimeConfig::placement = Warn keeps such regions".into(),

@@ -117,6 +117,7 @@ impl std::str::FromStr for HugePages {
 
 /// The pages that back one region.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[non_exhaustive]
 pub enum PageKind {
     /// 4 KiB pages (THP mode `never`, or [`HugePages::None`]).
     #[serde(rename = "base")]
@@ -131,17 +132,23 @@ pub enum PageKind {
     /// 1 GiB hugetlb pages from the node's pool.
     #[serde(rename = "hugetlb_1g")]
     Hugetlb1G,
+    /// The CUDA driver's own (a driver backend,
+    /// [`Backend::DriverNuma`](super::Backend::DriverNuma) or
+    /// [`Backend::HostAllocBound`](super::Backend::HostAllocBound)).
+    #[serde(rename = "driver")]
+    Driver,
 }
 
 impl PageKind {
-    /// `base`, `thp`, `hugetlb_2m`, `hugetlb_1g`: the name in `numapin
-    /// bench` parameters and in JSON.
+    /// `base`, `thp`, `hugetlb_2m`, `hugetlb_1g`, `driver`: the name in
+    /// `numapin bench` parameters and in JSON.
     pub fn as_str(&self) -> &'static str {
         match self {
             PageKind::Base => "base",
             PageKind::Transparent => "thp",
             PageKind::Hugetlb2M => "hugetlb_2m",
             PageKind::Hugetlb1G => "hugetlb_1g",
+            PageKind::Driver => "driver",
         }
     }
 
@@ -150,7 +157,7 @@ impl PageKind {
         match self {
             PageKind::Hugetlb2M => Some(SIZE_2M as usize),
             PageKind::Hugetlb1G => Some(SIZE_1G as usize),
-            PageKind::Base | PageKind::Transparent => None,
+            PageKind::Base | PageKind::Transparent | PageKind::Driver => None,
         }
     }
 
@@ -167,6 +174,7 @@ impl PageKind {
             PageKind::Transparent => "transparent huge pages",
             PageKind::Hugetlb2M => "2 MiB hugetlb pages",
             PageKind::Hugetlb1G => "1 GiB hugetlb pages",
+            PageKind::Driver => "the driver's pages",
         }
     }
 }

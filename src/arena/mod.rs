@@ -34,6 +34,7 @@ pub(crate) mod cache;
 mod error;
 mod huge;
 pub(crate) mod region;
+pub(crate) mod release;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
@@ -74,6 +75,7 @@ pub enum Placement {
 /// How a region's pages were put on its node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum PlacedBy {
     /// `mbind(MPOL_BIND)` to the node, then touched.
     Mbind,
@@ -81,17 +83,76 @@ pub enum PlacedBy {
     /// first by threads bound to the node's CPUs, so that the default
     /// policy allocated the pages there.
     FirstTouch,
+    /// The CUDA driver placed them: `cuMemCreate` with a host NUMA
+    /// location ([`Backend::DriverNuma`]).
+    DriverNuma,
+    /// `cuMemHostAlloc` while the calling thread's memory policy was
+    /// `MPOL_BIND` to the node ([`Backend::HostAllocBound`]).
+    BindPolicy,
+}
+
+/// Where a region's pinned memory comes from (the region *backend*).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Backend {
+    /// numapin's own (the default): `mmap`, `mbind(MPOL_BIND)`, populated by
+    /// threads on the node's CPUs, `mlock`, `cuMemHostRegister`, placement
+    /// checked page by page. Works without a CUDA driver (unregistered).
+    #[default]
+    Mapped,
+    /// The driver allocates pinned memory on the node itself: `cuMemCreate`
+    /// with a `CU_MEM_LOCATION_TYPE_HOST_NUMA` location, mapped with
+    /// `cuMemMap` and made accessible to the host and every GPU with
+    /// `cuMemSetAccess` (CUDA 12.2+ drivers; needs a driver and a GPU).
+    DriverNuma,
+    /// `cuMemHostAlloc(PORTABLE | DEVICEMAP)` with the thread's memory
+    /// policy bound to the node for the call (needs a driver and a GPU, and
+    /// `set_mempolicy` allowed).
+    HostAllocBound,
+}
+
+impl Backend {
+    /// `mapped`, `driver_numa`, `host_alloc_bound`: the name in `numapin
+    /// bench` parameters and on the command line.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Backend::Mapped => "mapped",
+            Backend::DriverNuma => "driver_numa",
+            Backend::HostAllocBound => "host_alloc_bound",
+        }
+    }
+
+    /// Every backend, the default first.
+    pub const ALL: [Backend; 3] = [
+        Backend::Mapped,
+        Backend::DriverNuma,
+        Backend::HostAllocBound,
+    ];
+}
+
+impl std::fmt::Display for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Backend::Mapped => "mmap + mbind + mlock + cuMemHostRegister",
+            Backend::DriverNuma => "cuMemCreate on a host NUMA node",
+            Backend::HostAllocBound => "cuMemHostAlloc under MPOL_BIND",
+        })
+    }
 }
 
 /// What keeps a region's pages resident.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum PinnedBy {
     /// `mlock`.
     Mlock,
     /// CUDA registration alone: RLIMIT_MEMLOCK was too low for `mlock`,
     /// and `cuMemHostRegister` pins the pages without that limit.
     Registration,
+    /// The CUDA driver allocated them pinned (a driver backend).
+    Driver,
     /// hugetlb pages, which the kernel never swaps out: not locked (`mlock`
     /// does nothing for them and is not counted in VmLck), so
     /// RLIMIT_MEMLOCK does not apply.
@@ -101,12 +162,17 @@ pub enum PinnedBy {
 /// How a region's placement was checked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum VerifiedBy {
     /// `move_pages` with a null node list, page by page.
     MovePages,
     /// `move_pages` was refused: per-node page counts of the region's own
     /// VMAs from `/proc/self/numa_maps` (as exact).
     NumaMaps,
+    /// Not checked: the driver's mapping hides its pages from both
+    /// `move_pages` and `numa_maps` (a driver backend, which was given the
+    /// node explicitly).
+    Unverified,
 }
 
 impl PlacedBy {
@@ -115,6 +181,8 @@ impl PlacedBy {
         match self {
             PlacedBy::Mbind => "mbind",
             PlacedBy::FirstTouch => "first_touch",
+            PlacedBy::DriverNuma => "driver_numa",
+            PlacedBy::BindPolicy => "bind_policy",
         }
     }
 }
@@ -125,6 +193,7 @@ impl PinnedBy {
         match self {
             PinnedBy::Mlock => "mlock",
             PinnedBy::Registration => "registration",
+            PinnedBy::Driver => "driver",
             PinnedBy::Hugetlb => "hugetlb",
         }
     }
@@ -136,6 +205,7 @@ impl VerifiedBy {
         match self {
             VerifiedBy::MovePages => "move_pages",
             VerifiedBy::NumaMaps => "numa_maps",
+            VerifiedBy::Unverified => "unverified",
         }
     }
 }
@@ -162,15 +232,19 @@ impl std::fmt::Display for RegionMethods {
         let placed = match self.placed {
             PlacedBy::Mbind => "bound (mbind MPOL_BIND)",
             PlacedBy::FirstTouch => "placed by first touch",
+            PlacedBy::DriverNuma => "placed by the driver (cuMemCreate, host NUMA location)",
+            PlacedBy::BindPolicy => "allocated by cuMemHostAlloc under MPOL_BIND",
         };
         let pinned = match self.pinned {
             PinnedBy::Mlock => "locked (mlock)",
             PinnedBy::Registration => "pinned by CUDA registration (no mlock)",
+            PinnedBy::Driver => "pinned by the driver",
             PinnedBy::Hugetlb => "hugetlb (never swapped, no mlock)",
         };
         let verified = match self.verified {
             VerifiedBy::MovePages => "verified with move_pages",
             VerifiedBy::NumaMaps => "verified through /proc/self/numa_maps",
+            VerifiedBy::Unverified => "not verifiable (the driver's mapping hides its pages)",
         };
         write!(f, "{placed}, {pinned}, {verified}, {}", self.pages.words())
     }
@@ -324,6 +398,15 @@ pub struct NodeStats {
     /// Of the current regions, those whose placement was checked through
     /// `/proc/self/numa_maps` (`move_pages` was refused).
     pub regions_verified_numa_maps: u64,
+    /// Bytes of emptied regions of 64 MiB or more that the release thread
+    /// is still tearing down (they count against the budget until gone).
+    pub bytes_releasing: u64,
+    /// Of the current regions, those a driver backend allocated
+    /// ([`Backend::DriverNuma`], [`Backend::HostAllocBound`]).
+    pub regions_driver: u64,
+    /// Of the current regions, those whose placement could not be checked
+    /// (a driver backend's mapping hides its pages).
+    pub regions_unverified: u64,
     /// Of the current regions, those backed by 2 MiB hugetlb pages.
     pub regions_hugetlb_2m: u64,
     /// Of the current regions, those backed by 1 GiB hugetlb pages.
@@ -342,12 +425,16 @@ pub struct NodeStats {
 
 impl NodeStats {
     /// The methods and pages every current region shares; `None` when the
-    /// regions differ in one of them, or before any region.
+    /// regions differ in one of them, before any region, or when a driver
+    /// backend made some (its two placements are counted together).
     pub fn shared_methods(&self) -> Option<RegionMethods> {
         fn only<T: Copy>(pairs: &[(u64, T)]) -> Option<T> {
             let mut used = pairs.iter().filter(|(n, _)| *n > 0);
             let first = used.next()?;
             used.next().is_none().then_some(first.1)
+        }
+        if self.regions_driver > 0 {
+            return None;
         }
         Some(RegionMethods {
             placed: only(&[
@@ -365,6 +452,7 @@ impl NodeStats {
             verified: only(&[
                 (self.regions_verified_move_pages, VerifiedBy::MovePages),
                 (self.regions_verified_numa_maps, VerifiedBy::NumaMaps),
+                (self.regions_unverified, VerifiedBy::Unverified),
             ])?,
             pages: only(&[
                 (self.regions_base_pages, PageKind::Base),
@@ -399,6 +487,7 @@ impl NodeStats {
             part(&[
                 (self.regions_bound, "bound (mbind MPOL_BIND)"),
                 (self.regions_first_touch, "placed by first touch"),
+                (self.regions_driver, "placed by the CUDA driver"),
             ]),
             part(&[
                 (self.regions_mlocked, "locked (mlock)"),
@@ -406,6 +495,7 @@ impl NodeStats {
                     self.regions_registration_pinned,
                     "pinned by CUDA registration (no mlock)"
                 ),
+                (self.regions_driver, "pinned by the driver"),
                 (
                     self.regions_hugetlb_2m + self.regions_hugetlb_1g,
                     "hugetlb (never swapped, no mlock)"
@@ -417,12 +507,14 @@ impl NodeStats {
                     self.regions_verified_numa_maps,
                     "verified through /proc/self/numa_maps"
                 ),
+                (self.regions_unverified, "not verifiable"),
             ]),
             part(&[
                 (self.regions_thp, PageKind::Transparent.words()),
                 (self.regions_hugetlb_2m, PageKind::Hugetlb2M.words()),
                 (self.regions_hugetlb_1g, PageKind::Hugetlb1G.words()),
                 (self.regions_base_pages, PageKind::Base.words()),
+                (self.regions_driver, PageKind::Driver.words()),
             ]),
         )
     }
@@ -446,6 +538,8 @@ pub struct ArenaConfig {
     pub register: bool,
     /// What a page off the node means.
     pub placement: Placement,
+    /// Where regions' memory comes from.
+    pub backend: Backend,
     /// Whether RLIMIT_MEMLOCK applies (false with CAP_IPC_LOCK).
     pub memlock_applies: bool,
     /// A budget over every node of the runtime (the memory cgroup's
@@ -540,6 +634,8 @@ pub struct NodeArena {
     // Threads' caches, written when a thread first caches a block here.
     shelves: Padded<Mutex<Vec<Weak<cache::Shelf>>>>,
     slow: Padded<Slow>,
+    // Large regions being torn down by the release thread.
+    releasing: Arc<release::Releasing>,
 }
 
 impl std::fmt::Debug for NodeArena {
@@ -588,6 +684,7 @@ impl NodeArena {
                 grow: Mutex::new(()),
                 freed: Condvar::new(),
             }),
+            releasing: Arc::default(),
             cfg,
         })
     }
@@ -680,6 +777,10 @@ impl NodeArena {
             }
             st.tlsf.region_bytes()
         };
+        // Growing waits for regions still being released: until gone they
+        // hold budget, cgroup memory and locked bytes (and growing costs
+        // more than the wait).
+        self.releasing.wait();
         // Blocks in threads' caches may make room: give them back before
         // growing (rare, and cheap next to making a region).
         if self.flush_all_caches() > 0 {
@@ -719,9 +820,13 @@ impl NodeArena {
             }
         }
         let mut pin_by_registration = None;
-        // hugetlb pages are not locked (never swapped): RLIMIT_MEMLOCK
-        // does not apply to them.
-        if self.cfg.memlock_applies && !self.will_use_hugetlb(size) {
+        // Driver backends' memory is pinned by the driver, outside
+        // RLIMIT_MEMLOCK (as registration is); hugetlb pages are not
+        // locked (never swapped): RLIMIT_MEMLOCK does not apply to them.
+        if self.cfg.memlock_applies
+            && self.cfg.backend == Backend::Mapped
+            && !self.will_use_hugetlb(size)
+        {
             let soft = crate::platform::sys::memlock_limit().map_or(0, |(s, _)| s);
             let locked = crate::platform::sys::locked_bytes();
             let room = soft.saturating_sub(locked);
@@ -762,6 +867,7 @@ impl NodeArena {
             register: self.cfg.register,
             placement: self.cfg.placement,
             pin_by_registration,
+            backend: self.cfg.backend,
             huge_pages: self.cfg.huge_pages,
             pool_root: self.cfg.pool_root.clone(),
             fail_after: self.cfg.fail_after,
@@ -874,8 +980,11 @@ impl NodeArena {
             }
         }
         self.notify_waiters();
-        // A dedicated region is torn down outside the lock.
-        drop(released);
+        // A dedicated region is torn down outside the lock (a large one by
+        // the release thread).
+        if let Some(r) = released {
+            release::release(r, &self.releasing);
+        }
     }
 
     /// Wakes threads waiting for the budget, if any.
@@ -930,7 +1039,9 @@ impl NodeArena {
             let r = Self::reclaim_locked(&mut st);
             (r, st.deferred.len())
         };
-        drop(released);
+        for r in released {
+            release::release(r, &self.releasing);
+        }
         self.notify_waiters();
         left
     }
@@ -939,6 +1050,7 @@ impl NodeArena {
     /// the system; returns the bytes still reserved.
     pub fn trim(&self) -> u64 {
         self.flush_all_caches();
+        self.releasing.wait();
         let (released, left) = {
             let mut st = lock(&self.state);
             Self::reclaim_locked(&mut st);
@@ -990,6 +1102,7 @@ impl NodeArena {
                 Some(Registration::Skipped(why)) => format!("skipped: {why}"),
             },
             method_notes: st.notes.clone(),
+            bytes_releasing: self.releasing.bytes(),
             ..NodeStats::default()
         };
         for slot in regions {
@@ -999,6 +1112,7 @@ impl NodeArena {
             match m.placed {
                 PlacedBy::Mbind => s.regions_bound += 1,
                 PlacedBy::FirstTouch => s.regions_first_touch += 1,
+                PlacedBy::DriverNuma | PlacedBy::BindPolicy => s.regions_driver += 1,
             }
             match m.pinned {
                 PinnedBy::Mlock => {
@@ -1006,17 +1120,19 @@ impl NodeArena {
                     s.bytes_locked += r.len() as u64;
                 }
                 PinnedBy::Registration => s.regions_registration_pinned += 1,
-                PinnedBy::Hugetlb => {}
+                PinnedBy::Driver | PinnedBy::Hugetlb => {}
             }
             match m.pages {
                 PageKind::Base => s.regions_base_pages += 1,
                 PageKind::Transparent => s.regions_thp += 1,
                 PageKind::Hugetlb2M => s.regions_hugetlb_2m += 1,
                 PageKind::Hugetlb1G => s.regions_hugetlb_1g += 1,
+                PageKind::Driver => {}
             }
             match m.verified {
                 VerifiedBy::MovePages => s.regions_verified_move_pages += 1,
                 VerifiedBy::NumaMaps => s.regions_verified_numa_maps += 1,
+                VerifiedBy::Unverified => s.regions_unverified += 1,
             }
             if r.registered() {
                 s.bytes_registered += r.len() as u64;
@@ -1040,5 +1156,8 @@ impl Drop for NodeArena {
                 let _ = e.synchronize();
             }
         }
+        // Nothing outlives the arena: its regions in the release thread
+        // are gone before this returns.
+        self.releasing.wait();
     }
 }

@@ -32,9 +32,10 @@
 //!    the limit, and the region will be registered with CUDA, `mlock` is
 //!    skipped: registration pins the pages. hugetlb pages are faulted in
 //!    with `madvise(MADV_POPULATE_WRITE)` by the same threads (one call per
-//!    thread's share of whole pages), which returns an error where a touch
-//!    would raise `SIGBUS` (the bound node ran out of free huge pages after
-//!    the check of step 1, because the kernel reserved the pages over the
+//!    thread's share of whole pages, all threads released together once
+//!    every one has started), which returns an error where a touch would
+//!    raise `SIGBUS` (the bound node ran out of free huge pages after the
+//!    check of step 1, because the kernel reserved the pages over the
 //!    machine, not on the node, or another process took them): the region
 //!    then fails with [`ArenaError::HugePages`]. On kernels before 5.14
 //!    (no `MADV_POPULATE_WRITE`) `Auto` never takes hugetlb pages, and an
@@ -51,7 +52,14 @@
 //!    `move_pages` is refused, the same counts come from
 //!    `/proc/self/numa_maps` (exact: the guards, or for hugetlb its own
 //!    file, keep the region's VMAs its own; `numa_maps` counts hugetlb VMAs
-//!    in huge pages, converted by their `kernelpagesize_kB`).
+//!    in huge pages, converted by their `kernelpagesize_kB`). When the region is registered, the count runs on a second
+//!    thread during step 5 (each costs about 25-30 ms per GiB, measured
+//!    with `numapin bench --only pinning`; one `move_pages` thread, since
+//!    more contend and were slower, and one registration call, since
+//!    concurrent registrations of parts were no faster).
+//!
+//! The driver backends ([`Backend::DriverNuma`], [`Backend::HostAllocBound`])
+//! replace steps 1 to 5 with one driver allocation, then run step 6.
 //!
 //! Each region records how it was placed, pinned and verified
 //! ([`RegionMethods`]). A failure at any step undoes the steps before it
@@ -65,8 +73,12 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
+use std::time::{Duration, Instant};
+
 use super::huge::{self, HugePages, PageKind};
-use super::{ArenaError, PinnedBy, PlacedBy, Placement, RegionMethods, SharedBudget, VerifiedBy};
+use super::{
+    ArenaError, Backend, PinnedBy, PlacedBy, Placement, RegionMethods, SharedBudget, VerifiedBy,
+};
 use crate::cpulist::CpuList;
 use crate::platform::{numa, numa_maps};
 
@@ -75,6 +87,10 @@ use crate::platform::{numa, numa_maps};
 pub const HUGE_PAGE: usize = 2 << 20;
 /// The base page size placement is checked at.
 pub const PAGE: usize = 4096;
+/// Most threads the `move_pages` placement check runs on (it costs about
+/// 30 ms per GiB on one thread; `numapin bench --only pinning` measures
+/// one thread against several as `pin_verify_per_gib`).
+pub const VERIFY_THREADS: usize = 1;
 
 /// A step of region creation (for error messages and failure-injection
 /// tests).
@@ -116,7 +132,11 @@ pub struct RegionOptions {
     /// found RLIMIT_MEMLOCK too low for the region and registration will
     /// happen); the reason, for [`Region::notes`].
     pub pin_by_registration: Option<String>,
-    /// Which pages to ask for.
+    /// Where the memory comes from (steps 1 to 5 for [`Backend::Mapped`];
+    /// one driver call for the others, then step 6).
+    pub backend: Backend,
+    /// Which pages to ask for ([`Backend::Mapped`] only: the driver
+    /// backends' pages are the driver's).
     pub huge_pages: HugePages,
     /// Test hook: read the huge page pools under this root instead of `/`.
     #[doc(hidden)]
@@ -124,6 +144,56 @@ pub struct RegionOptions {
     /// Test hook: fail right after this step, as if it had failed.
     #[doc(hidden)]
     pub fail_after: Option<Step>,
+}
+
+/// Time each step of a region's creation took (zero for a step not run).
+/// For a driver backend, `map` is the driver's allocation call. `register`
+/// and `verify` run at the same time (on two threads) when the region is
+/// registered, so the creation takes less than the sum.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StepTimes {
+    /// `mmap` and the guard pages (or the driver's allocation).
+    pub map: Duration,
+    /// `madvise`.
+    pub advise: Duration,
+    /// `mbind`.
+    pub bind: Duration,
+    /// Touching every page.
+    pub populate: Duration,
+    /// `mlock`.
+    pub lock: Duration,
+    /// `cuMemHostRegister`.
+    pub register: Duration,
+    /// The placement check.
+    pub verify: Duration,
+}
+
+impl StepTimes {
+    /// The steps by name (`map`, `advise`, `bind`, `populate`, `lock`,
+    /// `register`, `verify`), in order.
+    pub fn steps(&self) -> [(&'static str, Duration); 7] {
+        [
+            ("map", self.map),
+            ("advise", self.advise),
+            ("bind", self.bind),
+            ("populate", self.populate),
+            ("lock", self.lock),
+            ("register", self.register),
+            ("verify", self.verify),
+        ]
+    }
+
+    /// All steps together.
+    pub fn total(&self) -> Duration {
+        self.steps().iter().map(|(_, d)| *d).sum()
+    }
+}
+
+/// Pinned memory a driver backend allocated (freed by its own drop).
+#[derive(Debug)]
+enum DriverMemory {
+    Numa(crate::platform::cuda::host_numa::NumaAlloc),
+    HostAlloc(crate::platform::cuda::HostAlloc),
 }
 
 /// Whether a region is registered with CUDA.
@@ -149,6 +219,12 @@ pub struct Region {
     methods: RegionMethods,
     notes: Vec<String>,
     charge: Option<(std::sync::Arc<SharedBudget>, u64)>,
+    times: StepTimes,
+    /// Threads that populated the region (and check its placement).
+    threads: usize,
+    /// Set for a driver backend: the memory is the driver's, not a mapping
+    /// of ours.
+    driver: Option<DriverMemory>,
 }
 
 /// Where a region's 4 KiB pages are, and how that was read.
@@ -221,6 +297,9 @@ pub fn thp_enabled() -> bool {
 impl Region {
     /// Builds a region (see the module docs for the steps).
     pub fn create(o: &RegionOptions) -> Result<Region, ArenaError> {
+        if o.backend != Backend::Mapped {
+            return Self::create_by_driver(o);
+        }
         let root = o.pool_root.as_deref().unwrap_or(std::path::Path::new("/"));
         let pages = huge::choose(o.huge_pages, o.node, o.size, root)?;
         let granule = pages.kind.granule();
@@ -238,6 +317,7 @@ impl Region {
         // 1. Map: hugetlb pages from the pool (aligned by the kernel), or
         // over-asking by one huge page (to align the start) and one page
         // (the guard pages around the region).
+        let started = Instant::now();
         let aligned = match pages.kind.hugetlb_bytes() {
             Some(page) => numa::map_hugetlb(len, page)
                 .map_err(|e| hugetlb_failed(root, o.node, len, page, "mmap(MAP_HUGETLB)", e))?
@@ -283,6 +363,9 @@ impl Region {
             },
             notes: pages.note.into_iter().collect(),
             charge: None,
+            times: StepTimes::default(),
+            threads: o.populate_threads.max(1),
+            driver: None,
         };
         if region.guard() > 0 {
             // SAFETY: the page before the region and the page after it are
@@ -294,11 +377,13 @@ impl Region {
             }
             .map_err(|e| system(Step::Map, e))?;
         }
+        region.times.map = started.elapsed();
         if fail(Step::Map) {
             return Err(injected(Step::Map));
         }
 
         // 2. Advise.
+        let started = Instant::now();
         let addr = region.ptr.as_ptr();
         let thp_advice = match pages.kind {
             PageKind::Transparent => Some(libc::MADV_HUGEPAGE),
@@ -312,11 +397,13 @@ impl Region {
         // SAFETY: as above.
         unsafe { numa::advise(addr, len, libc::MADV_DONTFORK) }
             .map_err(|e| system(Step::Advise, e))?;
+        region.times.advise = started.elapsed();
         if fail(Step::Advise) {
             return Err(injected(Step::Advise));
         }
 
         // 3. Bind (or, when mbind is refused, first touch in step 4).
+        let started = Instant::now();
         // SAFETY: the range is our own mapping.
         match unsafe { numa::mbind_node(region.ptr.as_ptr(), len, o.node) } {
             Ok(()) => {}
@@ -345,12 +432,14 @@ impl Region {
                 })
             }
         }
+        region.times.bind = started.elapsed();
         if fail(Step::Bind) {
             return Err(injected(Step::Bind));
         }
 
         // 4. Populate, then lock (or leave the pinning to registration).
         let first_touch = region.methods.placed == PlacedBy::FirstTouch;
+        let started = Instant::now();
         region
             .populate(&o.cpus, o.populate_threads, first_touch)
             .map_err(|e| match (e.raw_os_error(), pages.kind.hugetlb_bytes()) {
@@ -359,10 +448,12 @@ impl Region {
                 }
                 _ => system(Step::Populate, e),
             })?;
+        region.times.populate = started.elapsed();
         if fail(Step::Populate) {
             return Err(injected(Step::Populate));
         }
         let will_register = o.register && crate::platform::cuda::driver_version().is_ok();
+        let started = Instant::now();
         if pages.kind.hugetlb_bytes().is_some() {
             region.methods.pinned = PinnedBy::Hugetlb;
         } else if let Some(why) = o.pin_by_registration.as_ref().filter(|_| will_register) {
@@ -390,51 +481,118 @@ impl Region {
                 Err(e) => return Err(ArenaError::lock_failed(o.node, len as u64, Some(e))),
             }
         }
+        region.times.lock = started.elapsed();
         if fail(Step::Lock) {
             return Err(injected(Step::Lock));
         }
 
-        // 5. Register.
-        region.registration = if !o.register {
-            Registration::Skipped("registration turned off in the configuration".into())
-        } else {
-            match crate::platform::cuda::driver_version() {
-                Err(e) => Registration::Skipped(e.to_string()),
-                Ok(_) => {
-                    let flags = crate::platform::cuda::HOST_REGISTER_PORTABLE
-                        | crate::platform::cuda::HOST_REGISTER_DEVICEMAP;
-                    // SAFETY: the range stays mapped until Drop, which
-                    // unregisters it first.
-                    match unsafe { crate::platform::cuda::host_register(addr.cast(), len, flags) } {
-                        Ok(()) => {
-                            region.registered = true;
-                            Registration::Registered
-                        }
-                        Err(source) => {
-                            return Err(ArenaError::Register {
+        // 5. Register, while another thread runs step 6's count (the
+        // pages are placed and resident; registration moves none, and the
+        // two cost about the same).
+        let register = || -> (Result<Registration, ArenaError>, Duration) {
+            let started = Instant::now();
+            let r = if !o.register {
+                Ok(Registration::Skipped(
+                    "registration turned off in the configuration".into(),
+                ))
+            } else {
+                match crate::platform::cuda::driver_version() {
+                    Err(e) => Ok(Registration::Skipped(e.to_string())),
+                    Ok(_) => {
+                        let flags = crate::platform::cuda::HOST_REGISTER_PORTABLE
+                            | crate::platform::cuda::HOST_REGISTER_DEVICEMAP;
+                        // SAFETY: the range stays mapped until Drop, which
+                        // unregisters it first.
+                        unsafe { crate::platform::cuda::host_register(addr.cast(), len, flags) }
+                            .map(|()| Registration::Registered)
+                            .map_err(|source| ArenaError::Register {
                                 node: o.node,
                                 size: len as u64,
                                 source,
                             })
-                        }
                     }
                 }
-            }
+            };
+            (r, started.elapsed())
         };
+        let (registered, counted) = if will_register {
+            let region = &region;
+            std::thread::scope(|s| {
+                let counting = std::thread::Builder::new()
+                    .name("numapin-verify".into())
+                    .spawn_scoped(s, move || region.timed_count());
+                let registered = register();
+                let counted = match counting {
+                    Ok(h) => h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)),
+                    Err(e) => (Err(e), Duration::ZERO),
+                };
+                (registered, Some(counted))
+            })
+        } else {
+            (register(), None)
+        };
+        let (registration, took) = registered;
+        region.registration = registration?;
+        region.registered = region.registration == Registration::Registered;
+        region.times.register = took;
         if fail(Step::Register) {
             return Err(injected(Step::Register));
         }
+        region.verify(o, counted)
+    }
 
-        // 6. Verify.
-        let counts = region.count_pages().map_err(|e| system(Step::Verify, e))?;
+    /// Counts where the pages are, timed.
+    fn timed_count(&self) -> (std::io::Result<PageCounts>, Duration) {
+        let started = Instant::now();
+        (self.count_pages(), started.elapsed())
+    }
+
+    /// Step 6, for every backend: counts where the pages are (unless
+    /// `counted` already did, beside registration) and judges it by
+    /// `o.placement`.
+    fn verify(
+        mut self,
+        o: &RegionOptions,
+        counted: Option<(std::io::Result<PageCounts>, Duration)>,
+    ) -> Result<Region, ArenaError> {
+        let region = &mut self;
+        let len = region.len;
+        let system = |step: Step, source: std::io::Error| ArenaError::System {
+            node: o.node,
+            size: len as u64,
+            step,
+            source,
+        };
+        let (counts, took) = counted.unwrap_or_else(|| region.timed_count());
+        let counts = counts.map_err(|e| system(Step::Verify, e))?;
+        region.times.verify = took;
+        if region.driver.is_some() && counts.missing == counts.pages {
+            // The driver's mapping shows no page to move_pages or
+            // numa_maps: nothing to judge.
+            region.methods.verified = VerifiedBy::Unverified;
+            region.notes.push(format!(
+                "placement not verifiable: {} reports none of the driver's pages",
+                counts.by.as_str()
+            ));
+            if fail_after(o, Step::Verify) {
+                return Err(system(
+                    Step::Verify,
+                    std::io::Error::other("failure injected by a test"),
+                ));
+            }
+            return Ok(self);
+        }
         region.methods.verified = counts.by;
         let on = counts.on(o.node);
         let elsewhere = counts.elsewhere(o.node);
         let off: u64 = elsewhere.iter().map(|(_, c)| c).sum();
         region.pages_on_node = on;
         region.pages_off_node = off + counts.missing;
-        if fail(Step::Verify) {
-            return Err(injected(Step::Verify));
+        if fail_after(o, Step::Verify) {
+            return Err(system(
+                Step::Verify,
+                std::io::Error::other("failure injected by a test"),
+            ));
         }
         if off + counts.missing > 0 && o.placement == Placement::Strict {
             return Err(ArenaError::Placement {
@@ -447,7 +605,82 @@ impl Region {
                 how: region.how(),
             });
         }
-        Ok(region)
+        Ok(self)
+    }
+
+    /// A region from a driver backend: one allocation call (timed as the
+    /// `map` step), then the placement check.
+    fn create_by_driver(o: &RegionOptions) -> Result<Region, ArenaError> {
+        use crate::platform::cuda::{self, host_numa};
+        let len = o.size.div_ceil(HUGE_PAGE).max(1) * HUGE_PAGE;
+        let driver_err = |source| ArenaError::Backend {
+            node: o.node,
+            size: len as u64,
+            backend: o.backend,
+            source,
+        };
+        let started = Instant::now();
+        let mut notes = Vec::new();
+        let (memory, placed) = match o.backend {
+            Backend::DriverNuma => {
+                let devices: Vec<u32> = (0..cuda::device_count().map_err(driver_err)?).collect();
+                let a = host_numa::NumaAlloc::new(o.node, len, &devices).map_err(driver_err)?;
+                (DriverMemory::Numa(a), PlacedBy::DriverNuma)
+            }
+            _ => {
+                let (a, refused) =
+                    host_numa::host_alloc_on_node(o.node, len).map_err(driver_err)?;
+                if let Some(e) = refused {
+                    notes.push(format!(
+                        "set_mempolicy refused ({}): cuMemHostAlloc placed the pages where the kernel chose",
+                        numa::errno_name(&e)
+                    ));
+                }
+                (DriverMemory::HostAlloc(a), PlacedBy::BindPolicy)
+            }
+        };
+        let (ptr, got) = match &memory {
+            DriverMemory::Numa(a) => (a.ptr(), a.len()),
+            DriverMemory::HostAlloc(a) => (a.ptr().cast::<u8>(), a.len()),
+        };
+        let region = Region {
+            ptr: NonNull::new(ptr).expect("the driver never returns null on success"),
+            len: got,
+            node: o.node,
+            locked: false,
+            registered: false,
+            registration: Registration::Registered,
+            pages_on_node: 0,
+            pages_off_node: 0,
+            methods: RegionMethods {
+                placed,
+                pinned: PinnedBy::Driver,
+                verified: VerifiedBy::MovePages,
+                pages: PageKind::Driver,
+            },
+            notes,
+            charge: None,
+            times: StepTimes {
+                map: started.elapsed(),
+                ..StepTimes::default()
+            },
+            threads: o.populate_threads.max(1),
+            driver: Some(memory),
+        };
+        if fail_after(o, Step::Map) {
+            return Err(ArenaError::System {
+                node: o.node,
+                size: len as u64,
+                step: Step::Map,
+                source: std::io::Error::other("failure injected by a test"),
+            });
+        }
+        region.verify(o, None)
+    }
+
+    /// Time each creation step took.
+    pub fn times(&self) -> &StepTimes {
+        &self.times
     }
 
     /// Touches every page from up to `threads` threads bound to `cpus`.
@@ -532,53 +765,111 @@ impl Region {
     }
 
     /// Where each 4 KiB page of the region is now: `move_pages` (moving
-    /// nothing; asked once per hugetlb page, counted as the 4 KiB pages it
-    /// holds), or, when that is refused, `/proc/self/numa_maps`.
+    /// nothing), or, when that is refused, `/proc/self/numa_maps`.
     pub fn count_pages(&self) -> std::io::Result<PageCounts> {
-        let mut c = PageCounts {
+        match self.count_pages_move_pages() {
+            Err(e) if numa::is_refusal(&e) => self.count_pages_numa_maps(),
+            r => r,
+        }
+    }
+
+    /// Where each 4 KiB page is, from `move_pages` with a null node list
+    /// (one status per page; per hugetlb page for hugetlb pages, counted
+    /// as the 4 KiB pages it holds), on [`VERIFY_THREADS`] threads.
+    pub fn count_pages_move_pages(&self) -> std::io::Result<PageCounts> {
+        self.count_pages_move_pages_on(VERIFY_THREADS.min(self.threads))
+    }
+
+    /// [`Region::count_pages_move_pages`] with the region split between
+    /// `threads` threads.
+    pub fn count_pages_move_pages_on(&self, threads: usize) -> std::io::Result<PageCounts> {
+        let granule = self.methods.pages.granule();
+        let chunks = self.len / granule;
+        let threads = threads.clamp(1, chunks.max(1));
+        let per = chunks.div_ceil(threads) * granule;
+        let base = self.ptr.as_ptr() as usize;
+        // One address per hugetlb page (it lies on one node), counted as
+        // the 4 KiB pages it holds.
+        let step = self.methods.pages.hugetlb_bytes().unwrap_or(PAGE);
+        let each = (step / PAGE) as u64;
+        let count = |from: usize, len: usize| -> std::io::Result<PageCounts> {
+            let mut c = PageCounts {
+                by: VerifiedBy::MovePages,
+                pages: (len / PAGE) as u64,
+                nodes: Vec::new(),
+                missing: 0,
+            };
+            // SAFETY: from..from+len lies in the region, whose mapping
+            // lives as long as `self`.
+            unsafe {
+                numa::page_nodes(from as *mut u8, len, step, |batch| {
+                    for &s in batch {
+                        if s >= 0 {
+                            c.add(s as u32, each);
+                        } else {
+                            c.missing += each;
+                        }
+                    }
+                })
+            }?;
+            Ok(c)
+        };
+        let parts: Vec<(usize, usize)> = (0..threads)
+            .map(|t| (base + t * per, per.min(self.len.saturating_sub(t * per))))
+            .filter(|(_, l)| *l > 0)
+            .collect();
+        let results: Vec<std::io::Result<PageCounts>> = if parts.len() == 1 {
+            vec![count(parts[0].0, parts[0].1)]
+        } else {
+            std::thread::scope(|s| {
+                let hs: Vec<_> = parts
+                    .iter()
+                    .map(|&(a, l)| s.spawn(move || count(a, l)))
+                    .collect();
+                hs.into_iter()
+                    .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+                    .collect()
+            })
+        };
+        let mut total = PageCounts {
             by: VerifiedBy::MovePages,
+            pages: 0,
+            nodes: Vec::new(),
+            missing: 0,
+        };
+        for r in results {
+            let c = r?;
+            total.pages += c.pages;
+            total.missing += c.missing;
+            for (n, p) in c.nodes {
+                total.add(n, p);
+            }
+        }
+        Ok(total)
+    }
+
+    /// Per-node page counts of the region's own VMAs from
+    /// `/proc/self/numa_maps` (exact: the guard pages, or a hugetlb
+    /// mapping's own file, keep its VMAs its own; hugetlb VMAs are counted
+    /// in huge pages there, converted to bytes by their page size).
+    pub fn count_pages_numa_maps(&self) -> std::io::Result<PageCounts> {
+        let start = self.ptr.as_ptr() as u64;
+        let p = numa_maps::read_self(start..start + self.len as u64, 5)?;
+        let mut c = PageCounts {
+            by: VerifiedBy::NumaMaps,
             pages: (self.len / PAGE) as u64,
             nodes: Vec::new(),
             missing: 0,
         };
-        let step = self.methods.pages.hugetlb_bytes().unwrap_or(PAGE);
-        let per = (step / PAGE) as u64;
-        // SAFETY: the region's mapping lives as long as `self`.
-        let r = unsafe {
-            numa::page_nodes(self.ptr.as_ptr(), self.len, step, |batch| {
-                for &s in batch {
-                    if s >= 0 {
-                        c.add(s as u32, per);
-                    } else {
-                        c.missing += per;
-                    }
-                }
-            })
-        };
-        match r {
-            Ok(()) => Ok(c),
-            Err(e) if numa::is_refusal(&e) => {
-                let start = self.ptr.as_ptr() as u64;
-                let p = numa_maps::read_self(start..start + self.len as u64, 5)?;
-                let mut c = PageCounts {
-                    by: VerifiedBy::NumaMaps,
-                    pages: c.pages,
-                    nodes: Vec::new(),
-                    missing: 0,
-                };
-                // Exact for a region (its VMAs are its own); should the
-                // counts ever be bounds, only what is certain counts as on
-                // a node and the rest as unknown.
-                for (&node, b) in &p.nodes {
-                    if b.min >= PAGE as u64 {
-                        c.add(node, b.min / PAGE as u64);
-                    }
-                }
-                c.missing = c.pages - c.nodes.iter().map(|(_, n)| n).sum::<u64>();
-                Ok(c)
+        // Should the counts ever be bounds, only what is certain counts as
+        // on a node and the rest as unknown.
+        for (&node, b) in &p.nodes {
+            if b.min >= PAGE as u64 {
+                c.add(node, b.min / PAGE as u64);
             }
-            Err(e) => Err(e),
         }
+        c.missing = c.pages - c.nodes.iter().map(|(_, n)| n).sum::<u64>().min(c.pages);
+        Ok(c)
     }
 
     /// How the region was placed, pinned and verified, and its pages.
@@ -665,8 +956,21 @@ impl Region {
     }
 }
 
+fn fail_after(o: &RegionOptions, step: Step) -> bool {
+    o.fail_after == Some(step)
+}
+
 impl Drop for Region {
     fn drop(&mut self) {
+        if let Some(memory) = self.driver.take() {
+            // The driver's own teardown (cuMemUnmap, cuMemAddressFree,
+            // cuMemRelease; or cuMemFreeHost).
+            drop(memory);
+            if let Some((budget, bytes)) = self.charge.take() {
+                budget.release(bytes);
+            }
+            return;
+        }
         let addr = self.ptr.as_ptr();
         if self.registered {
             // SAFETY: registered by create() at this address; the arena

@@ -169,10 +169,11 @@ pub fn malloc_free_ns(bytes: usize, reps: usize) -> Stats {
 
 /// Milliseconds per GiB to make (and tear down outside the timing) a region
 /// of `bytes` on `node` of `rt`'s topology, populated by `threads` threads
-/// (1 = serial, 0 = as many as the node's arena uses), registered with CUDA when the runtime's configuration and
-/// the driver allow; with how the last region was placed, pinned and
-/// verified (first touch and numa_maps where a seccomp profile refuses
-/// mbind and move_pages).
+/// (1 = serial, 0 = as many as the node's arena uses), registered with CUDA
+/// when the runtime's configuration and the driver allow, with the
+/// runtime's pages ([`crate::runtime::HugePages`]); with how the last
+/// region was placed, pinned and verified, and its pages (first touch and
+/// numa_maps where a seccomp profile refuses mbind and move_pages).
 pub fn region_create_ms_per_gib(
     rt: &Runtime,
     node: u32,
@@ -194,6 +195,7 @@ pub fn region_create_ms_per_gib(
         register: cfg.register,
         placement: Placement::Strict,
         pin_by_registration: None,
+        backend: cfg.backend,
         huge_pages: cfg.huge_pages,
         pool_root: cfg.pool_root,
         fail_after: None,

@@ -5,3 +5,4 @@
 pub mod arena;
 pub mod kernels;
 pub mod loader;
+pub mod pinning;

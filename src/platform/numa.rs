@@ -217,6 +217,26 @@ pub fn set_mempolicy(policy: Policy, nodes: &[u32]) -> io::Result<()> {
     })
 }
 
+/// Restores a policy read with [`get_mempolicy`] (any mode, including
+/// interleave and local) on the calling thread.
+pub fn restore_mempolicy(saved: &(i32, Vec<u32>)) -> io::Result<()> {
+    let (mode, nodes) = saved;
+    if *mode == libc::MPOL_DEFAULT {
+        return set_default_mempolicy();
+    }
+    let mask = node_mask(nodes)?;
+    // SAFETY: as in `set_mempolicy`: the kernel reads the live mask and
+    // changes only this thread's policy.
+    result(unsafe {
+        libc::syscall(
+            libc::SYS_set_mempolicy,
+            *mode,
+            mask.as_ptr(),
+            maxnode(&mask),
+        )
+    })
+}
+
 /// Resets the calling thread's memory policy to the default (`MPOL_DEFAULT`:
 /// memory comes from the node of the CPU that first touches it).
 pub fn set_default_mempolicy() -> io::Result<()> {

@@ -299,6 +299,7 @@ pub(crate) fn finish(
         }
     }
 
+    let (nics, storage) = super::iodev::finish(raw.io, &gpus);
     Ok(Topology {
         schema_version: SCHEMA_VERSION,
         source,
@@ -310,6 +311,8 @@ pub(crate) fn finish(
         cores: raw.cores,
         caches: raw.caches,
         cuda: cuda_info,
+        nics,
+        storage,
     })
 }
 

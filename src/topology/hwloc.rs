@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::sync::Mutex;
 
-use hwlocality::object::attributes::ObjectAttributes;
+use hwlocality::object::attributes::{ObjectAttributes, PCIDeviceAttributes};
 use hwlocality::object::types::ObjectType;
 use hwlocality::object::TopologyObject;
 use hwlocality::topology::builder::{BuildFlags, TypeFilter};
@@ -369,26 +369,11 @@ fn extract(
         // The package holding all of the node's CPUs; for a node without
         // CPUs, the package it is attached under.
         let package = if !own[i].is_empty() {
-            let hits: Vec<u32> = raw
-                .packages
-                .iter()
-                .filter(|p| own[i].is_subset(&p.cpus))
-                .map(|p| p.index)
-                .collect();
-            (hits.len() == 1).then(|| hits[0])
+            package_holding(&raw.packages, &own[i])
         } else {
             n.first_ancestor_with_type(ObjectType::Package)
                 .map(|p| p.logical_index() as u32)
-                .or_else(|| {
-                    let c = &full[i];
-                    let hits: Vec<u32> = raw
-                        .packages
-                        .iter()
-                        .filter(|p| !c.is_empty() && c.is_subset(&p.cpus))
-                        .map(|p| p.index)
-                        .collect();
-                    (hits.len() == 1).then(|| hits[0])
-                })
+                .or_else(|| package_holding(&raw.packages, &full[i]))
         };
         let kind = if subtypes[i].as_deref() == Some("GPUMemory") {
             NodeKind::GpuMemory
@@ -516,53 +501,14 @@ fn extract(
         ) {
             continue;
         }
-        let bus_id = format!(
-            "{:04x}:{:02x}:{:02x}.{:x}",
-            a.domain(),
-            a.bus_id(),
-            a.bus_device(),
-            a.function()
-        );
+        let bus_id = bus_id_of(a);
         if raw.gpus.len() == MAX_GPUS {
             return Err(limits::over(
                 source,
                 format!("it has more than {MAX_GPUS} GPUs, the limit"),
             ));
         }
-        let anc = obj.first_non_io_ancestor();
-        let local_cpus = cpus_of(anc.and_then(|o| o.cpuset()), source)?;
-        let anc_nodes = nodes_of(anc.and_then(|o| o.nodeset()), source)?;
-        let with_cpus: Vec<u32> = anc_nodes
-            .iter()
-            .copied()
-            .filter(|n| {
-                raw.numa_nodes.iter().any(|x| {
-                    x.os_index == *n && !x.cpus.is_empty() && !x.cpus.is_disjoint(&local_cpus)
-                })
-            })
-            .collect();
-        let numa_node = match (with_cpus.as_slice(), anc_nodes.as_slice()) {
-            ([one], _) => Some(*one),
-            ([], [one]) => Some(*one),
-            _ => None,
-        };
-        let package = anc.and_then(|o| {
-            if o.object_type() == ObjectType::Package {
-                Some(o.logical_index() as u32)
-            } else {
-                o.first_ancestor_with_type(ObjectType::Package)
-                    .map(|p| p.logical_index() as u32)
-            }
-        });
-        let package = package.or_else(|| {
-            let hits: Vec<u32> = raw
-                .packages
-                .iter()
-                .filter(|p| !local_cpus.is_empty() && local_cpus.is_subset(&p.cpus))
-                .map(|p| p.index)
-                .collect();
-            (hits.len() == 1).then(|| hits[0])
-        });
+        let (numa_node, package, local_cpus) = io_locality(obj, &raw, source)?;
         // Names and UUIDs that hwloc's CUDA/NVML/OpenCL readers recorded.
         let mut name = None;
         let mut uuid = None;
@@ -583,11 +529,7 @@ fn extract(
                 .info("PCIDevice")
                 .map(|s| s.to_string_lossy().into_owned());
         }
-        let speed = a.link_speed();
-        let mut pcie = sysfs_root.and_then(|r| read_pcie(r, &bus_id));
-        if speed > 0.0 {
-            pcie.get_or_insert_with(PcieLink::default).speed_gbps = Some(speed);
-        }
+        let pcie = pcie_of(sysfs_root, &bus_id, a.link_speed());
         raw.gpus.push(RawGpu {
             pci_bus_id: bus_id,
             vendor: a.vendor_id(),
@@ -608,7 +550,82 @@ fn extract(
         });
     }
 
+    // NICs and drives, and where everything sits in the PCI tree.
+    raw.io = super::iodev::hwloc::scan(topo, &raw, opts, sysfs_root, source)?;
     Ok(raw)
+}
+
+/// A PCI function's bus id, `0000:07:00.0` form.
+pub(super) fn bus_id_of(a: &PCIDeviceAttributes) -> String {
+    format!(
+        "{:04x}:{:02x}:{:02x}.{:x}",
+        a.domain(),
+        a.bus_id(),
+        a.bus_device(),
+        a.function()
+    )
+}
+
+/// Where an I/O object hangs: its NUMA node and package (each `None` when
+/// unknown) and its local CPUs, the CPU set of its first non-I/O ancestor.
+/// The node is the one node of that ancestor that has CPUs among them (or
+/// its only node); a machine-wide ancestor on a multi-node machine gives
+/// none, never a guessed node 0.
+pub(super) fn io_locality(
+    obj: &TopologyObject,
+    raw: &RawTopology,
+    source: &str,
+) -> Result<(Option<u32>, Option<u32>, CpuList)> {
+    let anc = obj.first_non_io_ancestor();
+    let local_cpus = cpus_of(anc.and_then(|o| o.cpuset()), source)?;
+    let anc_nodes = nodes_of(anc.and_then(|o| o.nodeset()), source)?;
+    let with_cpus: Vec<u32> = anc_nodes
+        .iter()
+        .copied()
+        .filter(|n| {
+            raw.numa_nodes
+                .iter()
+                .any(|x| x.os_index == *n && !x.cpus.is_empty() && !x.cpus.is_disjoint(&local_cpus))
+        })
+        .collect();
+    let numa_node = match (with_cpus.as_slice(), anc_nodes.as_slice()) {
+        ([one], _) => Some(*one),
+        ([], [one]) => Some(*one),
+        _ => None,
+    };
+    let package = anc.and_then(|o| {
+        if o.object_type() == ObjectType::Package {
+            Some(o.logical_index() as u32)
+        } else {
+            o.first_ancestor_with_type(ObjectType::Package)
+                .map(|p| p.logical_index() as u32)
+        }
+    });
+    let package = package.or_else(|| package_holding(&raw.packages, &local_cpus));
+    Ok((numa_node, package, local_cpus))
+}
+
+/// The one package holding all of `cpus`; `None` for no CPUs, or when no
+/// package or several do.
+fn package_holding(packages: &[Package], cpus: &CpuList) -> Option<u32> {
+    if cpus.is_empty() {
+        return None;
+    }
+    let mut hits = packages.iter().filter(|p| cpus.is_subset(&p.cpus));
+    match (hits.next(), hits.next()) {
+        (Some(p), None) => Some(p.index),
+        _ => None,
+    }
+}
+
+/// A PCI function's link: from sysfs under `sysfs_root` (live and captured
+/// machines) and hwloc's link speed in GB/s (0 when unknown).
+pub(super) fn pcie_of(sysfs_root: Option<&Path>, bus_id: &str, speed: f32) -> Option<PcieLink> {
+    let mut pcie = sysfs_root.and_then(|r| read_pcie(r, bus_id));
+    if speed > 0.0 {
+        pcie.get_or_insert_with(PcieLink::default).speed_gbps = Some(speed);
+    }
+    pcie
 }
 
 /// Reads a PCI device's link state from sysfs under `root`.

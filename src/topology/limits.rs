@@ -16,6 +16,20 @@ pub use crate::platform::numa::MAX_NODES;
 /// (the locality matrix, ordinal lookups) small.
 pub const MAX_GPUS: usize = 1024;
 
+/// Most NICs and storage devices (together) in one description. Real
+/// hosts have a few dozen, a few hundred with SR-IOV virtual functions;
+/// the bound keeps the device-by-GPU relations (and the JSON that lists
+/// them) small.
+pub const MAX_IO_DEVICES: usize = 4096;
+
+/// Most nodes of a PCI tree: host bridges, bridges, switches and devices
+/// (one PCI domain has at most 65,536 functions).
+pub const MAX_PCI_NODES: usize = 65_536;
+
+/// Deepest PCI tree: bridges and switches between a host bridge and a
+/// device (real machines have a few; each relation walks the two paths).
+pub const MAX_PCI_DEPTH: usize = 64;
+
 /// Most ranks a plan is made for: one per CPU at most.
 pub const MAX_RANKS: usize = MAX_CPUS as usize;
 
@@ -48,7 +62,7 @@ pub(crate) fn over(source: &str, problem: String) -> Error {
     Error::input(
         source,
         problem,
-        "give the description of a real machine: numapin handles at most 8192 CPUs, 1024 NUMA nodes, 1024 GPUs and inputs of 64 MiB (docs/topology-json.md, \"Limits\")",
+        "give the description of a real machine: numapin handles at most 8192 CPUs, 1024 NUMA nodes, 1024 GPUs, 4096 NICs and storage devices and inputs of 64 MiB (docs/topology-json.md, \"Limits\")",
     )
 }
 

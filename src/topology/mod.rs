@@ -22,6 +22,7 @@ mod error;
 mod finish;
 pub(crate) mod hwloc;
 mod input;
+mod iodev;
 pub mod limits;
 mod nccl;
 mod text;
@@ -38,6 +39,7 @@ use crate::gpu::{CudaOrdinal, GpuIndex};
 pub use crate::platform::numa::MAX_NODES;
 pub use crate::platform::pci::normalize_bus_id;
 pub use error::{Cause, TopologyError};
+pub use iodev::{DeviceKind, IoDevice, NicChoice, Relation};
 pub use visible::{DeviceOrder, VisibleDevices, VisibleEntry};
 
 use TopologyError as Error;
@@ -75,6 +77,15 @@ pub struct Topology {
     /// How CUDA ordinals were worked out.
     #[serde(default)]
     pub cuda: CudaInfo,
+    /// Network devices (InfiniBand, RoCE, EFA, Ethernet, ...) in PCI bus id
+    /// order, each with its relation to every GPU (empty when the source
+    /// has none, or was written before numapin read them).
+    #[serde(default)]
+    pub nics: Vec<IoDevice>,
+    /// Storage devices (NVMe drives, SATA/SAS/RAID controllers, ...) in PCI
+    /// bus id order, each with its relation to every GPU.
+    #[serde(default)]
+    pub storage: Vec<IoDevice>,
 }
 
 /// A processor package (socket).
@@ -479,8 +490,24 @@ impl Topology {
         self.gpu(index)?.cuda_ordinal
     }
 
+    /// Each GPU's nearest NICs (one list per entry of [`Topology::gpus`],
+    /// preferred first; empty lists when there is no NIC).
+    ///
+    /// RDMA NICs (InfiniBand, RoCE, EFA, Omni-Path, Slingshot) are paired
+    /// when there are any, otherwise every NIC. Each GPU's candidates are
+    /// the NICs at its best [`Relation`]; GPUs with the same best relation
+    /// and the same candidates share them evenly, in order: 8 GPUs and 8
+    /// NICs pair one to one, 8 GPUs and 4 NICs two to one (neighbouring
+    /// GPUs share), 4 GPUs and 8 NICs two NICs each. The pairing covers
+    /// every GPU whatever `CUDA_VISIBLE_DEVICES` hides, so every rank on a
+    /// machine computes the same one.
+    pub fn nic_pairing(&self) -> Vec<Vec<NicChoice>> {
+        iodev::pair(&self.nics, self.gpus.len())
+    }
+
     /// The text report `numapin topo` prints: the GPU table, the GPU-by-GPU
-    /// locality matrix, the nodes, the packages and the CUDA ordinals.
+    /// locality matrix (with a column per NIC), the NICs and storage
+    /// devices, the nodes, the packages and the CUDA ordinals.
     pub fn to_text(&self) -> String {
         text::render(self)
     }
@@ -517,6 +544,9 @@ pub(crate) struct RawTopology {
     pub cores: Vec<Core>,
     pub caches: Vec<Cache>,
     pub warnings: Vec<Warning>,
+    /// The PCI tree with the NICs and drives (empty for sources without).
+    #[serde(default)]
+    pub io: iodev::RawIo,
 }
 
 /// A GPU as a reader found it.

@@ -9,10 +9,9 @@
 use quick_xml::events::Event;
 use quick_xml::Reader;
 
-use super::limits::{self, MAX_GPUS, MAX_NODES};
+use super::limits::{self, MAX_GPUS, MAX_NODES, MAX_PCI_NODES};
 use super::{
-    is_accelerator, NodeKind, NumaNode, PcieLink, ProbeOptions, RawGpu, RawTopology, Warning,
-    WarningKind,
+    is_accelerator, NodeKind, NumaNode, ProbeOptions, RawGpu, RawTopology, Warning, WarningKind,
 };
 use super::{Result, TopologyError as Error};
 use crate::cpulist::CpuList;
@@ -39,6 +38,8 @@ pub(crate) fn parse(text: &str, source: &str, opts: &ProbeOptions) -> Result<Raw
     let mut stack: Vec<Open> = Vec::new();
     let mut seen_system = false;
     let mut elements = 0usize;
+    // The PCI tree with the NICs, built alongside.
+    let mut io = super::iodev::nccl::NcclIo::default();
     loop {
         let ev = reader.read_event().map_err(|e| {
             bad(format!(
@@ -51,6 +52,7 @@ pub(crate) fn parse(text: &str, source: &str, opts: &ProbeOptions) -> Result<Raw
             Event::Empty(s) => (Some(s.clone()), true),
             Event::End(_) => {
                 stack.pop();
+                io.close();
                 continue;
             }
             Event::Eof => break,
@@ -70,6 +72,11 @@ pub(crate) fn parse(text: &str, source: &str, opts: &ProbeOptions) -> Result<Raw
                 .map_err(|e| bad(format!("malformed attribute value: {e}")))?
                 .into_owned();
             attrs.insert(String::from_utf8_lossy(a.key.as_ref()).into_owned(), v);
+        }
+        io.open(&name, &attrs);
+        limits::check_count(source, "PCI tree nodes", io.tree_nodes(), MAX_PCI_NODES)?;
+        if empty {
+            io.close();
         }
         let parent_node = stack.last().and_then(|(_, n)| n.clone());
         let mut this_node = parent_node.clone();
@@ -113,17 +120,11 @@ pub(crate) fn parse(text: &str, source: &str, opts: &ProbeOptions) -> Result<Raw
             }
             b"pci" => {
                 if let (Some(busid), Some(class)) = (attrs.get("busid"), attrs.get("class")) {
-                    let class_raw = u32::from_str_radix(class.trim().trim_start_matches("0x"), 16)
-                        .map_err(|_| {
-                            bad(format!(
-                                "<pci busid=\"{busid}\"> has class \"{class}\", not hexadecimal"
-                            ))
-                        })?;
-                    let class16 = if class_raw > 0xffff {
-                        (class_raw >> 8) as u16
-                    } else {
-                        class_raw as u16
-                    };
+                    let class16 = super::iodev::nccl::class16(class).ok_or_else(|| {
+                        bad(format!(
+                            "<pci busid=\"{busid}\"> has class \"{class}\", not hexadecimal"
+                        ))
+                    })?;
                     let vendor = attrs
                         .get("vendor")
                         .and_then(|v| u16::from_str_radix(v.trim_start_matches("0x"), 16).ok())
@@ -145,15 +146,6 @@ pub(crate) fn parse(text: &str, source: &str, opts: &ProbeOptions) -> Result<Raw
                             Some((n, c)) => (Some(*n), c.clone()),
                             None => (None, CpuList::new()),
                         };
-                        let link = PcieLink {
-                            current_gen: attrs
-                                .get("link_speed")
-                                .and_then(|s| super::hwloc::gen_of_speed(s)),
-                            current_width: attrs
-                                .get("link_width")
-                                .and_then(|s| s.trim().parse().ok()),
-                            ..Default::default()
-                        };
                         raw.gpus.push(RawGpu {
                             pci_bus_id: bus,
                             vendor,
@@ -164,8 +156,7 @@ pub(crate) fn parse(text: &str, source: &str, opts: &ProbeOptions) -> Result<Raw
                             numa_node: node,
                             package: None,
                             local_cpus: cpus,
-                            pcie: (link.current_gen.is_some() || link.current_width.is_some())
-                                .then_some(link),
+                            pcie: super::iodev::nccl::link(&attrs),
                         });
                     }
                 }
@@ -185,6 +176,7 @@ pub(crate) fn parse(text: &str, source: &str, opts: &ProbeOptions) -> Result<Raw
     raw.numa_nodes.sort_by_key(|n| n.os_index);
     raw.gpus.sort_by(|a, b| a.pci_bus_id.cmp(&b.pci_bus_id));
     raw.gpus.dedup_by(|a, b| a.pci_bus_id == b.pci_bus_id);
+    raw.io = io.finish(&raw.gpus, source)?;
     let mut all = CpuList::new();
     for n in &raw.numa_nodes {
         all = all.union(&n.cpus);

@@ -66,11 +66,12 @@ pub(crate) fn render(t: &Topology) -> String {
         }
         out.push_str(&g.render());
         out.push('\n');
-        if t.gpus.len() > 1 {
+        if t.gpus.len() > 1 || !t.nics.is_empty() {
             out.push_str(&matrix(t));
             out.push('\n');
         }
     }
+    out.push_str(&devices(t));
     let mut n = Table::new(["NODE", "PKG", "CPUS", "MEMORY", "KIND", "DISTANCES"]);
     for node in &t.numa_nodes {
         n.row([
@@ -187,17 +188,76 @@ fn relation(t: &Topology, a: &super::Gpu, b: &super::Gpu) -> &'static str {
 }
 
 /// A GPU-by-GPU matrix of host-side locality, as `nvidia-smi topo -m`
-/// shows its link matrix.
+/// shows its link matrix, with a column per NIC: the PCI path to it.
 fn matrix(t: &Topology) -> String {
     let mut header = vec![String::new()];
     header.extend(t.gpus.iter().map(|g| format!("GPU{}", g.index)));
+    header.extend((0..t.nics.len()).map(|i| format!("NIC{i}")));
     let mut m = Table::new(header);
     for a in &t.gpus {
         let mut row = vec![format!("GPU{}", a.index)];
         row.extend(t.gpus.iter().map(|b| relation(t, a, b).to_string()));
+        row.extend(t.nics.iter().map(|n| n.relation_to(a.index).to_string()));
         m.row(row);
     }
     let mut s = m.render();
-    s.push_str("NODE = same NUMA node, SOCK = same socket but another node, SYS = other socket, NUMA = other node (socket unknown), ? = locality unknown\n");
+    if t.gpus.len() > 1 {
+        s.push_str("NODE = same NUMA node, SOCK = same socket but another node, SYS = other socket, NUMA = other node (socket unknown), ? = locality unknown\n");
+    }
+    if !t.nics.is_empty() {
+        s.push_str("GPU-NIC: PIX = through one PCIe switch, PXB = several switches, PHB = the PCIe host bridge, NODE = another host bridge of the same NUMA node, SOCK = another node of the same socket, SYS = the other socket or locality unknown\n");
+    }
     s
+}
+
+/// The NIC and storage tables (nothing when there are none). A NIC's GPUS
+/// are those [`Topology::nic_pairing`] gives it.
+fn devices(t: &Topology) -> String {
+    let mut out = String::new();
+    let pairing = t.nic_pairing();
+    for (title, list) in [("NIC", &t.nics), ("STORAGE", &t.storage)] {
+        if list.is_empty() {
+            continue;
+        }
+        let mut header = vec![title, "BUS ID", "KIND", "NAMES", "NODE", "PKG", "PCIE"];
+        if title == "NIC" && !t.gpus.is_empty() {
+            header.push("GPUS");
+        }
+        let mut tab = Table::new(header);
+        for (i, d) in list.iter().enumerate() {
+            let mut row = vec![
+                i.to_string(),
+                d.pci_bus_id.clone().unwrap_or_else(|| "-".into()),
+                d.kind.to_string(),
+                if d.names.is_empty() {
+                    "-".into()
+                } else {
+                    d.names.join(",")
+                },
+                opt(d.numa_node, "unknown"),
+                opt(d.package, "?"),
+                pcie(&d.pcie),
+            ];
+            if title == "NIC" && !t.gpus.is_empty() {
+                let gpus: Vec<String> = pairing
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, p)| p.iter().any(|c| c.nic == i))
+                    .map(|(g, _)| g.to_string())
+                    .collect();
+                row.push(if gpus.is_empty() {
+                    "-".into()
+                } else {
+                    gpus.join(",")
+                });
+            }
+            tab.row(row);
+        }
+        out.push_str(&tab.render());
+        if title == "NIC" && !t.gpus.is_empty() {
+            out.push_str("GPUS = the GPUs each NIC is paired with (each GPU's nearest NICs, shared evenly; `numapin affinity` gives them per rank)\n");
+        }
+        out.push('\n');
+    }
+    out
 }

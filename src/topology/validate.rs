@@ -5,8 +5,8 @@
 
 use std::collections::BTreeSet;
 
-use super::limits::{self, MAX_CPUS, MAX_GPUS, MAX_NODES};
-use super::{normalize_bus_id, Topology, TopologyError as Error};
+use super::limits::{self, MAX_CPUS, MAX_GPUS, MAX_IO_DEVICES, MAX_NODES};
+use super::{iodev, normalize_bus_id, Topology, TopologyError as Error};
 use crate::cpulist::CpuList;
 
 type Result<T, E = Error> = std::result::Result<T, E>;
@@ -53,6 +53,12 @@ pub(crate) fn check(t: &Topology, source: &str) -> Result<()> {
     limits::check_count(source, "packages", t.packages.len(), MAX_CPUS as usize)?;
     limits::check_count(source, "cores", t.cores.len(), MAX_CPUS as usize)?;
     limits::check_count(source, "caches", t.caches.len(), MAX_CPUS as usize)?;
+    limits::check_count(
+        source,
+        "NICs and storage devices",
+        t.nics.len() + t.storage.len(),
+        MAX_IO_DEVICES,
+    )?;
 
     // NUMA nodes: numbered once each, within the limit, own CPUs no other
     // node owns (and, below, in a package that exists).
@@ -184,6 +190,11 @@ pub(crate) fn check(t: &Topology, source: &str) -> Result<()> {
                 "GPU {i}'s local CPUs hold {outside}, which no node or package has"
             )));
         }
+    }
+
+    // NICs and storage devices: a relation to each GPU, each in its list.
+    for (list, devices) in [("nics", &t.nics), ("storage", &t.storage)] {
+        iodev::validate(devices, list, t.gpus.len()).map_err(bad)?;
     }
 
     // CUDA ordinals: 0, 1, ... in order, each naming a GPU that exists, no

@@ -5,7 +5,8 @@
 pub(crate) mod seccomp;
 
 use numapin::topology::{
-    Allowed, Cache, Core, CudaInfo, Gpu, NodeKind, NumaNode, Package, Topology, VisibleEntry,
+    Allowed, Cache, Core, CudaInfo, DeviceKind, Gpu, IoDevice, NodeKind, NumaNode, Package,
+    Relation, Topology, VisibleEntry,
 };
 use numapin::CpuList;
 
@@ -117,6 +118,8 @@ pub(crate) fn empty(source: &str) -> Topology {
             device_order: "FASTEST_FIRST".into(),
             ..Default::default()
         },
+        nics: vec![],
+        storage: vec![],
     }
 }
 
@@ -147,6 +150,26 @@ pub(crate) fn add_gpu(
         entry: "*".into(),
         gpu: Some(numapin::GpuIndex(i)),
         mig: false,
+    });
+}
+
+/// Adds a NIC named `verbs` (an RDMA device on port 1, and interface
+/// `if_<verbs>`) of `kind`, at `relations` from the GPUs (in their order).
+pub(crate) fn add_nic(t: &mut Topology, verbs: &str, kind: DeviceKind, relations: &[Relation]) {
+    let i = t.nics.len();
+    t.nics.push(IoDevice {
+        pci_bus_id: Some(format!("0000:{:02x}:00.0", 0x80 + i)),
+        kind,
+        names: vec![verbs.to_string(), format!("if_{verbs}")],
+        rdma_device: kind.is_rdma().then(|| verbs.to_string()),
+        rdma_port: kind.is_rdma().then_some(1),
+        numa_node: None,
+        package: None,
+        pcie: None,
+        gpu_relations: relations.to_vec(),
+        vendor_id: "0x15b3".into(),
+        device_id: "0x1021".into(),
+        class_id: "0x0207".into(),
     });
 }
 

@@ -65,7 +65,7 @@ impl BenchResult {
 
     /// Adds how the regions behind the figure were placed, pinned and
     /// verified, and their pages (`placed=first_touch pinned=mlock
-    /// verified=numa_maps pages=thp` under a seccomp profile that refuses
+    /// verified=numa_maps page_kind=thp` under a seccomp profile that refuses
     /// mbind and move_pages).
     pub(super) fn with_methods(self, m: Option<RegionMethods>) -> Self {
         match m {
@@ -74,7 +74,7 @@ impl BenchResult {
                 .with("placed", m.placed.as_str())
                 .with("pinned", m.pinned.as_str())
                 .with("verified", m.verified.as_str())
-                .with("pages", m.pages.as_str()),
+                .with("page_kind", m.pages.as_str()),
         }
     }
 }
@@ -102,6 +102,9 @@ pub(crate) enum Measure {
     AllGpus,
     /// Loader throughput.
     Loader,
+    /// Pinning itself: region creation per step and per backend, release,
+    /// placement checks, registration in parts, copies per backend.
+    Pinning,
 }
 
 /// What to measure and how long.
@@ -117,6 +120,8 @@ pub(super) struct BenchOptions {
     pub(crate) warmup: usize,
     /// Measurements to run.
     pub(crate) measures: Vec<Measure>,
+    /// Region sizes the pinning figures are measured at.
+    pub(crate) region_sizes: Vec<usize>,
 }
 
 impl Default for BenchOptions {
@@ -132,7 +137,9 @@ impl Default for BenchOptions {
                 Measure::Staged,
                 Measure::AllGpus,
                 Measure::Loader,
+                Measure::Pinning,
             ],
+            region_sizes: vec![256 << 20, 4 << 30],
         }
     }
 }
@@ -357,7 +364,8 @@ pub(super) fn run(
             }
             for (label, src) in kinds {
                 progress(&format!("GPU {g}: {label} copies"));
-                let (h2d, d2h) = copy_gbps(rt, g, src, opts.copy_bytes, opts.warmup, opts.reps)?;
+                let (h2d, d2h) =
+                    copy_gbps_from(rt, g, src, opts.copy_bytes, opts.warmup, opts.reps)?;
                 let methods = match src {
                     Source::Arena(n) => node_methods(rt, n),
                     _ => None,
@@ -385,6 +393,9 @@ pub(super) fn run(
         );
     }
     extra::run(rt, opts, &ordinals, gpu_ok, &mut report, progress)?;
+    if has(Measure::Pinning) {
+        super::pinning::run(rt, opts, &ordinals, gpu_ok, &mut report, progress)?;
+    }
     Ok((report, None))
 }
 
@@ -475,7 +486,7 @@ mod extra {
 
 /// Where a copy reads from (host to device) or writes to.
 #[derive(Debug, Clone, Copy)]
-enum Source {
+pub(super) enum Source {
     /// A `Vec<u8>`.
     Pageable,
     /// `cuMemAllocHost`.
@@ -500,7 +511,7 @@ impl HostMem {
     }
 }
 
-fn cuda_err(what: &str, e: numapin::gpu::CudaError) -> CliError {
+pub(super) fn cuda_err(what: &str, e: numapin::gpu::CudaError) -> CliError {
     CliError::system(what, "check `nvidia-smi` and `numapin doctor`", e)
 }
 
@@ -522,7 +533,7 @@ fn host_mem(rt: &Runtime, src: Source, bytes: usize) -> Result<HostMem> {
 }
 
 /// Host-to-device and device-to-host GB/s of `bytes` from/to `src`.
-fn copy_gbps(
+pub(super) fn copy_gbps_from(
     rt: &Runtime,
     gpu: CudaOrdinal,
     src: Source,
@@ -647,7 +658,7 @@ fn all_gpus_gbps(
 
 /// `cuMemAllocHost` + first touch + `cuMemFreeHost` per GiB, the driver's
 /// own way to get pinned memory (the baseline for region creation).
-fn host_alloc_ms_per_gib(bytes: usize, reps: usize) -> Result<Stats> {
+pub(super) fn host_alloc_ms_per_gib(bytes: usize, reps: usize) -> Result<Stats> {
     cuda::ensure_context().map_err(|e| cuda_err("CUDA context", e))?;
     let mut samples = Vec::new();
     for _ in 0..reps.max(1) {

@@ -5,6 +5,7 @@ use std::io::IsTerminal;
 use crate::TopoSource;
 use numapin::internals::table::Table;
 mod figures;
+mod pinning;
 
 use crate::error::{CliError, Result};
 use crate::output;
@@ -35,6 +36,14 @@ pub(crate) struct BenchArgs {
     /// Measurements to run (default: all).
     #[arg(long, value_delimiter = ',')]
     pub(crate) only: Option<Vec<Measure>>,
+    /// Region sizes for the pinning figures, comma-separated (suffixes K,
+    /// M, G; each rounded up to 2 MiB).
+    #[arg(long, value_delimiter = ',', default_value = "256M,4G", value_parser = parse_size)]
+    pub(crate) region_sizes: Vec<usize>,
+    /// Pinned bytes allowed per node (suffixes K, M, G), instead of the
+    /// default budget (half the node's memory, capped by a memory cgroup).
+    #[arg(long, value_parser = parse_size)]
+    pub(crate) budget: Option<usize>,
     /// Print JSON (schema in docs/bench.md).
     #[arg(long)]
     pub(crate) json: bool,
@@ -81,7 +90,11 @@ pub(crate) fn run(a: &BenchArgs) -> Result<i32> {
         });
     }
     let topo = a.source.topology()?;
-    let rt = Runtime::new(topo, RuntimeConfig::default().with_huge_pages(a.huge_pages))?;
+    let mut config = RuntimeConfig::default().with_huge_pages(a.huge_pages);
+    if let Some(b) = a.budget {
+        config = config.with_budget_bytes(Some(b as u64));
+    }
+    let rt = Runtime::new(topo, config)?;
     let opts = BenchOptions {
         gpus: a
             .gpus
@@ -94,6 +107,7 @@ pub(crate) fn run(a: &BenchArgs) -> Result<i32> {
             .only
             .clone()
             .unwrap_or_else(|| BenchOptions::default().measures),
+        region_sizes: a.region_sizes.clone(),
     };
     if a.gpus.as_ref().is_some_and(|g| g.len() > MAX_GPUS) {
         return Err(CliError::Usage {

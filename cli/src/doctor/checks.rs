@@ -9,7 +9,7 @@ use super::system::{iommu_params, mempolicy_name, selected, DriverState, IommuVi
 use super::Check;
 use numapin::internals::fmt_bytes;
 use numapin::runtime::DEFAULT_REGION_BYTES;
-use numapin::topology::{Gpu, Topology, WarningKind};
+use numapin::topology::{Gpu, Relation, Topology, WarningKind};
 use numapin::CpuList;
 
 /// PCI vendor id of NVIDIA.
@@ -466,6 +466,130 @@ pub(super) fn locality(t: &Topology) -> Vec<Check> {
         ),
     }
     })
+}
+
+/// `NIC 3 (mlx5_3, 0000:5e:00.0)`.
+fn nic_label(t: &Topology, i: usize) -> String {
+    let n = &t.nics[i];
+    match (n.names.first(), &n.pci_bus_id) {
+        (Some(name), Some(bus)) => format!("NIC {i} ({name}, {bus})"),
+        _ => format!("NIC {i} ({})", n.label()),
+    }
+}
+
+fn no_nics(name: &'static str, t: &Topology) -> Check {
+    Check::ok(
+        name,
+        format!(
+            "no NICs found in {}: nothing to check",
+            if live(t) {
+                "this machine"
+            } else {
+                t.source.as_str()
+            }
+        ),
+    )
+}
+
+/// Each GPU's nearest NIC (`nic_locality`): `warn` when the NIC it is
+/// paired with ([`Topology::nic_pairing`]) is `SYS`, across the socket link
+/// or of unknown locality, so that its network traffic crosses the link
+/// between sockets (or cannot be shown not to); `ok` otherwise, and when
+/// the machine has no NIC.
+pub(super) fn nic_locality(t: &Topology) -> Vec<Check> {
+    const NAME: &str = "nic_locality";
+    if t.nics.is_empty() {
+        return vec![no_nics(NAME, t)];
+    }
+    let pairing = t.nic_pairing();
+    per_gpu(t, NAME, "no GPU to pair with a NIC", false, |g, l| {
+        let chosen = &pairing[g.index.as_usize()];
+        let names: Vec<String> = chosen.iter().map(|c| nic_label(t, c.nic)).collect();
+        let Some(first) = chosen.first() else {
+            return Check::ok(NAME, format!("{l}: no NIC to pair with"));
+        };
+        let ev = format!(
+            "{l}: its nearest NIC{}: {}, {}",
+            if names.len() > 1 { "s" } else { "" },
+            names.join(", "),
+            first.relation
+        );
+        if first.relation != Relation::Sys {
+            return Check::ok(NAME, ev);
+        }
+        let nic = &t.nics[first.nic];
+        if g.numa_node.is_none() || nic.numa_node.is_none() {
+            Check::warn(
+                NAME,
+                format!("{ev}: the locality of the GPU or of the NIC is unknown (sysfs numa_node = -1, common on cloud VMs), so numapin cannot show that they share a socket"),
+                "on a cloud VM, give NCCL the provider's topology file (NCCL_TOPO_FILE; `numapin topo --input FILE` shows its pairing) and pair ranks with NICs by it; on bare metal enable the NUMA/proximity (ACPI SRAT, _PXM) settings in the firmware",
+            )
+        } else {
+            Check::warn(
+                NAME,
+                format!("{ev}: every byte it sends or receives crosses the link between sockets, which can halve its network bandwidth"),
+                format!(
+                    "put a NIC on the GPU's socket (package {}), in a slot of its PCIe root or switch; until then expect this GPU's ranks to be slower across machines, and keep the job's traffic on NICs of the GPU's socket where there are any (`numapin affinity` lists each rank's NICs)",
+                    g.package.map_or("?".to_string(), |p| p.to_string())
+                ),
+            )
+        }
+    })
+}
+
+/// Each NIC's PCIe link against its maximum (`nic_pcie_link`): `warn` when
+/// it runs narrower or at a lower generation than the card can (NICs do not
+/// lower their link to save power as GPUs do, so either caps the network
+/// bandwidth); `ok` at its maximum, when the link is not reported, and when
+/// the machine has no NIC.
+pub(super) fn nic_pcie_links(t: &Topology) -> Vec<Check> {
+    const NAME: &str = "nic_pcie_link";
+    if t.nics.is_empty() {
+        return vec![no_nics(NAME, t)];
+    }
+    t.nics
+        .iter()
+        .enumerate()
+        .map(|(i, n)| {
+            let l = nic_label(t, i);
+            let link = n
+                .pcie
+                .as_ref()
+                .filter(|p| p.current_gen.is_some() || p.current_width.is_some());
+            let c = match link {
+                None => Check::ok(
+                    NAME,
+                    format!(
+                        "{l}: link generation and width not reported by {} (nothing to compare)",
+                        if live(t) { "sysfs" } else { t.source.as_str() }
+                    ),
+                ),
+                Some(p) => {
+                    let now = link_part(p.current_gen, p.current_width);
+                    let max = link_part(p.max_gen, p.max_width);
+                    let narrow = matches!((p.current_width, p.max_width), (Some(c), Some(m)) if c < m);
+                    let slow = matches!((p.current_gen, p.max_gen), (Some(c), Some(m)) if c < m);
+                    if narrow || slow {
+                        Check::warn(
+                            NAME,
+                            format!("{l}: link running at {now}, below its maximum {max}: the NIC's bandwidth is capped by the link"),
+                            format!(
+                                "check that the card sits in a slot wired for x{} at Gen{} (a slot of a lower generation or width caps it), reseat it, check its riser and the firmware's PCIe bifurcation and speed settings; `lspci -vv -s {}` shows LnkCap (maximum) and LnkSta (now)",
+                                p.max_width.map_or("?".into(), |w| w.to_string()),
+                                p.max_gen.map_or("?".into(), |g| g.to_string()),
+                                n.pci_bus_id.as_deref().unwrap_or("?")
+                            ),
+                        )
+                    } else if p.max_gen.is_none() && p.max_width.is_none() {
+                        Check::ok(NAME, format!("{l}: link running at {now} (maximum not reported)"))
+                    } else {
+                        Check::ok(NAME, format!("{l}: link running at {now}, maximum {max}: at its maximum"))
+                    }
+                }
+            };
+            c.for_nic(i)
+        })
+        .collect()
 }
 
 /// Each visible GPU's local CPUs against the allowed CPU set

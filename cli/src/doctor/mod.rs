@@ -24,7 +24,7 @@ pub(crate) struct DoctorArgs {
     /// are listed as not run.
     #[command(flatten)]
     pub(crate) source: TopoSource,
-    /// Print the checks as JSON (`{"checks":[{"name","verdict","evidence","fix","gpu","node"}],"huge_pages":{...},...}`).
+    /// Print the checks as JSON (`{"checks":[{"name","verdict","evidence","fix","gpu","node","nic"}],"huge_pages":{...},...}`).
     #[arg(long)]
     pub(crate) json: bool,
     /// Do not pin a probe region on each NUMA node.
@@ -106,10 +106,11 @@ pub(crate) fn run(a: &DoctorArgs) -> Result<i32> {
 }
 
 fn subject(c: &Check) -> String {
-    match (c.gpu, c.node) {
-        (Some(g), _) => format!("{} (GPU {g})", c.name),
-        (None, Some(n)) => format!("{} (node {n})", c.name),
-        (None, None) => c.name.to_string(),
+    match (c.gpu, c.node, c.nic) {
+        (Some(g), _, _) => format!("{} (GPU {g})", c.name),
+        (None, Some(n), _) => format!("{} (node {n})", c.name),
+        (None, None, Some(n)) => format!("{} (NIC {n})", c.name),
+        (None, None, None) => c.name.to_string(),
     }
 }
 

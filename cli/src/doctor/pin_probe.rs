@@ -107,6 +107,7 @@ fn run(t: &Topology, n: &NumaNode, opts: &DoctorOptions) -> Result<ProbeOutcome,
         register: opts.cuda,
         placement: Placement::Warn,
         pin_by_registration: memlock_too_low(opts.probe_bytes),
+        backend: numapin::runtime::Backend::Mapped,
         huge_pages: numapin::RuntimeConfig::default().huge_pages,
         pool_root: None,
         fail_after: None,
@@ -191,11 +192,13 @@ pub(super) fn judge(node: u32, r: Result<ProbeOutcome, ArenaError>) -> Check {
     let placed = match o.methods.placed {
         PlacedBy::Mbind => "bound (MPOL_BIND), touched".to_string(),
         PlacedBy::FirstTouch => "placed by first touch".to_string(),
+        other => other.as_str().replace('_', " "),
     };
     let pinned = match o.methods.pinned {
         PinnedBy::Mlock => "locked",
         PinnedBy::Registration => "pinned by CUDA registration (not locked)",
         PinnedBy::Hugetlb => "hugetlb (never swapped, not locked)",
+        _ => "pinned by the driver",
     };
     let notes = if o.notes.is_empty() {
         String::new()
@@ -239,6 +242,7 @@ pub(super) fn judge(node: u32, r: Result<ProbeOutcome, ArenaError>) -> Check {
         match o.methods.placed {
             PlacedBy::Mbind => format!("pages bound to node {node} did not stay there: check free memory on the node (`numastat -m`), memory hot-unplug or a cgroup memory limit, and whether something migrates pages (`migratepages`, memory tiering); arenas on this node would be refused"),
             PlacedBy::FirstTouch => format!("first touch did not put the pages on node {node}: the process needs CPUs of node {node} (cpuset), the default memory policy (no `numactl --membind` around the container) and free memory on the node (`numastat -m`); or allow mbind: `docker run --cap-add SYS_NICE`, Kubernetes securityContext.capabilities.add: [\"SYS_NICE\"]; arenas on this node would be refused"),
+            _ => format!("the driver did not put the pages on node {node}: check free memory on the node (`numastat -m`)"),
         },
     )
     .for_node(node)

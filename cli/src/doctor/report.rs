@@ -48,6 +48,9 @@ pub(crate) struct Check {
     pub(crate) gpu: Option<numapin::GpuIndex>,
     /// The NUMA node it is about, if any.
     pub(crate) node: Option<u32>,
+    /// The NIC it is about (its position in
+    /// [`numapin::topology::Topology::nics`]), if any.
+    pub(crate) nic: Option<usize>,
 }
 
 impl Check {
@@ -87,12 +90,19 @@ impl Check {
             fix,
             gpu: None,
             node: None,
+            nic: None,
         }
     }
 
     /// The same check, about GPU `gpu`.
     pub(crate) fn for_gpu(mut self, gpu: numapin::GpuIndex) -> Self {
         self.gpu = Some(gpu);
+        self
+    }
+
+    /// The same check, about NIC `nic`.
+    pub(crate) fn for_nic(mut self, nic: usize) -> Self {
+        self.nic = Some(nic);
         self
     }
 
@@ -117,6 +127,8 @@ pub(crate) const CHECK_NAMES: &[&str] = &[
     "gpu_locality",
     "gpu_cpus_allowed",
     "gpu_memory_allowed",
+    "nic_locality",
+    "nic_pcie_link",
     "memory_policy",
     "numa_syscalls",
     "container",
@@ -202,6 +214,8 @@ pub(crate) fn evaluate(topo: &Topology, view: Option<&SystemView>) -> Vec<Check>
     out.extend(checks::locality(topo));
     out.extend(checks::gpu_cpus_allowed(topo));
     out.extend(checks::gpu_memory_allowed(topo));
+    out.extend(checks::nic_locality(topo));
+    out.extend(checks::nic_pcie_links(topo));
     if let Some(v) = view {
         let mut policy = checks::memory_policy(topo, &v.mempolicy);
         if let Some(note) = &v.mempolicy_note {

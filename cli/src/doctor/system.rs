@@ -311,6 +311,8 @@ mod tests {
             cores: vec![],
             caches: vec![],
             cuda: Default::default(),
+            nics: vec![],
+            storage: vec![],
         };
         let v = SystemView::read(&t, false);
         assert_eq!(v.cuda_driver, DriverState::NotLoaded);

@@ -13,6 +13,13 @@
 #   --accel-node N        put a stand-in accelerator (QEMU pci-testdev, PCI id
 #                         1b36:0005) behind its own PCIe expander bridge on node N;
 #                         repeatable, at most 7
+#   --nic-node N          put an emulated Intel 82574L Ethernet NIC (QEMU e1000e, PCI id
+#                         8086:10d3) behind its own PCIe expander bridge on node N;
+#                         repeatable; accelerators and NICs together at most 7. The
+#                         kernel's e1000e module is shipped and loaded when
+#                         /lib/modules/VERSION (VERSION from the kernel's file name
+#                         vmlinuz-VERSION, or NUMAPIN_VM_MODULES) has it; without it
+#                         the NIC is on the PCI bus with no driver and no interface
 #   --bin PATH[:NAME]     ship an executable as /bin/NAME (default: its file name),
 #                         with the shared libraries `ldd` lists and the dynamic loader
 #   --file PATH:DEST      ship a file or folder to DEST (an absolute guest path)
@@ -37,7 +44,8 @@
 # of the kernel console is printed).
 #
 # Environment: NUMAPIN_VM_KERNEL (default: the newest readable /boot/vmlinuz-*),
-# NUMAPIN_VM_BUSYBOX (default: busybox on PATH), NUMAPIN_VM_QEMU (default:
+# NUMAPIN_VM_BUSYBOX (default: busybox on PATH), NUMAPIN_VM_MODULES (the kernel's
+# module folder, default /lib/modules/VERSION), NUMAPIN_VM_QEMU (default:
 # qemu-system-x86_64), NUMAPIN_VM_ACCEL (default tcg; kvm is used only when
 # asked for: nested KVM can hang after the firmware).
 set -euo pipefail
@@ -48,13 +56,14 @@ skip() { say "skipped: $*"; exit "$SKIP"; }
 die() { say "error: $*"; exit 2; }
 
 nodes=4 cpus_per_node=1 node_mem=512 timeout_s=300 workdir="" check=0 script=""
-accel_nodes=() bins=() files=()
+accel_nodes=() nic_nodes=() bins=() files=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --nodes) nodes=$2; shift 2 ;;
     --cpus-per-node) cpus_per_node=$2; shift 2 ;;
     --node-mem) node_mem=$2; shift 2 ;;
     --accel-node) accel_nodes+=("$2"); shift 2 ;;
+    --nic-node) nic_nodes+=("$2"); shift 2 ;;
     --bin) bins+=("$2"); shift 2 ;;
     --file) files+=("$2"); shift 2 ;;
     --timeout) timeout_s=$2; shift 2 ;;
@@ -71,9 +80,9 @@ for v in nodes cpus_per_node node_mem timeout_s; do
   is_uint "${!v}" && [ "${!v}" -gt 0 ] || die "--${v//_/-} must be a positive whole number, got '${!v}'"
 done
 [ "$nodes" -le 64 ] || die "--nodes $nodes: at most 64"
-[ "${#accel_nodes[@]}" -le 7 ] || die "at most 7 --accel-node (one PCIe expander bridge of 32 buses each)"
-for n in "${accel_nodes[@]}"; do
-  is_uint "$n" && [ "$n" -lt "$nodes" ] || die "--accel-node $n: the machine has nodes 0-$((nodes - 1))"
+[ $(( ${#accel_nodes[@]} + ${#nic_nodes[@]} )) -le 7 ] || die "at most 7 --accel-node and --nic-node together (one PCIe expander bridge of 32 buses each)"
+for n in "${accel_nodes[@]}" "${nic_nodes[@]}"; do
+  is_uint "$n" && [ "$n" -lt "$nodes" ] || die "--accel-node/--nic-node $n: the machine has nodes 0-$((nodes - 1))"
 done
 
 # --- what is needed, or a clear reason to skip -------------------------------
@@ -177,6 +186,21 @@ step() {
 EOF
 cp "$script" "$root/test.sh"
 
+# The NIC's driver, from the modules of the kernel that boots.
+nic_driver="none"
+if [ "${#nic_nodes[@]}" -gt 0 ]; then
+  kname=$(basename "$kernel")
+  moddir=${NUMAPIN_VM_MODULES:-/lib/modules/${kname#vmlinuz-}}
+  ko=$moddir/kernel/drivers/net/ethernet/intel/e1000e/e1000e.ko
+  if [ -r "$ko" ]; then
+    mkdir -p "$root/lib/vm-modules"
+    cp "$ko" "$root/lib/vm-modules/"
+    nic_driver=$ko
+  else
+    say "no readable $ko (a compressed .ko.xz is not loaded either): the NIC(s) will have no driver and no interface name"
+  fi
+fi
+
 cat >"$root/init" <<'EOF'
 #!/bin/busybox sh
 /bin/busybox mount -t proc proc /proc
@@ -185,6 +209,7 @@ export PATH=/bin:/sbin:/usr/bin:/usr/sbin HOME=/root NUMAPIN_VM_GUEST=1
 mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev
 mount -t tmpfs tmpfs /tmp
+for m in /lib/vm-modules/*.ko; do [ -e "$m" ] && insmod "$m"; done
 out=/dev/ttyS1
 [ -c "$out" ] || out=/dev/console
 stty -F "$out" raw -echo 2>/dev/null
@@ -218,8 +243,14 @@ for n in "${accel_nodes[@]}"; do
     -device "pcie-root-port,id=rp$k,bus=pxb$k,chassis=$k"
     -device "pci-testdev,bus=rp$k")
 done
+for n in "${nic_nodes[@]}"; do
+  k=$((k + 1))
+  machine+=(-device "pxb-pcie,id=pxb$k,bus_nr=$((32 * k)),numa_node=$n,bus=pcie.0"
+    -device "pcie-root-port,id=rp$k,bus=pxb$k,chassis=$k"
+    -device "e1000e,bus=rp$k,mac=52:54:00:12:34:$(printf %02x "$k")")
+done
 
-say "booting $nodes node(s) x $cpus_per_node CPU(s) x ${node_mem} MiB, accelerators on node(s) ${accel_nodes[*]:-none}, $accel, kernel $(basename "$kernel"), initramfs $size_mib MiB (built in $(secs "$t_start" "$t_built") s)"
+say "booting $nodes node(s) x $cpus_per_node CPU(s) x ${node_mem} MiB, accelerators on node(s) ${accel_nodes[*]:-none}, NICs on node(s) ${nic_nodes[*]:-none} (driver: $nic_driver), $accel, kernel $(basename "$kernel"), initramfs $size_mib MiB (built in $(secs "$t_start" "$t_built") s)"
 : >"$work/console.log"
 : >"$work/output.log"
 qemu_rc=0

@@ -11,6 +11,9 @@ use std::time::{Duration, Instant};
 /// The stand-in accelerator the harness puts on a node (QEMU's pci-testdev).
 pub(crate) const TESTDEV_PCI_ID: &str = "1b36:0005";
 
+/// The PCI id of the emulated NIC (QEMU's e1000e, an Intel 82574L).
+pub(crate) const E1000E_PCI_ID: (&str, &str) = ("0x8086", "0x10d3");
+
 /// Writes to the real stderr, past libtest's output capture, so that skips
 /// and timings show in every `cargo test` log.
 pub(crate) fn note(msg: &str) {
@@ -27,6 +30,7 @@ pub(crate) struct Machine {
     cpus_per_node: u32,
     node_mem_mib: u32,
     accelerators: Vec<u32>,
+    nics: Vec<u32>,
     bins: Vec<(PathBuf, String)>,
     files: Vec<(PathBuf, String)>,
     timeout: Duration,
@@ -49,6 +53,7 @@ impl Machine {
             cpus_per_node: 1,
             node_mem_mib: 512,
             accelerators: Vec::new(),
+            nics: Vec::new(),
             bins: vec![
                 (
                     PathBuf::from(env!("CARGO_BIN_EXE_numapin")),
@@ -64,6 +69,14 @@ impl Machine {
     /// Puts a stand-in accelerator (PCI id [`TESTDEV_PCI_ID`]) on `node`.
     pub(crate) fn accelerator_on(mut self, node: u32) -> Self {
         self.accelerators.push(node);
+        self
+    }
+
+    /// Puts an emulated Ethernet NIC (QEMU e1000e, PCI id [`E1000E_PCI_ID`])
+    /// behind its own PCIe expander bridge on `node`; the harness loads its
+    /// driver when the kernel's modules have it.
+    pub(crate) fn nic_on(mut self, node: u32) -> Self {
+        self.nics.push(node);
         self
     }
 
@@ -114,6 +127,9 @@ impl Machine {
             .arg(&work);
         for n in &self.accelerators {
             cmd.args(["--accel-node", &n.to_string()]);
+        }
+        for n in &self.nics {
+            cmd.args(["--nic-node", &n.to_string()]);
         }
         for (path, name) in &self.bins {
             cmd.arg("--bin").arg(format!("{}:{name}", path.display()));

@@ -308,6 +308,7 @@ def configure(
     thread_cache_blocks: int | None = None,
     thread_cache_bytes: int | None = None,
     populate_threads: int | None = None,
+    backend: str | None = None,
     huge_pages: str | None = None,
 ) -> None:
     """Configures the arenas; call before the first call that allocates.
@@ -319,12 +320,17 @@ def configure(
     off its node is an error, the default) or ``"warn"``;
     ``thread_cache_blocks`` / ``thread_cache_bytes``: each thread's cache of
     freed blocks (0 blocks turns it off); ``populate_threads``: threads that
-    fault in a new region (0 picks); ``huge_pages``: the pages of each
-    region, ``"auto"`` (hugetlb pages when the node's pool has enough free
-    for the region, else transparent huge pages; the default), ``"thp"``,
-    ``"2m"`` or ``"1g"`` (hugetlb pages from the node's pool; too few is a
-    :class:`BudgetError`) or ``"none"`` (4 KiB pages). :func:`stats` counts
-    the regions of each kind (``regions_hugetlb_2m``, ``regions_thp``, ...).
+    fault in a new region (0 picks); ``backend``: where pinned regions
+    come from, ``"mapped"`` (the default: mmap + mbind + mlock +
+    cuMemHostRegister), ``"driver_numa"`` (cuMemCreate on the node) or
+    ``"host_alloc_bound"`` (cuMemHostAlloc under MPOL_BIND); the driver
+    backends need a GPU; ``huge_pages``: the pages of each region of the
+    mapped backend, ``"auto"`` (hugetlb pages when the node's pool has
+    enough free for the region, else transparent huge pages; the default),
+    ``"thp"``, ``"2m"`` or ``"1g"`` (hugetlb pages from the node's pool; too
+    few is a :class:`BudgetError`) or ``"none"`` (4 KiB pages).
+    :func:`stats` counts the regions of each kind (``regions_hugetlb_2m``,
+    ``regions_thp``, ...).
     """
     _numapin.configure(
         budget_bytes=budget_bytes,
@@ -335,6 +341,7 @@ def configure(
         thread_cache_blocks=thread_cache_blocks,
         thread_cache_bytes=thread_cache_bytes,
         populate_threads=populate_threads,
+        backend=backend,
         huge_pages=huge_pages,
     )
 

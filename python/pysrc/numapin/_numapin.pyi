@@ -71,6 +71,7 @@ def configure(
     thread_cache_blocks: int | None = None,
     thread_cache_bytes: int | None = None,
     populate_threads: int | None = None,
+    backend: str | None = None,
     huge_pages: str | None = None,
 ) -> None: ...
 def stats() -> list[dict[str, Any]]: ...

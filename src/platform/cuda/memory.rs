@@ -154,6 +154,18 @@ impl HostAlloc {
         Ok(HostAlloc { ptr, len })
     }
 
+    /// Allocates with `cuMemHostAlloc` and `flags` (`CU_MEMHOSTALLOC_*`).
+    pub fn with_flags(len: usize, flags: u32) -> CudaResult<HostAlloc> {
+        driver_version()?;
+        ensure_context()?;
+        let mut ptr = std::ptr::null_mut();
+        // SAFETY: ptr is a valid out-pointer; a context is current.
+        check("cuMemHostAlloc", unsafe {
+            sys::cuMemHostAlloc(&mut ptr, len.max(1), flags)
+        })?;
+        Ok(HostAlloc { ptr, len })
+    }
+
     /// The first byte.
     pub fn ptr(&self) -> *mut c_void {
         self.ptr

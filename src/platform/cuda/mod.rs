@@ -8,14 +8,16 @@
 //! Three layers, as in cudarc: the raw bindings (`cudarc::driver::sys`),
 //! [`check`] turning a `CUresult` into a [`CudaError`] that keeps the code,
 //! and the owning types of the submodules by driver API area: devices and
-//! contexts ([`context`]), memory ([`memory`]), streams and events
-//! ([`stream`]), kernels ([`module`]).
+//! contexts ([`context`]), memory ([`memory`]), host memory the driver
+//! places on a NUMA node ([`host_numa`]), streams and events ([`stream`]),
+//! kernels ([`module`]).
 //!
 //! This is one of numapin's small `unsafe` modules: every block says why it
 //! holds. Set `NUMAPIN_NO_CUDA=1` to make numapin behave as if no driver were
 //! installed (tests use it to exercise that path on GPU machines).
 
 pub mod context;
+pub mod host_numa;
 pub mod memory;
 pub mod module;
 pub mod stream;
@@ -258,15 +260,22 @@ pub fn enumerate() -> Enumeration {
     }
 }
 
-fn list_devices() -> CudaResult<Vec<CudaDevice>> {
+/// How many devices this process sees (`cuDeviceGetCount`).
+pub fn device_count() -> CudaResult<u32> {
+    driver_version()?;
     let mut count = 0;
     // SAFETY: count is a valid out-pointer; the driver is initialised.
     check("cuDeviceGetCount", unsafe {
         sys::cuDeviceGetCount(&mut count)
     })?;
+    Ok(count.max(0) as u32)
+}
+
+fn list_devices() -> CudaResult<Vec<CudaDevice>> {
+    let count = device_count()?;
     let mut out = Vec::new();
-    for ordinal in 0..count.max(0) {
-        let dev = device(ordinal as u32)?;
+    for ordinal in 0..count {
+        let dev = device(ordinal)?;
         let mut bus = [0 as std::ffi::c_char; 64];
         // SAFETY: the buffer is 64 bytes and we pass its length.
         check("cuDeviceGetPCIBusId", unsafe {
@@ -291,7 +300,7 @@ fn list_devices() -> CudaResult<Vec<CudaDevice>> {
             sys::cuDeviceGetUuid_v2(&mut uuid, dev)
         })?;
         out.push(CudaDevice {
-            ordinal: ordinal as u32,
+            ordinal,
             pci_bus_id: crate::platform::pci::normalize_bus_id(&bus).unwrap_or(bus),
             name,
             uuid: format_uuid(&uuid.bytes),

@@ -2,7 +2,10 @@
 
 use super::*;
 use crate::doctor::Verdict::{self, Fail, Ok as Pass, Warn};
-use numapin::topology::{Allowed, CudaInfo, NodeKind, NumaNode, PcieLink, VisibleEntry, Warning};
+use numapin::topology::{
+    Allowed, CudaInfo, DeviceKind, IoDevice, NodeKind, NumaNode, PcieLink, Relation, VisibleEntry,
+    Warning,
+};
 
 fn cpus(s: &str) -> CpuList {
     CpuList::parse(s).unwrap()
@@ -37,6 +40,8 @@ pub(crate) fn machine(nodes: u32) -> Topology {
             device_order: "FASTEST_FIRST".into(),
             ..Default::default()
         },
+        nics: vec![],
+        storage: vec![],
     }
 }
 
@@ -572,6 +577,128 @@ fn iommu_verdicts() {
     assert_eq!(iommu(&t, &IommuView::default()).verdict, Pass);
 }
 
+// ---- NICs ----
+
+/// Adds a NIC at `relations` from the GPUs (in their order), on `node`.
+fn nic<'a>(
+    t: &'a mut Topology,
+    name: &str,
+    node: Option<u32>,
+    relations: &[Relation],
+) -> &'a mut IoDevice {
+    let i = t.nics.len();
+    t.nics.push(IoDevice {
+        pci_bus_id: Some(format!("0000:{:02x}:00.0", 0x80 + i)),
+        kind: DeviceKind::Infiniband,
+        names: vec![name.into()],
+        rdma_device: Some(name.into()),
+        rdma_port: Some(1),
+        numa_node: node,
+        package: node.map(|n| n / 2),
+        pcie: None,
+        gpu_relations: relations.to_vec(),
+        vendor_id: "0x15b3".into(),
+        device_id: "0x1021".into(),
+        class_id: "0x0207".into(),
+    });
+    t.nics.last_mut().unwrap()
+}
+
+#[test]
+fn nic_locality_verdicts() {
+    use Relation::*;
+    let mut t = machine(4);
+    gpu(&mut t, Some(0));
+    assert_eq!(
+        verdicts(&nic_locality(&t)),
+        [Pass],
+        "no NIC: nothing to check"
+    );
+    assert!(nic_locality(&t)[0].evidence.contains("no NICs found"));
+    gpu(&mut t, Some(2));
+    gpu(&mut t, None);
+    // NIC 0 on node 0 (PIX to GPU 0), NIC 1 on node 3 (other socket).
+    nic(&mut t, "mlx5_0", Some(0), &[Pix, Sys, Sys]);
+    nic(&mut t, "mlx5_1", Some(3), &[Sys, Sock, Sys]);
+    let c = nic_locality(&t);
+    assert_eq!(verdicts(&c), [Pass, Pass, Warn]);
+    assert!(
+        c[0].evidence.contains("NIC 0 (mlx5_0, 0000:80:00.0), PIX"),
+        "{}",
+        c[0].evidence
+    );
+    assert!(c[1].evidence.ends_with("SOCK"), "{}", c[1].evidence);
+    // GPU 2's node is unknown: SYS, and the fix speaks of the locality.
+    assert!(
+        c[2].evidence
+            .contains("locality of the GPU or of the NIC is unknown"),
+        "{}",
+        c[2].evidence
+    );
+    assert!(c[2].fix.as_ref().unwrap().contains("NCCL_TOPO_FILE"));
+    assert_eq!(
+        c.iter().map(|c| c.gpu.unwrap().get()).collect::<Vec<_>>(),
+        [0, 1, 2]
+    );
+    // A GPU whose only NICs are across the socket link, locality known.
+    t.nics.truncate(1);
+    let c = nic_locality(&t);
+    assert_eq!(verdicts(&c), [Pass, Warn, Warn]);
+    assert!(
+        c[1].evidence.contains("crosses the link between sockets"),
+        "{}",
+        c[1].evidence
+    );
+    assert!(
+        c[1].fix.as_ref().unwrap().contains("socket (package 1)"),
+        "{:?}",
+        c[1].fix
+    );
+}
+
+#[test]
+fn nic_pcie_link_verdicts() {
+    let mut t = machine(2);
+    assert_eq!(verdicts(&nic_pcie_links(&t)), [Pass]);
+    for l in [
+        link(Some(5), Some(16), Some(5), Some(16)), // at maximum
+        link(Some(4), Some(16), Some(5), Some(16)), // lower generation
+        link(Some(5), Some(8), Some(5), Some(16)),  // half width
+        link(Some(4), Some(16), None, None),        // maximum unknown
+        None,                                       // not reported
+    ] {
+        nic(&mut t, "mlx5_x", Some(0), &[]).pcie = l;
+    }
+    let c = nic_pcie_links(&t);
+    assert_eq!(verdicts(&c), [Pass, Warn, Warn, Pass, Pass]);
+    assert!(
+        c[1].evidence
+            .contains("link running at Gen4 x16, below its maximum Gen5 x16"),
+        "{}",
+        c[1].evidence
+    );
+    assert!(
+        c[2].fix.as_ref().unwrap().contains("wired for x16 at Gen5"),
+        "{:?}",
+        c[2].fix
+    );
+    assert!(
+        c[2].fix
+            .as_ref()
+            .unwrap()
+            .contains("lspci -vv -s 0000:82:00.0"),
+        "{:?}",
+        c[2].fix
+    );
+    assert!(c[3].evidence.contains("maximum not reported"));
+    assert!(c[4].evidence.contains("not reported by sysfs"));
+    assert_eq!(
+        c.iter().map(|c| c.nic.unwrap()).collect::<Vec<_>>(),
+        [0, 1, 2, 3, 4]
+    );
+    assert!(c.iter().all(|c| c.gpu.is_none()));
+}
+
 // ---- all together ----
 
 #[test]
@@ -616,7 +743,7 @@ fn evaluate_gives_every_check_name_once_at_least() {
     assert!(saved
         .iter()
         .all(|c| !crate::doctor::LIVE_CHECKS.contains(&c.name)));
-    assert_eq!(saved.len(), 5);
+    assert_eq!(saved.len(), 7);
     let mut failing = all.clone();
     failing[3].verdict = Fail;
     assert_eq!(crate::doctor::exit_code(&failing), 1);

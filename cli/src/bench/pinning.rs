@@ -1,0 +1,176 @@
+//! `numapin bench --only pinning`: what pinning costs, step by step and by
+//! region backend, with the driver's own `cuMemAllocHost` as the same-run
+//! baseline, and the copy rates from each backend's memory.
+
+use super::figures::{copy_gbps_from, BenchOptions, BenchReport, BenchResult, Source};
+use crate::error::Result;
+use numapin::internals::arena_measure::Stats;
+use numapin::internals::pinning as pm;
+use numapin::runtime::{Backend, Runtime};
+use numapin::CudaOrdinal;
+
+/// Concurrent registrations of a region's parts measured against one call.
+const REGISTER_PARTS: [usize; 4] = [1, 2, 4, 8];
+
+pub(super) fn run(
+    rt: &Runtime,
+    opts: &BenchOptions,
+    ordinals: &[CudaOrdinal],
+    gpu_ok: bool,
+    report: &mut BenchReport,
+    progress: &mut dyn FnMut(&str),
+) -> Result<()> {
+    let node = rt.calling_thread_node();
+    let budget = rt.arena(node)?.config().budget;
+    let reps = opts.reps.clamp(1, 5);
+    let backends: Vec<Backend> = if gpu_ok {
+        Backend::ALL.to_vec()
+    } else {
+        vec![Backend::Mapped]
+    };
+    for &bytes in &opts.region_sizes {
+        if bytes as u64 > budget {
+            report.notes.push(format!(
+                "pinning: {} regions skipped: over node {node}'s budget of {} pinned bytes",
+                numapin::internals::fmt_bytes(bytes as u64),
+                numapin::internals::fmt_bytes(budget)
+            ));
+            continue;
+        }
+        for &b in &backends {
+            progress(&format!(
+                "pinning: {} regions, {} backend",
+                numapin::internals::fmt_bytes(bytes as u64),
+                b.as_str()
+            ));
+            let f = match pm::region_create(rt, node, bytes, b, reps) {
+                Ok(f) => f,
+                Err(e) if b != Backend::Mapped => {
+                    report
+                        .notes
+                        .push(format!("pinning: the {} backend failed: {e}", b.as_str()));
+                    continue;
+                }
+                Err(e) => return Err(e.into()),
+            };
+            let base = |name: &str, s: &Stats| {
+                BenchResult::new(name, "ms", s)
+                    .with("node", node)
+                    .with("backend", b.as_str())
+                    .with("region_bytes", f.bytes)
+            };
+            report.results.push(
+                base("pin_create_per_gib", &f.create)
+                    .with("pages", f.pages.0)
+                    .with("pages_on_node", f.pages.1)
+                    .with_methods(Some(f.methods)),
+            );
+            for (step, s) in &f.steps {
+                report
+                    .results
+                    .push(base("pin_step_per_gib", s).with("step", *step));
+            }
+            report.results.push(base("pin_release_per_gib", &f.release));
+        }
+        if gpu_ok {
+            progress(&format!(
+                "pinning: {} regions, cuMemAllocHost",
+                numapin::internals::fmt_bytes(bytes as u64)
+            ));
+            let s = super::figures::host_alloc_ms_per_gib(bytes, reps)?;
+            report.results.push(
+                BenchResult::new("pin_create_per_gib", "ms", &s)
+                    .with("backend", "cuMemAllocHost")
+                    .with("region_bytes", bytes),
+            );
+        }
+    }
+
+    // The placement checks and registration, on the smallest size.
+    let Some(&bytes) = opts
+        .region_sizes
+        .iter()
+        .filter(|&&b| b as u64 <= budget)
+        .min()
+    else {
+        return Ok(());
+    };
+    progress("pinning: placement checks");
+    let v = pm::verify_costs(rt, node, bytes, reps)?;
+    let mut checks = vec![("numa_maps", 1, v.numa_maps)];
+    match v.move_pages {
+        Some((one, n, many)) => {
+            checks.push(("move_pages", 1, one));
+            if n > 1 {
+                checks.push(("move_pages", n, many));
+            }
+        }
+        None => report
+            .notes
+            .push("pinning: move_pages is refused here, not measured".into()),
+    }
+    for (method, threads, s) in checks {
+        report.results.push(
+            BenchResult::new("pin_verify_per_gib", "ms", &s)
+                .with("node", node)
+                .with("method", method)
+                .with("threads", threads)
+                .with("region_bytes", bytes),
+        );
+    }
+    if gpu_ok {
+        for parts in REGISTER_PARTS {
+            progress(&format!("pinning: registration in {parts} part(s)"));
+            let s = pm::register_parts(rt, node, bytes, parts, reps)?;
+            report.results.push(
+                BenchResult::new("pin_register_per_gib", "ms", &s)
+                    .with("node", node)
+                    .with("parts", parts)
+                    .with("region_bytes", bytes),
+            );
+        }
+        // Copies from each backend's memory, on the first GPU.
+        if let Some(&g) = ordinals.first() {
+            for b in Backend::ALL {
+                progress(&format!("pinning: GPU {g} copies, {} backend", b.as_str()));
+                let cfg = rt.config().clone().with_backend(b);
+                let rtb = match Runtime::new(rt.topology().clone(), cfg) {
+                    Ok(r) => r,
+                    Err(e) => {
+                        report
+                            .notes
+                            .push(format!("pinning: {} runtime: {e}", b.as_str()));
+                        continue;
+                    }
+                };
+                let (h2d, d2h) = match copy_gbps_from(
+                    &rtb,
+                    g,
+                    Source::Arena(node),
+                    opts.copy_bytes,
+                    opts.warmup,
+                    opts.reps,
+                ) {
+                    Ok(v) => v,
+                    Err(e) if b != Backend::Mapped => {
+                        report.notes.push(format!(
+                            "pinning: copies from the {} backend failed: {e}",
+                            b.as_str()
+                        ));
+                        continue;
+                    }
+                    Err(e) => return Err(e),
+                };
+                for (name, s) in [("h2d", h2d), ("d2h", d2h)] {
+                    report.results.push(
+                        BenchResult::new(name, "GB/s", &s)
+                            .with("gpu", g.get())
+                            .with("memory", format!("backend_{}", b.as_str()))
+                            .with("bytes", opts.copy_bytes),
+                    );
+                }
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,244 @@
+//! Measurements of pinning itself, for `numapin bench --only pinning`:
+//! region creation per step and per backend, release, the two placement
+//! checks, and CUDA registration in one call against several concurrent
+//! calls on parts of a region. Figures are milliseconds per GiB.
+
+use std::time::Instant;
+
+use super::arena::Stats;
+use crate::arena::region::{Region, RegionOptions, StepTimes};
+use crate::arena::{ArenaError, Backend, Placement, RegionMethods};
+use crate::platform::cuda;
+use crate::runtime::Runtime;
+
+const GIB: f64 = (1u64 << 30) as f64;
+
+fn per_gib(d: std::time::Duration, bytes: usize) -> f64 {
+    d.as_secs_f64() * 1e3 * GIB / bytes as f64
+}
+
+/// What [`region_create`] measured.
+#[derive(Debug, Clone)]
+pub struct CreateFigures {
+    /// Wall time of `Region::create`, ms per GiB.
+    pub create: Stats,
+    /// Each step's time, ms per GiB, by step name (steps that took no time
+    /// in every repetition are left out).
+    pub steps: Vec<(&'static str, Stats)>,
+    /// Dropping the region (unregister, unlock, unmap; or the driver's
+    /// free), ms per GiB.
+    pub release: Stats,
+    /// How the last region was placed, pinned and verified.
+    pub methods: RegionMethods,
+    /// 4 KiB pages of the last region, and how many were found on the node.
+    pub pages: (u64, u64),
+    /// Bytes of each region (rounded as the backend rounds).
+    pub bytes: usize,
+}
+
+/// The options the runtime's arena on `node` would use, with `backend`.
+fn options(
+    rt: &Runtime,
+    node: u32,
+    bytes: usize,
+    backend: Backend,
+) -> crate::Result<RegionOptions> {
+    let cfg = rt.arena(node)?.config().clone();
+    Ok(RegionOptions {
+        node,
+        size: bytes,
+        cpus: cfg.cpus,
+        populate_threads: cfg.populate_threads,
+        register: cfg.register,
+        placement: Placement::Strict,
+        pin_by_registration: None,
+        backend,
+        huge_pages: cfg.huge_pages,
+        pool_root: cfg.pool_root,
+        fail_after: None,
+    })
+}
+
+/// Creates and drops `reps` regions of `bytes` on `node` with `backend`
+/// (the runtime's other settings), timing every step and the release.
+pub fn region_create(
+    rt: &Runtime,
+    node: u32,
+    bytes: usize,
+    backend: Backend,
+    reps: usize,
+) -> crate::Result<CreateFigures> {
+    let opts = options(rt, node, bytes, backend)?;
+    let mut create = Vec::new();
+    let mut release = Vec::new();
+    let mut times: Vec<StepTimes> = Vec::new();
+    let mut last = None;
+    for _ in 0..reps.max(1) {
+        let t = Instant::now();
+        let r = Region::create(&opts)?;
+        create.push(per_gib(t.elapsed(), r.len()));
+        times.push(*r.times());
+        last = Some((
+            r.methods(),
+            (r.len() / crate::arena::region::PAGE) as u64,
+            r.pages_on_node(),
+            r.len(),
+        ));
+        let t = Instant::now();
+        let len = r.len();
+        drop(r);
+        release.push(per_gib(t.elapsed(), len));
+    }
+    let (methods, pages, on, len) = last.expect("at least one repetition");
+    let names = StepTimes::default().steps().map(|(n, _)| n);
+    let steps = names
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| times.iter().any(|t| !t.steps()[*i].1.is_zero()))
+        .map(|(i, name)| {
+            let v = times.iter().map(|t| per_gib(t.steps()[i].1, len)).collect();
+            (*name, Stats::of(v))
+        })
+        .collect();
+    Ok(CreateFigures {
+        create: Stats::of(create),
+        steps,
+        release: Stats::of(release),
+        methods,
+        pages: (pages, on),
+        bytes: len,
+    })
+}
+
+/// The exact placement checks of one region of `bytes` on `node`, ms per
+/// GiB: `move_pages` page by page on one thread and on the populate
+/// threads (`None` when it is refused, as under Docker's default seccomp
+/// profile), and the region's `numa_maps` counts (whose cost also grows
+/// with the memory of every mapping below the region).
+pub fn verify_costs(
+    rt: &Runtime,
+    node: u32,
+    bytes: usize,
+    reps: usize,
+) -> crate::Result<VerifyCosts> {
+    let mut opts = options(rt, node, bytes, Backend::Mapped)?;
+    opts.register = false;
+    let r = Region::create(&opts)?;
+    let io = |source| {
+        crate::Error::from(ArenaError::System {
+            node,
+            size: r.len() as u64,
+            step: crate::arena::Step::Verify,
+            source,
+        })
+    };
+    let threads = opts.populate_threads.max(1);
+    let mut one = Vec::new();
+    let mut many = Vec::new();
+    let mut nm = Vec::new();
+    let mut refused = false;
+    for _ in 0..reps.max(1) {
+        for (n, out) in [(1, &mut one), (threads, &mut many)] {
+            let t = Instant::now();
+            match r.count_pages_move_pages_on(n) {
+                Ok(_) => out.push(per_gib(t.elapsed(), r.len())),
+                Err(e) if crate::platform::numa::is_refusal(&e) => refused = true,
+                Err(e) => return Err(io(e)),
+            }
+        }
+        let t = Instant::now();
+        r.count_pages_numa_maps().map_err(io)?;
+        nm.push(per_gib(t.elapsed(), r.len()));
+    }
+    Ok(VerifyCosts {
+        move_pages: (!refused).then(|| (Stats::of(one), threads, Stats::of(many))),
+        numa_maps: Stats::of(nm),
+    })
+}
+
+/// What [`verify_costs`] measured, ms per GiB.
+#[derive(Debug, Clone)]
+pub struct VerifyCosts {
+    /// `move_pages` on one thread, the thread count of the other figure,
+    /// and `move_pages` on that many (`None` when it is refused).
+    pub move_pages: Option<(Stats, usize, Stats)>,
+    /// `/proc/self/numa_maps`.
+    pub numa_maps: Stats,
+}
+
+/// `cuMemHostRegister` of one populated, locked region of `bytes` on
+/// `node` in `parts` equal parts, each registered by its own thread at
+/// once, ms per GiB for the whole (unregistering is not timed). One part
+/// is a single call on the whole region.
+pub fn register_parts(
+    rt: &Runtime,
+    node: u32,
+    bytes: usize,
+    parts: usize,
+    reps: usize,
+) -> crate::Result<Stats> {
+    let mut opts = options(rt, node, bytes, Backend::Mapped)?;
+    opts.register = false;
+    let r = Region::create(&opts)?;
+    let parts = parts.clamp(1, r.len() / crate::arena::region::HUGE_PAGE);
+    let per = (r.len() / parts).next_multiple_of(crate::arena::region::HUGE_PAGE);
+    let base = r.ptr() as usize;
+    let len = r.len();
+    let fail = |source| {
+        crate::Error::from(ArenaError::Register {
+            node,
+            size: len as u64,
+            source,
+        })
+    };
+    let mut samples = Vec::new();
+    for _ in 0..reps.max(1) {
+        let ranges: Vec<(usize, usize)> = (0..parts)
+            .map(|i| (base + i * per, per.min(base + len - (base + i * per))))
+            .filter(|(_, l)| *l > 0)
+            .collect();
+        let t = Instant::now();
+        let results: Vec<cuda::CudaResult<()>> = std::thread::scope(|s| {
+            let hs: Vec<_> = ranges
+                .iter()
+                .map(|&(a, l)| {
+                    s.spawn(move || {
+                        // SAFETY: a..a+l lies in the region, mapped until
+                        // it is dropped below, after every part is
+                        // unregistered.
+                        unsafe {
+                            cuda::host_register(
+                                a as *mut std::ffi::c_void,
+                                l,
+                                cuda::HOST_REGISTER_PORTABLE | cuda::HOST_REGISTER_DEVICEMAP,
+                            )
+                        }
+                    })
+                })
+                .collect();
+            hs.into_iter()
+                .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+                .collect()
+        });
+        let d = t.elapsed();
+        let mut first_err = None;
+        for (&(a, _), res) in ranges.iter().zip(results) {
+            match res {
+                Ok(()) => {
+                    // SAFETY: registered just above at this address; no
+                    // copy uses it.
+                    let _ = unsafe { cuda::host_unregister(a as *mut std::ffi::c_void) };
+                }
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        if let Some(e) = first_err {
+            return Err(fail(e));
+        }
+        samples.push(per_gib(d, len));
+    }
+    drop(r);
+    Ok(Stats::of(samples))
+}
