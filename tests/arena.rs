@@ -1880,6 +1880,32 @@ fn a_failed_hugetlb_region_leaves_nothing_behind() {
     }
 }
 
+/// hugetlb pages are for the mapped backend: asking for them with a driver
+/// backend is a configuration error naming both.
+#[test]
+fn hugetlb_pages_with_a_driver_backend_are_a_config_error() {
+    let _g = serial();
+    let cfg = small()
+        .with_backend(numapin::runtime::Backend::DriverNuma)
+        .with_huge_pages(HugePages::Hugetlb2M);
+    let e = Runtime::new(topology(), cfg).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            ArenaError::Config {
+                setting: "huge_pages",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert_eq!(e.kind(), numapin::ErrorKind::Input);
+    assert!(e.to_string().contains("driver_numa"), "{e}");
+    // Auto stays allowed (the driver's pages, whatever the pools).
+    let cfg = small().with_backend(numapin::runtime::Backend::DriverNuma);
+    assert!(Runtime::new(topology(), cfg).is_ok());
+}
+
 /// 1 GiB pages: a region rounded up to one page, counted exactly.
 #[test]
 fn a_1_gib_hugetlb_region_is_one_page_on_the_node() {
