@@ -53,7 +53,7 @@
 //!    `/proc/self/numa_maps` (exact: the guards, or for hugetlb its own
 //!    file, keep the region's VMAs its own; `numa_maps` counts hugetlb VMAs
 //!    in huge pages, converted by their `kernelpagesize_kB`). When the region is registered, the count runs on a second
-//!    thread during step 5 (each costs about 25-30 ms per GiB, measured
+//!    thread during step 5 (each costs about 15-30 ms per GiB, measured
 //!    with `numapin bench --only pinning`; one `move_pages` thread, since
 //!    more contend and were slower, and one registration call, since
 //!    concurrent registrations of parts were no faster).
