@@ -50,6 +50,18 @@ fn bench_json_without_a_gpu_gives_the_host_figures() {
     }
     assert!(by("arena_overhead")["median"].as_f64().unwrap() <= 1.10);
     assert_eq!(by("loader")["mode"], "host");
+    // Producer scaling from one worker, each figure a positive rate.
+    let scaling: Vec<_> = results
+        .iter()
+        .filter(|r| r["name"] == "loader_producers_scaling")
+        .collect();
+    assert!(scaling.iter().any(|r| r["workers"] == 1), "{scaling:?}");
+    assert!(
+        scaling
+            .iter()
+            .all(|r| r["median"].as_f64().unwrap() > 0.0 && r["unit"] == "GB/s"),
+        "{scaling:?}"
+    );
     // Pinning: the creation of each size per step, all pages on the node,
     // the release, and the two placement checks.
     for bytes in [16 << 20, 8 << 20] {

@@ -43,7 +43,8 @@ pub const MAX_STAGED_THREADS: usize = 16;
 pub struct StagedOptions {
     /// Bytes per chunk (default 8 MiB).
     pub chunk_bytes: usize,
-    /// Threads, 0 for the GPU's allowed local CPUs up to 8 (default 0);
+    /// Threads, 0 for the GPU's allowed local CPUs up to
+    /// [`MAX_STAGED_THREADS`] (default 0);
     /// never more than there are chunks.
     pub threads: usize,
     /// Staging slots per thread (default 2: double buffering).

@@ -122,6 +122,8 @@ pub(super) struct BenchOptions {
     pub(crate) measures: Vec<Measure>,
     /// Region sizes the pinning figures are measured at.
     pub(crate) region_sizes: Vec<usize>,
+    /// Whether the staged figures sweep threads and chunk sizes.
+    pub(crate) staged_sweep: bool,
 }
 
 impl Default for BenchOptions {
@@ -140,6 +142,7 @@ impl Default for BenchOptions {
                 Measure::Pinning,
             ],
             region_sizes: vec![256 << 20, 4 << 30],
+            staged_sweep: false,
         }
     }
 }
@@ -434,6 +437,9 @@ mod extra {
                             .with("verified", f.verified),
                     );
                 }
+                if opts.staged_sweep {
+                    staged_sweep(rt, g, opts, report, progress)?;
+                }
             }
         }
         if has(Measure::Loader) {
@@ -449,6 +455,19 @@ mod extra {
                     report
                         .results
                         .push(loader_result(&f, &b).with("gpu", g.get()).with("gpus", 1));
+                    // The loader's two stages alone, same settings: the
+                    // producers filling slots (host mode: no copies) and
+                    // the bare copy loop (no producers).
+                    progress(&format!("GPU {g}: producers alone, copies alone"));
+                    let p = lm::loader_gbps(rt, Mode::Host, &b)?;
+                    report.results.push(
+                        stage_result("loader_producers_only", &p.gbps, &b, p.workers)
+                            .with("gpu", g.get()),
+                    );
+                    let c = lm::pinned_copy_gbps(rt, g, b.batch_bytes, reps)?;
+                    report
+                        .results
+                        .push(stage_result("loader_copy_only", &c, &b, 0).with("gpu", g.get()));
                 }
                 if ordinals.len() > 1 {
                     progress("loaders on all GPUs at once");
@@ -471,8 +490,104 @@ mod extra {
                 let f = lm::loader_gbps(rt, Mode::Host, &hb)?;
                 report.results.push(loader_result(&f, &hb).with("gpus", 0));
             }
+            // Producer-bound scaling: the producers alone with 1, 2, 4, ...
+            // workers, up to the node's allowed CPUs.
+            let cpus = rt
+                .arena(rt.calling_thread_node())
+                .map(|a| a.config().cpus.len())
+                .unwrap_or(1)
+                .max(1);
+            let sb = LoaderBench {
+                batch_bytes: if gpu_ok { b.batch_bytes } else { 16 << 20 },
+                batches: if gpu_ok { b.batches } else { 32 },
+                ..b
+            };
+            let mut n = 1;
+            while n <= cpus.min(MAX_SCALING_WORKERS) {
+                progress(&format!("producers alone, {n} worker(s)"));
+                let f = lm::loader_gbps(
+                    rt,
+                    Mode::Host,
+                    &LoaderBench {
+                        workers: n,
+                        ..sb.clone()
+                    },
+                )?;
+                report
+                    .results
+                    .push(stage_result("loader_producers_scaling", &f.gbps, &sb, n));
+                n *= 2;
+            }
         }
         Ok(())
+    }
+
+    /// The staged copy's threads and chunk sizes swept, at 256 MiB and
+    /// 1 GiB, each beside the pinned rate of the same size measured here.
+    fn staged_sweep(
+        rt: &Runtime,
+        g: CudaOrdinal,
+        opts: &BenchOptions,
+        report: &mut BenchReport,
+        progress: &mut dyn FnMut(&str),
+    ) -> Result<()> {
+        let node = rt.node_for_gpu(g)?;
+        let cpus = rt.arena(node)?.config().cpus.len().max(1);
+        let reps = opts.reps.clamp(1, 3);
+        for bytes in [256usize << 20, 1 << 30] {
+            progress(&format!("GPU {g}: sweep, pinned {bytes} bytes"));
+            let (h2d, d2h) = copy_gbps_from(rt, g, Source::Arena(node), bytes, 1, reps)?;
+            for (name, s) in [("h2d", h2d), ("d2h", d2h)] {
+                report.results.push(
+                    BenchResult::new(name, "GB/s", &s)
+                        .with("gpu", g.get())
+                        .with("memory", "sweep_pinned")
+                        .with("bytes", bytes),
+                );
+            }
+            let mut threads: Vec<usize> = [4, 8, 12, 16]
+                .into_iter()
+                .map(|t: usize| t.min(cpus))
+                .collect();
+            threads.dedup();
+            for &t in &threads {
+                for chunk in [2usize << 20, 4 << 20, 8 << 20, 16 << 20] {
+                    let so = StagedOptions::default()
+                        .with_threads(t)
+                        .with_chunk_bytes(chunk);
+                    for (dir, name) in
+                        [(Direction::ToDevice, "h2d"), (Direction::FromDevice, "d2h")]
+                    {
+                        progress(&format!(
+                            "GPU {g}: sweep, staged {name} {bytes} bytes, {t} threads, {chunk} byte chunks"
+                        ));
+                        let f = lm::staged_gbps(rt, g, bytes, reps, dir, &so)?;
+                        report.results.push(
+                            BenchResult::new(name, "GB/s", &f.gbps)
+                                .with("gpu", g.get())
+                                .with("memory", "sweep_staged")
+                                .with("bytes", bytes)
+                                .with("threads", t)
+                                .with("chunk_bytes", chunk)
+                                .with("verified", f.verified),
+                        );
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Most workers the scaling figures go to.
+    const MAX_SCALING_WORKERS: usize = 16;
+
+    fn stage_result(name: &str, s: &Stats, b: &LoaderBench, workers: usize) -> BenchResult {
+        let r = BenchResult::new(name, "GB/s", s).with("batch_bytes", b.batch_bytes);
+        if workers > 0 {
+            r.with("workers", workers)
+        } else {
+            r
+        }
     }
 
     fn loader_result(f: &lm::LoaderFigure, b: &LoaderBench) -> BenchResult {
@@ -717,6 +832,39 @@ pub(super) fn ratios(results: &[BenchResult]) -> Vec<(String, f64)> {
                     }
                 }
             }
+        }
+    }
+    // The loader against the slower of its two stages, per GPU.
+    for g in &gpus {
+        let of = |name: &str| {
+            results
+                .iter()
+                .find(|r| r.name == name && r.param("gpu") == Some(g))
+                .map(|r| r.median)
+        };
+        if let (Some(l), Some(p), Some(c)) = (
+            of("loader"),
+            of("loader_producers_only"),
+            of("loader_copy_only"),
+        ) {
+            out.push((
+                format!("GPU {g} loader / min(producers alone, copies alone)"),
+                l / p.min(c),
+            ));
+        }
+    }
+    // Producer scaling: rate(n) / (n x rate(1)).
+    let scaling: Vec<(u64, f64)> = results
+        .iter()
+        .filter(|r| r.name == "loader_producers_scaling")
+        .filter_map(|r| Some((r.param("workers")?.as_u64()?, r.median)))
+        .collect();
+    if let Some(&(_, one)) = scaling.iter().find(|(n, _)| *n == 1) {
+        for &(n, rate) in scaling.iter().filter(|(n, _)| *n > 1) {
+            out.push((
+                format!("producers alone, {n} workers / ({n} x 1 worker)"),
+                rate / (n as f64 * one),
+            ));
         }
     }
     let med = |name: &str| results.iter().find(|r| r.name == name).map(|r| r.median);

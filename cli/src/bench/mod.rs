@@ -44,6 +44,11 @@ pub(crate) struct BenchArgs {
     /// default budget (half the node's memory, capped by a memory cgroup).
     #[arg(long, value_parser = parse_size)]
     pub(crate) budget: Option<usize>,
+    /// With the staged figures: sweep the staged copy's threads (4, 8, 12,
+    /// 16, at most the GPU's CPUs) and chunk sizes (2-16 MiB) at 256 MiB
+    /// and 1 GiB, beside the pinned rate of each size.
+    #[arg(long)]
+    pub(crate) staged_sweep: bool,
     /// Print JSON (schema in docs/bench.md).
     #[arg(long)]
     pub(crate) json: bool,
@@ -108,6 +113,7 @@ pub(crate) fn run(a: &BenchArgs) -> Result<i32> {
             .clone()
             .unwrap_or_else(|| BenchOptions::default().measures),
         region_sizes: a.region_sizes.clone(),
+        staged_sweep: a.staged_sweep,
     };
     if a.gpus.as_ref().is_some_and(|g| g.len() > MAX_GPUS) {
         return Err(CliError::Usage {
