@@ -309,30 +309,74 @@ fn slow_capture(dir: &Path, files: usize) -> PathBuf {
     p
 }
 
+/// Whether this process ignores `sig` (`SigIgn` in /proc/self/status).
+fn ignored_here(sig: i32) -> bool {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let mask = status
+        .lines()
+        .find_map(|l| l.strip_prefix("SigIgn:"))
+        .map(|m| u64::from_str_radix(m.trim(), 16).unwrap())
+        .unwrap();
+    mask & (1u64 << (sig - 1)) != 0
+}
+
 #[test]
 fn signals_leave_no_temporary_folder_behind() {
     let dir = tempfile::tempdir().unwrap();
     let archive = slow_capture(dir.path(), 200_000);
     for sig in [libc::SIGTERM, libc::SIGINT] {
-        let tmp = tempfile::tempdir().unwrap();
-        let mut c = numapin(&["topo", "--input", archive.to_str().unwrap()]);
-        c.env("TMPDIR", tmp.path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
-        let mut child = c.spawn().unwrap();
-        // Wait until it is unpacking, then stop it.
-        let start = Instant::now();
-        while std::fs::read_dir(tmp.path()).unwrap().count() == 0 {
-            assert!(start.elapsed() < Duration::from_secs(20), "never unpacked");
-            std::thread::sleep(Duration::from_millis(10));
+        if ignored_here(sig) {
+            // Inherited by the child, which keeps an ignored signal ignored
+            // (as under nohup): a background job of a shell ignores SIGINT.
+            eprintln!(
+                "signal {sig} is ignored by this test process (a background job?): not tested"
+            );
+            continue;
         }
-        std::thread::sleep(Duration::from_millis(200));
-        let pid = nix::unistd::Pid::from_raw(child.id() as i32);
-        nix::sys::signal::kill(pid, nix::sys::signal::Signal::try_from(sig).unwrap()).unwrap();
-        let status = child.wait().unwrap();
-        assert_eq!(status.signal(), Some(sig), "{status:?}");
-        let left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().collect();
-        assert!(left.is_empty(), "signal {sig} left {left:?}");
+        // A run that ends before this thread sees it unpacking proves
+        // nothing: try again.
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let tmp = tempfile::tempdir().unwrap();
+            let mut c = numapin(&["topo", "--input", archive.to_str().unwrap()]);
+            c.env("TMPDIR", tmp.path())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null());
+            let mut child = c.spawn().unwrap();
+            // Wait until it is unpacking, then stop it.
+            let start = Instant::now();
+            let mut ended = None;
+            while std::fs::read_dir(tmp.path()).unwrap().count() == 0 {
+                if let Some(st) = child.try_wait().unwrap() {
+                    ended = Some(st);
+                    break;
+                }
+                assert!(start.elapsed() < Duration::from_secs(60), "never unpacked");
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            let status = match ended {
+                // Done before this thread saw the folder: nothing to signal.
+                Some(st) => {
+                    assert_eq!(st.code(), Some(0), "{st:?}");
+                    assert!(tries < 5, "every run ended before it could be signalled");
+                    continue;
+                }
+                None => {
+                    std::thread::sleep(Duration::from_millis(20));
+                    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+                    nix::sys::signal::kill(pid, nix::sys::signal::Signal::try_from(sig).unwrap())
+                        .unwrap();
+                    child.wait().unwrap()
+                }
+            };
+            let left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().collect();
+            assert!(left.is_empty(), "signal {sig} left {left:?} ({status:?})");
+            // Signalled while unpacking: it ends by that signal, however
+            // loaded the machine (never with exit 0 after the work).
+            assert_eq!(status.signal(), Some(sig), "{status:?}");
+            break;
+        }
     }
 }
 

@@ -73,9 +73,12 @@ def run(kind: str, ds: Samples, batch: int, workers: int, batches: int, dev: tor
     for b, first, total in sums:
         if not torch.equal(total, first.to(torch.int32) * ds.size):
             bad += 1
+    out = {"gbps": batches * batch * ds.size / dt / 1e9, "ms_in_next_per_batch": in_next / batches * 1e3, "bad_batches": bad}
+    if kind != "torch":
+        # Batches that took torch's path instead of a slot (should be 0).
+        out["plain_batches"] = sum(loader.stats()["plain_batches"].values())
     del it, loader, sums
-    nbytes = batches * batch * ds.size
-    return {"gbps": nbytes / dt / 1e9, "ms_in_next_per_batch": in_next / batches * 1e3, "bad_batches": bad}
+    return out
 
 
 def peak_mib() -> tuple[float, float]:
@@ -109,7 +112,7 @@ def one(case: str, kind: str, batches: int) -> dict[str, float]:
     import threading
 
     size, batch, workers, work = CASES[case]
-    nb = batches if not work else max(8, batches // 4)
+    nb = batches if not work else max(8, batches // 2)
     ds = Samples((nb + 8) * batch, size, work)
     torch.cuda.init()
     torch.empty(1, device="cuda:0")

@@ -1,7 +1,9 @@
 //! `SlotPool` and `SlotLease`: the Python face of [`crate::slots`], used by
 //! `numapin.torch.DataLoader` (see `numapin/torch.py`).
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
 use std::time::Duration;
 
 use numapin::affinity::Mode;
@@ -24,6 +26,127 @@ fn io_err(e: std::io::Error) -> PyErr {
 #[pyclass(frozen, module = "numapin._numapin", name = "SlotPool")]
 pub(crate) struct SlotPool {
     shm: Arc<Shm>,
+    /// The provisioning thread of `provision_on_request` and its stop flag
+    /// (main process).
+    watcher: Mutex<Option<Watcher>>,
+    /// Why that thread failed to provision the pool.
+    error: Arc<Mutex<Option<String>>>,
+}
+
+/// The provisioning thread of `provision_on_request`.
+struct Watcher {
+    stop: Arc<AtomicBool>,
+    handle: JoinHandle<()>,
+    /// The process that started it (a forked worker inherits this object,
+    /// not the thread).
+    pid: u32,
+}
+
+impl SlotPool {
+    fn new(shm: Shm) -> SlotPool {
+        SlotPool {
+            shm: Arc::new(shm),
+            watcher: Mutex::new(None),
+            error: Arc::new(Mutex::new(None)),
+        }
+    }
+
+    /// Stops the provisioning thread (it finishes a provisioning under
+    /// way) and waits for it.
+    fn stop_watcher(&self) {
+        let w = self
+            .watcher
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(w) = w {
+            if w.pid != std::process::id() {
+                // A forked copy: the thread is not in this process.
+                std::mem::forget(w.handle);
+                return;
+            }
+            w.stop.store(true, Ordering::Release);
+            self.shm.wake();
+            let _ = w.handle.join();
+        }
+    }
+}
+
+impl Drop for SlotPool {
+    fn drop(&mut self) {
+        self.stop_watcher();
+    }
+}
+
+fn check_nslots(nslots: usize) -> PyResult<()> {
+    if nslots == 0 || nslots > MAX_SLOTS {
+        return Err(PyValueError::new_err(format!(
+            "{nslots} slots: a pool holds 1 to {MAX_SLOTS}"
+        )));
+    }
+    Ok(())
+}
+
+/// The node slots go on and the CPUs that fault them in: CUDA device
+/// `gpu`'s, or `node`'s, or the calling thread's node's.
+fn where_to_place(py: Python<'_>, gpu: Option<u32>, node: Option<u32>) -> PyResult<(u32, CpuList)> {
+    let rt = rt(py)?;
+    py.detach(|| -> Result<(u32, CpuList), numapin::Error> {
+        let topo = rt.topology();
+        match (gpu, node) {
+            (Some(g), None) => {
+                let n = rt.node_for_gpu(CudaOrdinal(g))?;
+                Ok((n, rt.gpu_plan(CudaOrdinal(g), Mode::Node)?.cpus))
+            }
+            (_, n) => {
+                let n = n.unwrap_or_else(|| rt.calling_thread_node());
+                let cpus = topo
+                    .node(n)
+                    .map(|x| x.cpus.intersection(&topo.allowed.cpus))
+                    .filter(|c| !c.is_empty())
+                    .unwrap_or_else(|| topo.allowed.cpus.clone());
+                Ok((n, cpus))
+            }
+        }
+    })
+    .map_err(|e| to_py(py, &e))
+}
+
+/// Provisions `shm` with `nslots` slots of `slot_bytes` (rounded up to
+/// 2 MiB) on `node`, faulted in on `cpus`, registered with CUDA when asked
+/// and a driver is there.
+fn provision(
+    shm: &Shm,
+    nslots: usize,
+    slot_bytes: usize,
+    node: u32,
+    cpus: &CpuList,
+    register: bool,
+) -> std::io::Result<()> {
+    let slot_bytes = slot_bytes
+        .max(1)
+        .checked_next_multiple_of(2 << 20)
+        .ok_or_else(|| {
+            std::io::Error::other(format!("a slot of {slot_bytes} bytes is too large"))
+        })?;
+    shm.provision(
+        nslots,
+        slot_bytes,
+        |p, len| {
+            place(p, len, node, cpus);
+            Ok(())
+        },
+        |p, len| {
+            if !register || !numapin::internals::cuda::available() {
+                return false;
+            }
+            let flags = numapin::internals::cuda::HOST_REGISTER_PORTABLE
+                | numapin::internals::cuda::HOST_REGISTER_DEVICEMAP;
+            // SAFETY: the range is the pool's mapping, which stays mapped
+            // until the pool's Drop unregisters it first.
+            unsafe { numapin::internals::cuda::host_register(p.cast(), len, flags) }.is_ok()
+        },
+    )
 }
 
 /// The main process's hold on one filled slot: views made through it keep
@@ -83,16 +206,14 @@ impl SlotPool {
     /// A new, empty pool (main process).
     #[staticmethod]
     fn create() -> PyResult<SlotPool> {
-        Ok(SlotPool {
-            shm: Arc::new(Shm::create().map_err(io_err)?),
-        })
+        Ok(SlotPool::new(Shm::create().map_err(io_err)?))
     }
 
     /// The pool at `path` (a worker process).
     #[staticmethod]
     fn attach(py: Python<'_>, path: &str) -> PyResult<SlotPool> {
         let shm = py.detach(|| Shm::attach(path)).map_err(io_err)?;
-        Ok(SlotPool { shm: Arc::new(shm) })
+        Ok(SlotPool::new(shm))
     }
 
     /// The path workers attach by.
@@ -138,55 +259,76 @@ impl SlotPool {
         node: Option<u32>,
         register: bool,
     ) -> PyResult<()> {
-        if nslots == 0 || nslots > MAX_SLOTS {
-            return Err(PyValueError::new_err(format!(
-                "{nslots} slots: a pool holds 1 to {MAX_SLOTS}"
-            )));
+        check_nslots(nslots)?;
+        let (node, cpus) = where_to_place(py, gpu, node)?;
+        let shm = self.shm.clone();
+        py.detach(move || provision(&shm, nslots, slot_bytes, node, &cpus, register))
+            .map_err(io_err)
+    }
+
+    /// Provisions `nslots` slots as soon as a worker asks for them
+    /// ([`request`](Self::request)), sized by its request, on a thread of
+    /// this (the main) process, so that workers wait for the pool instead
+    /// of sending their first batches down torch's path while the main
+    /// process waits for the first of them. Returns at once; a failure is
+    /// kept for [`provision_error`](Self::provision_error) and makes the
+    /// waiting workers go on without the pool.
+    #[pyo3(signature = (nslots, *, gpu=None, node=None, register=true))]
+    fn provision_on_request(
+        &self,
+        py: Python<'_>,
+        nslots: usize,
+        gpu: Option<u32>,
+        node: Option<u32>,
+        register: bool,
+    ) -> PyResult<()> {
+        check_nslots(nslots)?;
+        let mut w = self.watcher.lock().unwrap_or_else(|e| e.into_inner());
+        if w.is_some() || self.shm.ready() {
+            return Ok(());
         }
-        let slot_bytes = slot_bytes.max(1).next_multiple_of(2 << 20);
-        let rt = rt(py)?;
-        let (node, cpus) = py
-            .detach(|| -> Result<(u32, CpuList), numapin::Error> {
-                let topo = rt.topology();
-                match (gpu, node) {
-                    (Some(g), None) => {
-                        let n = rt.node_for_gpu(CudaOrdinal(g))?;
-                        Ok((n, rt.gpu_plan(CudaOrdinal(g), Mode::Node)?.cpus))
-                    }
-                    (_, n) => {
-                        let n = n.unwrap_or_else(|| rt.calling_thread_node());
-                        let cpus = topo
-                            .node(n)
-                            .map(|x| x.cpus.intersection(&topo.allowed.cpus))
-                            .filter(|c| !c.is_empty())
-                            .unwrap_or_else(|| topo.allowed.cpus.clone());
-                        Ok((n, cpus))
-                    }
+        let (node, cpus) = where_to_place(py, gpu, node)?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let (shm, flag, error) = (self.shm.clone(), stop.clone(), self.error.clone());
+        let handle = std::thread::Builder::new()
+            .name("numapin-slot-pool".into())
+            .spawn(move || {
+                let Some(bytes) = shm.wait_request(&flag) else {
+                    return;
+                };
+                let bytes = usize::try_from(bytes).unwrap_or(usize::MAX);
+                if let Err(e) = provision(&shm, nslots, bytes, node, &cpus, register) {
+                    *error.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
+                    shm.fail();
                 }
             })
-            .map_err(|e| to_py(py, &e))?;
+            .map_err(io_err)?;
+        *w = Some(Watcher {
+            stop,
+            handle,
+            pid: std::process::id(),
+        });
+        Ok(())
+    }
+
+    /// Why provisioning on request failed, if it did.
+    fn provision_error(&self) -> Option<String> {
+        self.error.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Asks for slots of at least `nbytes` (a worker that found the pool
+    /// not provisioned yet; the first request wins).
+    fn request(&self, nbytes: u64) {
+        self.shm.request(nbytes);
+    }
+
+    /// Waits up to `timeout` seconds (the GIL released) for the pool to be
+    /// provisioned; whether it is. Returns at once when the pool is closed
+    /// or its provisioning failed.
+    fn wait_ready(&self, py: Python<'_>, timeout: f64) -> bool {
+        let t = Duration::from_secs_f64(timeout.clamp(0.0, 3600.0));
         let shm = self.shm.clone();
-        py.detach(move || {
-            shm.provision(
-                nslots,
-                slot_bytes,
-                |p, len| {
-                    place(p, len, node, &cpus);
-                    Ok(())
-                },
-                |p, len| {
-                    if !register || !numapin::internals::cuda::available() {
-                        return false;
-                    }
-                    let flags = numapin::internals::cuda::HOST_REGISTER_PORTABLE
-                        | numapin::internals::cuda::HOST_REGISTER_DEVICEMAP;
-                    // SAFETY: the range is the pool's mapping, which stays
-                    // mapped until the pool's Drop unregisters it first.
-                    unsafe { numapin::internals::cuda::host_register(p.cast(), len, flags) }.is_ok()
-                },
-            )
-        })
-        .map_err(io_err)
+        py.detach(move || shm.wait_ready(t))
     }
 
     /// Takes a free slot, waiting up to `timeout` seconds (the GIL
@@ -264,9 +406,11 @@ impl SlotPool {
         Ok(d)
     }
 
-    /// Closes the pool: workers waiting for a slot give up at once.
-    fn close(&self) {
+    /// Closes the pool: workers waiting for a slot give up at once; the
+    /// provisioning thread, if any, is stopped.
+    fn close(&self, py: Python<'_>) {
         self.shm.close();
+        py.detach(|| self.stop_watcher());
     }
 }
 

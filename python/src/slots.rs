@@ -27,9 +27,12 @@ const HEADER: usize = 64 << 10;
 /// Most slots a pool holds (the bitmap's size).
 pub(crate) const MAX_SLOTS: usize = 4096;
 
-/// The states after "not yet provisioned" (0): slots ready, closed.
+/// The states after "not yet provisioned" (0): slots ready, closed,
+/// being provisioned, provisioning failed (workers stop waiting for it).
 const STATE_READY: u32 = 1;
 const STATE_CLOSED: u32 = 2;
+const STATE_PROVISIONING: u32 = 3;
+const STATE_FAILED: u32 = 4;
 
 /// The shared header, at the start of the memfd.
 #[repr(C)]
@@ -45,6 +48,9 @@ struct Header {
     /// starts an epoch).
     generation: AtomicU32,
     _pad2: AtomicU32,
+    /// Slot bytes a worker asked for before the pool was provisioned (0:
+    /// none yet; the first request wins).
+    wanted: AtomicU64,
     free: [AtomicU64; MAX_SLOTS / 64],
     holder: [AtomicI32; MAX_SLOTS],
     /// The generation each slot was last taken in.
@@ -78,7 +84,16 @@ fn os_err(what: &str) -> std::io::Error {
     std::io::Error::new(e.kind(), format!("{what}: {e}"))
 }
 
-fn map_shared(fd: i32, len: usize, offset: usize) -> std::io::Result<*mut u8> {
+/// Maps `len` bytes of the memfd at `offset`; with `populate`, the page
+/// table entries of pages already in the memfd are made now, in one call
+/// (`MAP_POPULATE`), instead of one write fault per 4 KiB page the first
+/// time this process touches each.
+fn map_shared(fd: i32, len: usize, offset: usize, populate: bool) -> std::io::Result<*mut u8> {
+    let flags = if populate {
+        libc::MAP_SHARED | libc::MAP_POPULATE
+    } else {
+        libc::MAP_SHARED
+    };
     // SAFETY: a shared mapping of our own memfd at a kernel-chosen address
     // touches no existing memory.
     let p = unsafe {
@@ -86,7 +101,7 @@ fn map_shared(fd: i32, len: usize, offset: usize) -> std::io::Result<*mut u8> {
             std::ptr::null_mut(),
             len,
             libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
+            flags,
             fd,
             offset as libc::off_t,
         )
@@ -144,7 +159,7 @@ impl Shm {
         if unsafe { libc::ftruncate(fd.as_raw_fd(), HEADER as libc::off_t) } != 0 {
             return Err(os_err("ftruncate of the slot pool"));
         }
-        let header = map_shared(fd.as_raw_fd(), HEADER, 0)?.cast::<Header>();
+        let header = map_shared(fd.as_raw_fd(), HEADER, 0, false)?.cast::<Header>();
         let shm = Shm {
             fd,
             header,
@@ -169,7 +184,7 @@ impl Shm {
         }
         // SAFETY: a fresh descriptor we own.
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        let header = map_shared(fd.as_raw_fd(), HEADER, 0)?.cast::<Header>();
+        let header = map_shared(fd.as_raw_fd(), HEADER, 0, false)?.cast::<Header>();
         let shm = Shm {
             fd,
             header,
@@ -223,11 +238,52 @@ impl Shm {
         let len = nslots.checked_mul(slot_bytes).ok_or_else(|| {
             std::io::Error::other("the slot pool is larger than the address space")
         })?;
+        let h = self.header();
+        if h.state
+            .compare_exchange(0, STATE_PROVISIONING, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            return Err(std::io::Error::other(
+                "the slot pool is provisioned already (or closed)",
+            ));
+        }
+        let r = self.provision_now(nslots, slot_bytes, len, place, register);
+        if r.is_err() {
+            let mapped = self.slots.lock().unwrap_or_else(|e| e.into_inner()).take();
+            if let Some((p, len)) = mapped {
+                // SAFETY: the mapping provision_now made, not registered
+                // (registration is its last step, and cannot fail it) and
+                // not yet handed out (the pool never became ready).
+                unsafe { libc::munmap(p as *mut _, len) };
+            }
+            // Back to "not provisioned": a later batch may try again.
+            let _ = h.state.compare_exchange(
+                STATE_PROVISIONING,
+                0,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            );
+            h.seq.fetch_add(1, Ordering::AcqRel);
+            futex_wake(&h.seq);
+        }
+        r
+    }
+
+    fn provision_now(
+        &self,
+        nslots: usize,
+        slot_bytes: usize,
+        len: usize,
+        place: impl FnOnce(*mut u8, usize) -> std::io::Result<()>,
+        register: impl FnOnce(*mut u8, usize) -> bool,
+    ) -> std::io::Result<()> {
         // SAFETY: ftruncate on our own memfd.
         if unsafe { libc::ftruncate(self.fd.as_raw_fd(), (HEADER + len) as libc::off_t) } != 0 {
             return Err(os_err("ftruncate of the slot pool"));
         }
-        let p = map_shared(self.fd.as_raw_fd(), len, HEADER)?;
+        // Not populated here: `place` binds the range to the node first,
+        // then faults it in on the node's CPUs.
+        let p = map_shared(self.fd.as_raw_fd(), len, HEADER, false)?;
         *self.slots.lock().unwrap_or_else(|e| e.into_inner()) = Some((p as usize, len));
         place(p, len)?;
         *self.registered.lock().unwrap_or_else(|e| e.into_inner()) = register(p, len);
@@ -246,10 +302,86 @@ impl Shm {
                 Ordering::Release,
             );
         }
-        h.state.store(STATE_READY, Ordering::Release);
+        // Closed meanwhile: stays closed.
+        let _ = h.state.compare_exchange(
+            STATE_PROVISIONING,
+            STATE_READY,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        );
         h.seq.fetch_add(1, Ordering::AcqRel);
         futex_wake(&h.seq);
         Ok(())
+    }
+
+    /// Asks for slots of at least `bytes` (a worker that found the pool not
+    /// provisioned yet; the first request wins) and wakes the main
+    /// process's provisioning thread.
+    pub(crate) fn request(&self, bytes: u64) {
+        let h = self.header();
+        let _ = h
+            .wanted
+            .compare_exchange(0, bytes.max(1), Ordering::AcqRel, Ordering::Acquire);
+        h.seq.fetch_add(1, Ordering::AcqRel);
+        futex_wake(&h.seq);
+    }
+
+    /// Waits up to `timeout` for the pool to be ready; whether it is. Gives
+    /// up at once when it is closed or its provisioning failed.
+    pub(crate) fn wait_ready(&self, timeout: Duration) -> bool {
+        let h = self.header();
+        let deadline = Instant::now() + timeout;
+        loop {
+            let seq = h.seq.load(Ordering::Acquire);
+            match h.state.load(Ordering::Acquire) {
+                STATE_READY => return true,
+                STATE_CLOSED | STATE_FAILED => return false,
+                _ => {}
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            futex_wait(&h.seq, seq, (deadline - now).min(Duration::from_millis(50)));
+        }
+    }
+
+    /// The main process's provisioning thread: waits until a worker asks
+    /// for slots (`Some(bytes)`), or until the pool is provisioned or closed
+    /// by other means, or `stop` is set (`None`).
+    pub(crate) fn wait_request(&self, stop: &std::sync::atomic::AtomicBool) -> Option<u64> {
+        let h = self.header();
+        loop {
+            let seq = h.seq.load(Ordering::Acquire);
+            if stop.load(Ordering::Acquire) || h.state.load(Ordering::Acquire) != 0 {
+                return None;
+            }
+            let w = h.wanted.load(Ordering::Acquire);
+            if w != 0 {
+                return Some(w);
+            }
+            futex_wait(&h.seq, seq, Duration::from_secs(1));
+        }
+    }
+
+    /// Wakes every process and thread waiting on the pool, to look again.
+    pub(crate) fn wake(&self) {
+        let h = self.header();
+        h.seq.fetch_add(1, Ordering::AcqRel);
+        futex_wake(&h.seq);
+    }
+
+    /// Marks provisioning failed (the pool was not provisioned): workers
+    /// waiting for it take torch's path at once.
+    pub(crate) fn fail(&self) {
+        let h = self.header();
+        if h.state
+            .compare_exchange(0, STATE_FAILED, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            h.seq.fetch_add(1, Ordering::AcqRel);
+            futex_wake(&h.seq);
+        }
     }
 
     /// The slots' mapping in this process, mapped now if the pool became
@@ -264,7 +396,11 @@ impl Shm {
         }
         let (n, b) = self.geometry();
         let len = n * b;
-        let p = map_shared(self.fd.as_raw_fd(), len, HEADER)?;
+        // A worker writes whole batches into slots the main process has
+        // faulted in already: map them all now. Touching them page by
+        // page cost one write fault per 4 KiB per slot per worker, which
+        // with 64 MiB batches bounded a worker more than its copies did.
+        let p = map_shared(self.fd.as_raw_fd(), len, HEADER, true)?;
         *g = Some((p as usize, len));
         Ok((p as usize, len))
     }
@@ -521,6 +657,63 @@ mod tests {
         p.release(b);
         assert_eq!(p.acquire(Duration::ZERO), Some(b));
         assert_eq!(p.free_slots(), 0);
+    }
+
+    #[test]
+    fn a_request_reaches_the_provisioner_and_wakes_the_waiting_worker() {
+        use std::sync::atomic::AtomicBool;
+        let owner = Arc::new(Shm::create().unwrap());
+        let worker = Arc::new(Shm::attach(&owner.path()).unwrap());
+        let stop = Arc::new(AtomicBool::new(false));
+        let (o, st) = (owner.clone(), stop.clone());
+        let provisioner = std::thread::spawn(move || {
+            let bytes = o.wait_request(&st)?;
+            o.provision(2, bytes as usize, |_, _| Ok(()), |_, _| false)
+                .ok()?;
+            Some(bytes)
+        });
+        assert!(
+            !worker.wait_ready(Duration::from_millis(20)),
+            "nothing asked yet"
+        );
+        worker.request(8192);
+        worker.request(1 << 30); // later requests do not resize it
+        assert!(worker.wait_ready(Duration::from_secs(10)));
+        assert_eq!(provisioner.join().unwrap(), Some(8192));
+        assert_eq!(worker.geometry(), (2, 8192));
+        assert!(worker.acquire(Duration::ZERO).is_some());
+        // Provisioned once: a second provisioning is refused.
+        assert!(owner
+            .provision(2, 4096, |_, _| Ok(()), |_, _| false)
+            .is_err());
+    }
+
+    #[test]
+    fn a_failed_provisioning_stops_the_waiting_and_a_stopped_provisioner_returns() {
+        use std::sync::atomic::AtomicBool;
+        let owner = Shm::create().unwrap();
+        // A failing `place` leaves the pool unprovisioned, to try again.
+        assert!(owner
+            .provision(
+                1,
+                4096,
+                |_, _| Err(std::io::Error::other("no")),
+                |_, _| false
+            )
+            .is_err());
+        assert!(!owner.ready() && owner.slots.lock().unwrap().is_none());
+        owner.fail();
+        let start = Instant::now();
+        assert!(!owner.wait_ready(Duration::from_secs(10)));
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "failure ends the wait"
+        );
+        let stop = AtomicBool::new(true);
+        assert_eq!(owner.wait_request(&stop), None);
+        let fresh = Shm::create().unwrap();
+        fresh.close();
+        assert_eq!(fresh.wait_request(&AtomicBool::new(false)), None, "closed");
     }
 
     #[test]

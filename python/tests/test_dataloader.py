@@ -114,6 +114,9 @@ def test_batches_equal_torchs_for_the_same_seed(case):
         compare_epochs(ref, ours, 2)
     s = ours.stats()
     assert s["slotted_batches"] > 0, s
+    if kw.get("num_workers", 0) > 0:
+        # Workers wait for the pool they asked for: no batch took torch's path.
+        assert s["plain_batches"] == {}, s
     gc.collect()
     ours.close()
     s = ours.stats()
@@ -248,3 +251,58 @@ def test_bad_arguments_are_input_errors():
         nt.DataLoader(Mixed(), device="cpu")
     with pytest.raises(numapin.InputError):
         nt.DataLoader(Mixed(), slots=0)
+
+
+def test_workers_ask_for_the_pool_and_every_first_batch_goes_in_a_slot():
+    # Many batches in flight before the main process sees the first one:
+    # each worker's first batch waits for the pool instead of taking
+    # torch's path.
+    ds = Mixed(48)
+    kw = dict(batch_size=4, num_workers=2, prefetch_factor=4)
+    ours = nt.DataLoader(ds, **kw)
+    compare_epochs(TorchLoader(ds, **kw), ours)
+    s = ours.stats()
+    assert s["plain_batches"] == {} and s["slotted_batches"] == 12, s
+    # Every batch torch keeps in flight (4 x 2) has a slot, and copies 4 more.
+    assert s["nslots"] == 12 and s["slot_bytes"] >= 1, s
+    ours.close()
+
+
+def test_a_pool_that_cannot_be_made_on_request_lets_waiting_workers_go_on():
+    from numapin import _numapin
+
+    pool = _numapin.SlotPool.create()
+    pool.provision_on_request(2, register=False)
+    pool.request(1 << 62)  # no memfd grows to that
+    assert pool.wait_ready(30.0) is False
+    err = pool.provision_error()
+    assert err is not None and "slot pool" in err, err
+    assert not pool.ready
+    pool.close()
+
+
+def test_closing_a_pool_no_worker_asked_for_stops_its_thread():
+    import time
+
+    from numapin import _numapin
+
+    def watchers():
+        tasks = f"/proc/{os.getpid()}/task"
+        names = []
+        for n in os.listdir(tasks):
+            try:
+                with open(f"{tasks}/{n}/comm") as f:
+                    names.append(f.read().strip())
+            except FileNotFoundError:
+                pass
+        return names.count("numapin-slot-po")
+
+    pool = _numapin.SlotPool.create()
+    before = watchers()
+    pool.provision_on_request(2, register=False)
+    assert watchers() == before + 1
+    t = time.monotonic()
+    pool.close()
+    assert time.monotonic() - t < 5
+    assert pool.wait_ready(0.0) is False and pool.provision_error() is None
+    assert watchers() == before

@@ -269,6 +269,21 @@ pub fn pattern_checksum(key: u32, words: u64) -> u64 {
     (2 * s2 + s1 + 2 * k * s1 + k * n) as u64
 }
 
+/// Whether every `stride`-th word of `bytes` (from the first, plus the
+/// last whole word and the tail) is what [`fill_pattern`] wrote with
+/// `key`: a check that reads one cache line per `4 * stride` bytes, for
+/// measurements whose consumer must not be the bottleneck.
+pub fn pattern_sample_ok(key: u32, bytes: &[u8], stride: usize) -> bool {
+    let words = bytes.len() / 4;
+    let word_ok = |j: usize| {
+        let w = &bytes[j * 4..j * 4 + 4];
+        u32::from_le_bytes([w[0], w[1], w[2], w[3]]) == (j as u32).wrapping_add(key)
+    };
+    (0..words).step_by(stride.max(1)).all(word_ok)
+        && (words == 0 || word_ok(words - 1))
+        && pattern_tail_ok(key, words as u64, &bytes[words * 4..])
+}
+
 /// Whether `tail` (the bytes after the last whole word of a pattern of
 /// `words` words) is what [`fill_pattern`] wrote.
 pub fn pattern_tail_ok(key: u32, words: u64, tail: &[u8]) -> bool {
@@ -349,6 +364,20 @@ mod tests {
         assert_ne!(checksum_host(&other), good);
         let shifted = [&a[4..], &a[..4]].concat();
         assert_ne!(checksum_host(&shifted), good);
+    }
+
+    #[test]
+    fn a_sampled_check_sees_a_wrong_batch_and_a_wrong_sampled_word() {
+        let mut buf = vec![0u8; (1 << 20) + 3];
+        fill_pattern(batch_key(5), &mut buf);
+        assert!(pattern_sample_ok(batch_key(5), &buf, 4096));
+        assert!(!pattern_sample_ok(batch_key(6), &buf, 4096));
+        buf[4096 * 4 * 3] ^= 1;
+        assert!(!pattern_sample_ok(batch_key(5), &buf, 4096));
+        buf[4096 * 4 * 3] ^= 1;
+        let n = buf.len();
+        buf[n - 1] ^= 1;
+        assert!(!pattern_sample_ok(batch_key(5), &buf, 4096));
     }
 
     proptest! {

@@ -17,6 +17,7 @@
 
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use nix::sys::signal::{SigSet, SigmaskHow, Signal};
@@ -35,7 +36,19 @@ static REGISTRY: Mutex<Registry> = Mutex::new(Registry {
 /// The signal mask the process had before [`install_signal_cleanup`].
 static ORIGINAL_MASK: OnceLock<SigSet> = OnceLock::new();
 
+/// Set by the signal thread before it takes the registry to clean up.
+static TERMINATING: AtomicBool = AtomicBool::new(false);
+
+/// The registry, for everyone but the signal thread. Once a terminating
+/// signal has arrived, a thread asking for it parks for good instead: the
+/// signal thread is about to end the process, and a thread that kept
+/// taking the lock back (an unpacking loop takes it once per entry, and a
+/// mutex does not queue its waiters) would otherwise keep the cleanup
+/// waiting until the work was done, and the process could even exit 0.
 fn registry() -> MutexGuard<'static, Registry> {
+    while TERMINATING.load(Ordering::Acquire) {
+        std::thread::park();
+    }
     REGISTRY.lock().unwrap_or_else(|p| p.into_inner())
 }
 
@@ -175,7 +188,8 @@ pub fn install_signal_cleanup() -> io::Result<()> {
         .name("numapin-signals".into())
         .spawn(move || loop {
             let Ok(sig) = set.wait() else { continue };
-            let mut reg = registry();
+            TERMINATING.store(true, Ordering::Release);
+            let mut reg = REGISTRY.lock().unwrap_or_else(|p| p.into_inner());
             clean_all(&mut reg);
             // The disposition is the default one (checked above): with the
             // signal unblocked in this thread, raising it ends the process

@@ -13,7 +13,7 @@
 //!
 //! Staging memory: `threads * slots_per_thread * chunk_bytes` pinned bytes
 //! on the GPU's node for the duration of the call (128 MiB with the
-//! defaults), from the runtime's arena.
+//! defaults: 16 threads, 2 slots of 4 MiB), from the runtime's arena.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
@@ -41,7 +41,9 @@ pub const MAX_STAGED_THREADS: usize = 16;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct StagedOptions {
-    /// Bytes per chunk (default 8 MiB).
+    /// Bytes per chunk (default 4 MiB: the best mean ratio to the pinned
+    /// rate over 1-16 MiB chunks and 4-16 threads in two runs of
+    /// `numapin bench --staged-sweep` on an H100 VM; docs/BENCHMARKS.md).
     pub chunk_bytes: usize,
     /// Threads, 0 for the GPU's allowed local CPUs up to
     /// [`MAX_STAGED_THREADS`] (default 0);
@@ -54,7 +56,7 @@ pub struct StagedOptions {
 impl Default for StagedOptions {
     fn default() -> Self {
         StagedOptions {
-            chunk_bytes: 8 << 20,
+            chunk_bytes: 4 << 20,
             threads: 0,
             slots_per_thread: 2,
         }
@@ -255,7 +257,7 @@ fn prepare(
             "chunk_bytes/slots_per_thread",
             format!("{}/{}", opts.chunk_bytes, opts.slots_per_thread),
             "both must be at least 1",
-            "use StagedOptions::default() (8 MiB chunks, 2 slots per thread)",
+            "use StagedOptions::default() (4 MiB chunks, 2 slots per thread)",
         ));
     }
     let place = placement::resolve(rt, Target::Gpu(gpu))?;

@@ -459,10 +459,19 @@ mod extra {
                     // producers filling slots (host mode: no copies) and
                     // the bare copy loop (no producers).
                     progress(&format!("GPU {g}: producers alone, copies alone"));
-                    let p = lm::loader_gbps(rt, Mode::Host, &b)?;
+                    let p = lm::loader_gbps(
+                        rt,
+                        Mode::Host,
+                        &LoaderBench {
+                            sampled_check: true,
+                            ..b.clone()
+                        },
+                    )?;
                     report.results.push(
                         stage_result("loader_producers_only", &p.gbps, &b, p.workers)
-                            .with("gpu", g.get()),
+                            .with("gpu", g.get())
+                            .with("check", "sampled")
+                            .with("verified", p.verified),
                     );
                     let c = lm::pinned_copy_gbps(rt, g, b.batch_bytes, reps)?;
                     report
@@ -500,6 +509,7 @@ mod extra {
             let sb = LoaderBench {
                 batch_bytes: if gpu_ok { b.batch_bytes } else { 16 << 20 },
                 batches: if gpu_ok { b.batches } else { 32 },
+                sampled_check: true,
                 ..b
             };
             let mut n = 1;
@@ -513,9 +523,11 @@ mod extra {
                         ..sb.clone()
                     },
                 )?;
-                report
-                    .results
-                    .push(stage_result("loader_producers_scaling", &f.gbps, &sb, n));
+                report.results.push(
+                    stage_result("loader_producers_scaling", &f.gbps, &sb, n)
+                        .with("check", "sampled")
+                        .with("verified", f.verified),
+                );
                 n *= 2;
             }
         }
@@ -551,7 +563,7 @@ mod extra {
                 .collect();
             threads.dedup();
             for &t in &threads {
-                for chunk in [2usize << 20, 4 << 20, 8 << 20, 16 << 20] {
+                for chunk in [1usize << 20, 2 << 20, 4 << 20, 8 << 20] {
                     let so = StagedOptions::default()
                         .with_threads(t)
                         .with_chunk_bytes(chunk);

@@ -45,7 +45,7 @@ pub(crate) struct BenchArgs {
     #[arg(long, value_parser = parse_size)]
     pub(crate) budget: Option<usize>,
     /// With the staged figures: sweep the staged copy's threads (4, 8, 12,
-    /// 16, at most the GPU's CPUs) and chunk sizes (2-16 MiB) at 256 MiB
+    /// 16, at most the GPU's CPUs) and chunk sizes (1-8 MiB) at 256 MiB
     /// and 1 GiB, beside the pinned rate of each size.
     #[arg(long)]
     pub(crate) staged_sweep: bool,

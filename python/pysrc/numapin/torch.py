@@ -6,8 +6,9 @@ It takes torch's arguments (``dataset``, ``batch_size``, ``shuffle``,
 ``drop_last``, ``timeout``, ``worker_init_fn``, ``multiprocessing_context``,
 ``generator``, ``prefetch_factor``, ``persistent_workers``) plus ``device``:
 a CUDA device (batches arrive on it) or ``None`` (pinned CPU batches), and
-the pool's ``slot_bytes`` (default: the first batch's bytes plus a quarter),
-``slots`` (default ``2 * num_workers + 2``), ``keep_worker_heap`` (default
+the pool's ``slot_bytes`` (default: the first batch's bytes plus an eighth),
+``slots`` (default ``prefetch_factor * num_workers + 4``: the batches torch
+keeps in flight, and copies), ``keep_worker_heap`` (default
 true: workers keep freed memory for their next samples instead of faulting
 in fresh pages every batch) and
 ``slot_timeout`` (how long a worker waits for a free slot before the batch
@@ -30,9 +31,12 @@ data's path changes:
   completed, and lets torch's caching allocator reuse the device memory
   stream-ordered (``record_stream``).
 
-The first batches (before the slot size is known, unless ``slot_bytes`` is
-given) and a batch larger than a slot take torch's ordinary path (the
-latter with one warning). Memory held: ``memory_bound()``.
+Sizing: unless ``slot_bytes`` is given, the first worker to collate asks
+for slots of its batch's size plus an eighth, and the main process makes
+the pool on a thread of its own while the workers wait for it (with
+``num_workers=0`` the first batch takes torch's path and sizes the pool). A
+batch larger than a slot takes torch's ordinary path, with one warning.
+Memory held: ``memory_bound()``.
 """
 
 from __future__ import annotations
@@ -56,12 +60,20 @@ __all__ = ["DataLoader"]
 
 #: Offsets of tensors in a slot are multiples of this (DMA- and cache-friendly).
 ALIGN = 512
-#: Slot size headroom over the first batch's bytes.
-HEADROOM = 1.25
+#: Slot size headroom over the first batch's bytes (later batches larger
+#: than a slot take torch's path, with a warning that says to give
+#: ``slot_bytes``).
+HEADROOM = 1.125
+#: Seconds a worker waits for the main process to provision the pool it
+#: asked for (a few hundred ms per GiB of slots) before its batch takes
+#: torch's path.
+POOL_WAIT = 60.0
 
-# Pools made in this process, by path (num_workers=0 collates in the main
-# process, which keeps its own mapping).
-_MAIN_POOLS: dict[str, Any] = {}
+# Pools made in this process, by path, with the pid that made them
+# (num_workers=0 collates in the main process, which keeps its own mapping;
+# a forked worker attaches afresh instead of using the copy it inherited,
+# whose locks another thread of the parent may have held at the fork).
+_MAIN_POOLS: dict[str, tuple[int, Any]] = {}
 
 
 class _NoRoom(Exception):
@@ -170,40 +182,90 @@ class _Writer:
         return leaf
 
 
+def _estimate(samples: list[Any]) -> int:
+    """Bytes a default-collated batch of ``samples`` takes in a slot, at
+    most: each sample's tensors (aligned) and numbers (8 bytes), and one
+    alignment per leaf of a sample."""
+    numbers = 0
+    leaves = 0
+
+    def visit(x: Any, first: bool) -> None:
+        nonlocal numbers, leaves
+        if isinstance(x, (bool, int, float)):
+            numbers += 1
+            leaves += first
+        elif isinstance(x, torch.Tensor):
+            leaves += first
+        elif isinstance(x, Mapping):
+            for v in x.values():
+                visit(v, first)
+        elif isinstance(x, (list, tuple)):
+            for v in x:
+                visit(v, first)
+
+    for i, x in enumerate(samples):
+        visit(x, i == 0)
+    return _tensor_bytes(samples) + 8 * numbers + ALIGN * leaves
+
+
 class _SlotCollate:
     """The collate function the workers run: collates into a slot and
-    returns a :class:`_SlotBatch` (or a :class:`_Plain` batch)."""
+    returns a :class:`_SlotBatch` (or a :class:`_Plain` batch).
 
-    def __init__(self, path: str, user: Callable[[list[Any]], Any] | None, timeout: float) -> None:
-        self.path, self.user, self.timeout = path, user, timeout
+    ``wait``: seconds a worker that finds the pool not provisioned yet
+    waits for it, after asking for slots of its batch's size (the main
+    process provisions on request); 0 to send the batch down torch's path
+    at once (the main process then sizes the pool by it)."""
+
+    def __init__(self, path: str, user: Callable[[list[Any]], Any] | None, timeout: float, wait: float = 0.0) -> None:
+        self.path, self.user, self.timeout, self.wait = path, user, timeout, wait
         self._pool: Any = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"path": self.path, "user": self.user, "timeout": self.timeout, "_pool": None}
+        return {"path": self.path, "user": self.user, "timeout": self.timeout, "wait": self.wait, "_pool": None}
 
     def _attached(self) -> Any:
         if self._pool is None:
-            self._pool = _MAIN_POOLS.get(self.path) or _numapin.SlotPool.attach(self.path)
-        return self._pool if self._pool.ready else None
+            mine = _MAIN_POOLS.get(self.path)
+            if mine is not None and mine[0] == os.getpid():
+                self._pool = mine[1]
+            else:
+                self._pool = _numapin.SlotPool.attach(self.path)
+        return self._pool
 
     def _ordinary(self, samples: list[Any]) -> Any:
         return (self.user or default_collate)(samples)
 
     def __call__(self, samples: list[Any]) -> Any:
         pool = self._attached()
-        if pool is None:
-            data = self._ordinary(samples)
-            return _Plain(data, "unsized", _tensor_bytes(data))
+        # A user collate runs once, here or below; its result is copied in.
+        data: Any = None
+        if not pool.ready:
+            if self.wait <= 0:
+                data = self._ordinary(samples)
+                return _Plain(data, "unsized", _tensor_bytes(data))
+            if self.user is None:
+                need = _estimate(samples)
+            else:
+                data = self.user(samples)
+                need = _tensor_bytes(data)
+            pool.request(int(max(need, 1) * HEADROOM))
+            if not pool.wait_ready(self.wait):
+                if data is None:
+                    data = self._ordinary(samples)
+                return _Plain(data, "unsized", _tensor_bytes(data))
         slot = pool.acquire(self.timeout)
         if slot is None:
-            data = self._ordinary(samples)
+            if data is None:
+                data = self._ordinary(samples)
             return _Plain(data, "busy", _tensor_bytes(data))
         try:
             w = _Writer(pool, slot)
             if self.user is None:
                 tree = self._collate_into(samples, w)
             else:
-                data = self.user(samples)
+                if data is None:
+                    data = self.user(samples)
                 try:
                     tree = _map(data, w.copy)
                 except _NoRoom:
@@ -312,7 +374,12 @@ class DataLoader:
         self._gpu = self.device.index if self.device is not None else None
         # A slot is held from the start of a batch's collate to the end of
         # its copy: the workers' batches in progress and a few done ahead.
-        wanted = slots if slots is not None else max(4, 2 * max(num_workers, 1) + 2)
+        # torch keeps prefetch_factor x num_workers batches in flight: with
+        # fewer slots, workers ahead of the batch the main process waits for
+        # could hold them all while its worker waits for one (a stall until
+        # slot_timeout). A few more cover copies still running.
+        in_flight = (prefetch_factor or 2) * num_workers if num_workers > 0 else 1
+        wanted = slots if slots is not None else max(4, in_flight + 4)
         if not 1 <= wanted <= 4096:
             raise numapin.InputError(f"slots={wanted}: a pool holds 1 to 4096 slots\n  fix: ask for fewer slots")
         self._nslots = wanted
@@ -321,14 +388,25 @@ class DataLoader:
         self.stats_plain = collections.Counter()
         self.stats_slotted = 0
         self._pool = _numapin.SlotPool.create()
-        _MAIN_POOLS[self._pool.path] = self._pool
+        _MAIN_POOLS[self._pool.path] = (os.getpid(), self._pool)
         if slot_timeout is None:
             # In the main process no one else frees a slot while collate
             # waits; for CPU batches the consumer may hold them all (a
             # short wait, then torch's path); copies to a device free
             # their slots within milliseconds.
             slot_timeout = 0.0 if num_workers == 0 else (5.0 if self.device is not None else 0.05)
-        self._collate = _SlotCollate(self._pool.path, collate_fn, slot_timeout)
+        # With workers and no slot_bytes, the first worker to collate asks
+        # for slots of its batch's size and the main process provisions them
+        # on a thread of its own while the workers wait (their first batches
+        # would otherwise take torch's path until the main process received
+        # the first of them: up to prefetch_factor x num_workers batches).
+        self._on_request = num_workers > 0 and slot_bytes is None
+        self._failed_warned = False
+        self._collate = _SlotCollate(
+            self._pool.path, collate_fn, slot_timeout, POOL_WAIT if self._on_request else 0.0
+        )
+        if self._on_request:
+            self._pool.provision_on_request(self._nslots, gpu=self._gpu, register=self._register())
         self._cpus = self._worker_cpus()
         # Weak: an epoch the consumer drops (a `break` out of a for loop)
         # ends at once and gives its slots back.
@@ -374,9 +452,11 @@ class DataLoader:
                     return local
         return sorted(allowed)
 
+    def _register(self) -> bool:
+        return self.device is not None or torch.cuda.is_available()
+
     def _provision(self, nbytes: int) -> None:
-        register = self.device is not None or torch.cuda.is_available()
-        self._pool.provision(self._nslots, max(nbytes, 1), gpu=self._gpu, register=register)
+        self._pool.provision(self._nslots, max(nbytes, 1), gpu=self._gpu, register=self._register())
 
     def memory_bound(self) -> dict[str, int]:
         """Pinned host bytes the slot pool holds (``slots`` x slot size; 0
@@ -438,7 +518,16 @@ class DataLoader:
     def _plain(self, b: _Plain) -> Any:
         self.stats_plain[b.why] += 1
         if b.why == "unsized" and not self._pool.ready:
-            self._provision(int(max(b.nbytes, 1) * HEADROOM))
+            if not self._on_request:
+                self._provision(int(max(b.nbytes, 1) * HEADROOM))
+            elif (err := self._pool.provision_error()) is not None and not self._failed_warned:
+                self._failed_warned = True
+                warnings.warn(
+                    f"numapin.torch.DataLoader: the slot pool could not be made ({err}); "
+                    "batches take torch's ordinary path",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
         elif b.why in ("large", "busy"):
             self._warn(b.why, b.nbytes)
         if self.device is not None:
