@@ -58,16 +58,6 @@
 //!    more contend and were slower, and one registration call, since
 //!    concurrent registrations of parts were no faster).
 //!
-//! When the region will be registered, was bound by `mbind` and has no
-//! hugetlb pages, steps 4 and 5 overlap: registration starts at once on
-//! the calling thread while the populate threads fault the pages in from
-//! the front (each taking the next few huge pages in turn), so that the
-//! kernel's zeroing and the driver's pinning, which cost about the same,
-//! run together instead of one after the other (the registration faults in
-//! itself any page it reaches first; `mbind` puts it on the node all the
-//! same). The placement count then runs beside the rest of the
-//! registration, and `mlock` comes last, on resident pages.
-//!
 //! The driver backends ([`Backend::DriverNuma`], [`Backend::HostAllocBound`])
 //! replace steps 1 to 5 with one driver allocation, then run step 6.
 //!
@@ -101,16 +91,6 @@ pub const PAGE: usize = 4096;
 /// 30 ms per GiB on one thread; `numapin bench --only pinning` measures
 /// one thread against several as `pin_verify_per_gib`).
 pub const VERIFY_THREADS: usize = 1;
-
-/// Whether a registered region's pages are faulted in while the driver
-/// registers it (see step 5 in the module docs); off: one after the other,
-/// as before, for `numapin bench` to compare.
-pub static OVERLAP_REGISTRATION: std::sync::atomic::AtomicBool =
-    std::sync::atomic::AtomicBool::new(true);
-
-/// Bytes a populate thread takes at a time when populating ahead of the
-/// registration (four huge pages).
-const IN_ORDER_CHUNK: usize = 4 * HUGE_PAGE;
 
 /// A step of region creation (for error messages and failure-injection
 /// tests).
@@ -459,15 +439,56 @@ impl Region {
 
         // 4. Populate, then lock (or leave the pinning to registration).
         let first_touch = region.methods.placed == PlacedBy::FirstTouch;
-        let will_register = o.register && crate::platform::cuda::driver_version().is_ok();
-        let populate_error =
-            |e: std::io::Error| match (e.raw_os_error(), pages.kind.hugetlb_bytes()) {
+        let started = Instant::now();
+        region
+            .populate(&o.cpus, o.populate_threads, first_touch)
+            .map_err(|e| match (e.raw_os_error(), pages.kind.hugetlb_bytes()) {
                 (Some(libc::EFAULT | libc::ENOMEM), Some(page)) => {
                     hugetlb_failed(root, o.node, len, page, "faulting the pages in", e)
                 }
                 _ => system(Step::Populate, e),
-            };
-        // 5. Register (the closure; where it runs depends on the order).
+            })?;
+        region.times.populate = started.elapsed();
+        if fail(Step::Populate) {
+            return Err(injected(Step::Populate));
+        }
+        let will_register = o.register && crate::platform::cuda::driver_version().is_ok();
+        let started = Instant::now();
+        if pages.kind.hugetlb_bytes().is_some() {
+            region.methods.pinned = PinnedBy::Hugetlb;
+        } else if let Some(why) = o.pin_by_registration.as_ref().filter(|_| will_register) {
+            region.methods.pinned = PinnedBy::Registration;
+            region.notes.push(format!(
+                "{why}: not locked, CUDA registration pins the pages"
+            ));
+        } else {
+            // SAFETY: the range is our own mapping.
+            match unsafe { numa::lock(addr, len) } {
+                Ok(()) => region.locked = true,
+                Err(e)
+                    if will_register
+                        && matches!(
+                            e.raw_os_error(),
+                            Some(libc::ENOMEM) | Some(libc::EPERM) | Some(libc::EAGAIN)
+                        ) =>
+                {
+                    region.methods.pinned = PinnedBy::Registration;
+                    region.notes.push(format!(
+                        "mlock failed ({}): not locked, CUDA registration pins the pages",
+                        numa::errno_name(&e)
+                    ));
+                }
+                Err(e) => return Err(ArenaError::lock_failed(o.node, len as u64, Some(e))),
+            }
+        }
+        region.times.lock = started.elapsed();
+        if fail(Step::Lock) {
+            return Err(injected(Step::Lock));
+        }
+
+        // 5. Register, while another thread runs step 6's count (the
+        // pages are placed and resident; registration moves none, and the
+        // two cost about the same).
         let register = || -> (Result<Registration, ArenaError>, Duration) {
             let started = Instant::now();
             let r = if !o.register {
@@ -494,134 +515,30 @@ impl Region {
             };
             (r, started.elapsed())
         };
-        // Overlapped: registration runs on this thread from the start while
-        // the populate threads fault the pages in front to back ahead of it
-        // (mbind put them on the node whichever thread faults them), then
-        // the placement count runs beside the rest of the registration, and
-        // mlock comes last (the pages are resident and pinned by then). Not
-        // for first touch (the registering thread is not on the node) nor
-        // hugetlb pages (whose faults must go through MADV_POPULATE_WRITE).
-        let overlap = will_register
-            && !first_touch
-            && pages.kind.hugetlb_bytes().is_none()
-            && OVERLAP_REGISTRATION.load(Ordering::Relaxed);
-        let (registered, counted) = if overlap {
-            let region_ref = &region;
-            let (populated, registered, counted) = std::thread::scope(|s| {
-                let filling = std::thread::Builder::new()
-                    .name("numapin-fill".into())
-                    .spawn_scoped(s, move || {
-                        let started = Instant::now();
-                        let p = region_ref.populate(&o.cpus, o.populate_threads, false, true);
-                        let took = started.elapsed();
-                        let counted = p.is_ok().then(|| region_ref.timed_count());
-                        (p.map(|()| took), counted)
-                    });
+        let (registered, counted) = if will_register {
+            let region = &region;
+            std::thread::scope(|s| {
+                let counting = std::thread::Builder::new()
+                    .name("numapin-verify".into())
+                    .spawn_scoped(s, move || region.timed_count());
                 let registered = register();
-                match filling {
-                    Ok(h) => {
-                        let (p, c) = h.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
-                        (p, registered, c)
-                    }
-                    Err(e) => (Err(e), registered, None),
-                }
-            });
-            // Recorded before any error return, so that Drop unregisters.
-            let (registration, took) = registered;
-            let registration = registration?;
-            region.registered = registration == Registration::Registered;
-            region.registration = registration;
-            region.times.register = took;
-            region.times.populate = populated.map_err(populate_error)?;
-            if fail(Step::Populate) {
-                return Err(injected(Step::Populate));
-            }
-            let started = Instant::now();
-            region.lock_or_leave(o, will_register)?;
-            region.times.lock = started.elapsed();
-            if fail(Step::Lock) {
-                return Err(injected(Step::Lock));
-            }
-            (None, counted)
+                let counted = match counting {
+                    Ok(h) => h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)),
+                    Err(e) => (Err(e), Duration::ZERO),
+                };
+                (registered, Some(counted))
+            })
         } else {
-            let started = Instant::now();
-            region
-                .populate(&o.cpus, o.populate_threads, first_touch, false)
-                .map_err(populate_error)?;
-            region.times.populate = started.elapsed();
-            if fail(Step::Populate) {
-                return Err(injected(Step::Populate));
-            }
-            let started = Instant::now();
-            region.lock_or_leave(o, will_register)?;
-            region.times.lock = started.elapsed();
-            if fail(Step::Lock) {
-                return Err(injected(Step::Lock));
-            }
-            // 5. Register, while another thread runs step 6's count (the
-            // pages are placed and resident; registration moves none, and
-            // the two cost about the same).
-            if will_register {
-                let region = &region;
-                std::thread::scope(|s| {
-                    let counting = std::thread::Builder::new()
-                        .name("numapin-verify".into())
-                        .spawn_scoped(s, move || region.timed_count());
-                    let registered = register();
-                    let counted = match counting {
-                        Ok(h) => h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)),
-                        Err(e) => (Err(e), Duration::ZERO),
-                    };
-                    (Some(registered), Some(counted))
-                })
-            } else {
-                (Some(register()), None)
-            }
+            (register(), None)
         };
-        if let Some((registration, took)) = registered {
-            region.registration = registration?;
-            region.registered = region.registration == Registration::Registered;
-            region.times.register = took;
-        }
+        let (registration, took) = registered;
+        region.registration = registration?;
+        region.registered = region.registration == Registration::Registered;
+        region.times.register = took;
         if fail(Step::Register) {
             return Err(injected(Step::Register));
         }
         region.verify(o, counted)
-    }
-
-    /// Locks the region, or leaves its pinning to CUDA registration where
-    /// the memlock limit is too low (or hugetlb pages, which `mlock` does
-    /// not count, need none).
-    fn lock_or_leave(&mut self, o: &RegionOptions, will_register: bool) -> Result<(), ArenaError> {
-        let (addr, len) = (self.ptr.as_ptr(), self.len);
-        if self.methods.pages.hugetlb_bytes().is_some() {
-            self.methods.pinned = PinnedBy::Hugetlb;
-        } else if let Some(why) = o.pin_by_registration.as_ref().filter(|_| will_register) {
-            self.methods.pinned = PinnedBy::Registration;
-            self.notes.push(format!(
-                "{why}: not locked, CUDA registration pins the pages"
-            ));
-        } else {
-            // SAFETY: the range is our own mapping.
-            match unsafe { numa::lock(addr, len) } {
-                Ok(()) => self.locked = true,
-                Err(e)
-                    if will_register
-                        && matches!(
-                            e.raw_os_error(),
-                            Some(libc::ENOMEM) | Some(libc::EPERM) | Some(libc::EAGAIN)
-                        ) =>
-                {
-                    self.methods.pinned = PinnedBy::Registration;
-                    self.notes.push(format!(
-                        "mlock failed ({}): not locked, CUDA registration pins the pages",
-                        numa::errno_name(&e)
-                    ));
-                }
-                Err(e) => return Err(ArenaError::lock_failed(o.node, len as u64, Some(e))),
-            }
-        }
-        Ok(())
     }
 
     /// Counts where the pages are, timed.
@@ -770,18 +687,7 @@ impl Region {
     /// With `must_bind` (first touch places the pages) a thread that cannot
     /// be bound is an error; otherwise binding is best effort (placement is
     /// mbind's job, binding only makes the zeroing run on the node's cores).
-    ///
-    /// With `in_order`, the threads take chunks of [`IN_ORDER_CHUNK`] bytes
-    /// from the front in turn (so that the populated part grows from the
-    /// start, ahead of a registration walking it), instead of one slice
-    /// each.
-    fn populate(
-        &self,
-        cpus: &CpuList,
-        threads: usize,
-        must_bind: bool,
-        in_order: bool,
-    ) -> std::io::Result<()> {
+    fn populate(&self, cpus: &CpuList, threads: usize, must_bind: bool) -> std::io::Result<()> {
         let base = self.ptr.as_ptr() as usize;
         let granule = self.methods.pages.granule();
         let chunks = self.len / granule;
@@ -823,7 +729,6 @@ impl Region {
             Ok(())
         };
         let gate = &Gate::default();
-        let next = AtomicUsize::new(0);
         std::thread::scope(|s| {
             let mut handles = Vec::new();
             for t in 0..threads {
@@ -835,23 +740,12 @@ impl Region {
                 // Always a thread of its own, even for one: the caller's
                 // CPU set stays as it was.
                 let b = std::thread::Builder::new().name("numapin-populate".into());
-                let next = &next;
-                let end = base + self.len;
                 let started = b.spawn_scoped(s, move || {
                     if !gate.arrive() {
                         return Ok(());
                     }
                     bind()?;
-                    if !in_order {
-                        return touch(from, to);
-                    }
-                    loop {
-                        let from = base + next.fetch_add(1, Ordering::Relaxed) * IN_ORDER_CHUNK;
-                        if from >= end {
-                            return Ok(());
-                        }
-                        touch(from, (from + IN_ORDER_CHUNK).min(end))?;
-                    }
+                    touch(from, to)
                 });
                 match started {
                     Ok(h) => handles.push(h),

@@ -71,30 +71,6 @@ pub(super) fn run(
                     .push(base("pin_step_per_gib", s).with("step", *step));
             }
             report.results.push(base("pin_release_per_gib", &f.release));
-            if b == Backend::Mapped && gpu_ok {
-                // The same regions with the pages faulted in first and
-                // registered after (the order before the overlap), for a
-                // same-run comparison.
-                progress(&format!(
-                    "pinning: {} regions, mapped backend, populate then register",
-                    numapin::internals::fmt_bytes(bytes as u64)
-                ));
-                use std::sync::atomic::Ordering;
-                let overlap = &numapin::internals::OVERLAP_REGISTRATION;
-                overlap.store(false, Ordering::Relaxed);
-                let seq = pm::region_create(rt, node, bytes, b, reps);
-                overlap.store(true, Ordering::Relaxed);
-                let seq = seq?;
-                report.results.push(
-                    BenchResult::new("pin_create_per_gib", "ms", &seq.create)
-                        .with("node", node)
-                        .with("backend", "mapped_sequential")
-                        .with("region_bytes", seq.bytes)
-                        .with("pages", seq.pages.0)
-                        .with("pages_on_node", seq.pages.1)
-                        .with_methods(Some(seq.methods)),
-                );
-            }
         }
         if gpu_ok {
             progress(&format!(
