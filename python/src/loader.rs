@@ -112,12 +112,25 @@ fn where_to_place(py: Python<'_>, gpu: Option<u32>, node: Option<u32>) -> PyResu
     .map_err(|e| to_py(py, &e))
 }
 
+/// Registers `len` bytes at `p` (a part of the pool's mapping) with CUDA
+/// when asked and a driver is there; whether it did.
+fn register_part(p: *mut u8, len: usize, register: bool) -> bool {
+    if !register || !numapin::internals::cuda::available() {
+        return false;
+    }
+    let flags = numapin::internals::cuda::HOST_REGISTER_PORTABLE
+        | numapin::internals::cuda::HOST_REGISTER_DEVICEMAP;
+    // SAFETY: the range is part of the pool's mapping, which stays mapped
+    // until the pool's Drop unregisters every part first.
+    unsafe { numapin::internals::cuda::host_register(p.cast(), len, flags) }.is_ok()
+}
+
 /// Provisions `shm` with `nslots` slots of `slot_bytes` (rounded up to
-/// 2 MiB) on `node`, faulted in on `cpus`, registered with CUDA when asked
-/// and a driver is there.
+/// 2 MiB), the first `first` of them made now: on `node`, faulted in on
+/// `cpus`, registered with CUDA when asked and a driver is there.
 fn provision(
     shm: &Shm,
-    nslots: usize,
+    (nslots, first): (usize, usize),
     slot_bytes: usize,
     node: u32,
     cpus: &CpuList,
@@ -132,20 +145,12 @@ fn provision(
     shm.provision(
         nslots,
         slot_bytes,
+        first,
         |p, len| {
             place(p, len, node, cpus);
             Ok(())
         },
-        |p, len| {
-            if !register || !numapin::internals::cuda::available() {
-                return false;
-            }
-            let flags = numapin::internals::cuda::HOST_REGISTER_PORTABLE
-                | numapin::internals::cuda::HOST_REGISTER_DEVICEMAP;
-            // SAFETY: the range is the pool's mapping, which stays mapped
-            // until the pool's Drop unregisters it first.
-            unsafe { numapin::internals::cuda::host_register(p.cast(), len, flags) }.is_ok()
-        },
+        |p, len| register_part(p, len, register),
     )
 }
 
@@ -228,9 +233,15 @@ impl SlotPool {
         self.shm.ready()
     }
 
-    /// Slots in the pool.
+    /// Slots in the pool (made so far: it may grow up to `max_slots`).
     #[getter]
     fn nslots(&self) -> usize {
+        self.shm.usable()
+    }
+
+    /// Slots the pool may grow to.
+    #[getter]
+    fn max_slots(&self) -> usize {
         self.shm.geometry().0
     }
 
@@ -262,27 +273,35 @@ impl SlotPool {
         check_nslots(nslots)?;
         let (node, cpus) = where_to_place(py, gpu, node)?;
         let shm = self.shm.clone();
-        py.detach(move || provision(&shm, nslots, slot_bytes, node, &cpus, register))
+        py.detach(move || provision(&shm, (nslots, nslots), slot_bytes, node, &cpus, register))
             .map_err(io_err)
     }
 
-    /// Provisions `nslots` slots as soon as a worker asks for them
-    /// ([`request`](Self::request)), sized by its request, on a thread of
-    /// this (the main) process, so that workers wait for the pool instead
-    /// of sending their first batches down torch's path while the main
-    /// process waits for the first of them. Returns at once; a failure is
-    /// kept for [`provision_error`](Self::provision_error) and makes the
-    /// waiting workers go on without the pool.
-    #[pyo3(signature = (nslots, *, gpu=None, node=None, register=true))]
+    /// Provisions a pool of up to `nslots` slots as soon as a worker asks
+    /// for them ([`request`](Self::request)), sized by its request, on a
+    /// thread of this (the main) process, so that workers wait for the
+    /// pool instead of sending their first batches down torch's path while
+    /// the main process waits for the first of them. `first` slots are made
+    /// then, and `grow_by` more each time a worker finds none free, up to
+    /// `nslots` (each growth faulted in and registered as a part of its
+    /// own, so that no slot spans two). Returns at once; a failure is kept
+    /// for [`provision_error`](Self::provision_error) and makes the waiting
+    /// workers go on without the pool (or without more slots).
+    #[pyo3(signature = (nslots, *, first=None, grow_by=None, gpu=None, node=None, register=true))]
+    #[allow(clippy::too_many_arguments)]
     fn provision_on_request(
         &self,
         py: Python<'_>,
         nslots: usize,
+        first: Option<usize>,
+        grow_by: Option<usize>,
         gpu: Option<u32>,
         node: Option<u32>,
         register: bool,
     ) -> PyResult<()> {
         check_nslots(nslots)?;
+        let first = first.unwrap_or(nslots).clamp(1, nslots);
+        let grow_by = grow_by.unwrap_or(nslots).max(1);
         let mut w = self.watcher.lock().unwrap_or_else(|e| e.into_inner());
         if w.is_some() || self.shm.ready() {
             return Ok(());
@@ -297,9 +316,30 @@ impl SlotPool {
                     return;
                 };
                 let bytes = usize::try_from(bytes).unwrap_or(usize::MAX);
-                if let Err(e) = provision(&shm, nslots, bytes, node, &cpus, register) {
+                if let Err(e) = provision(&shm, (nslots, first), bytes, node, &cpus, register) {
                     *error.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
                     shm.fail();
+                    return;
+                }
+                // Then grow when workers find no slot free, up to nslots.
+                while shm.wait_grow(&flag) {
+                    let grown = shm.grow(
+                        grow_by,
+                        |p, len| {
+                            place(p, len, node, &cpus);
+                            Ok(())
+                        },
+                        |p, len| register_part(p, len, register),
+                    );
+                    match grown {
+                        Ok(usable) => shm.grown(usable < nslots),
+                        Err(e) => {
+                            *error.lock().unwrap_or_else(|p| p.into_inner()) =
+                                Some(format!("growing the slot pool: {e}"));
+                            shm.grown(false);
+                            return;
+                        }
+                    }
                 }
             })
             .map_err(io_err)?;
@@ -394,11 +434,13 @@ impl SlotPool {
         self.shm.reclaim_before(generation)
     }
 
-    /// `{"nslots", "slot_bytes", "free", "leased", "registered"}`.
+    /// `{"nslots" (made so far), "max_slots", "slot_bytes", "free",
+    /// "leased", "registered"}`.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let d = PyDict::new(py);
         let (n, b) = self.shm.geometry();
-        d.set_item("nslots", n)?;
+        d.set_item("nslots", self.shm.usable())?;
+        d.set_item("max_slots", n)?;
         d.set_item("slot_bytes", b)?;
         d.set_item("free", self.shm.free_slots())?;
         d.set_item("leased", self.shm.leased_slots())?;

@@ -16,7 +16,7 @@
 
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -51,6 +51,12 @@ struct Header {
     /// Slot bytes a worker asked for before the pool was provisioned (0:
     /// none yet; the first request wins).
     wanted: AtomicU64,
+    /// Slots made so far (faulted in, registered, takeable); the pool grows
+    /// up to `nslots` when workers find none free.
+    usable: AtomicU32,
+    /// 1 while a worker that found no free slot waits for the pool to grow;
+    /// 2 when it cannot grow any more (a failure: workers stop asking).
+    grow: AtomicU32,
     free: [AtomicU64; MAX_SLOTS / 64],
     holder: [AtomicI32; MAX_SLOTS],
     /// The generation each slot was last taken in.
@@ -67,7 +73,12 @@ pub(crate) struct Shm {
     slots: Mutex<Option<(usize, usize)>>,
     /// Whether this process made the pool (and registered it).
     owner: bool,
-    registered: Mutex<bool>,
+    /// The parts of the slots' mapping this process registered with CUDA
+    /// (address, bytes): the first slots, then each growth.
+    registered: Mutex<Vec<(usize, usize)>>,
+    /// Bytes from the start of the slots' mapping whose page table entries
+    /// this (worker) process has filled.
+    populated: AtomicUsize,
     /// Slots whose release this process owns, with the count of live
     /// leases over each (main process only).
     leased: Mutex<HashMap<u32, usize>>,
@@ -165,7 +176,8 @@ impl Shm {
             header,
             slots: Mutex::new(None),
             owner: true,
-            registered: Mutex::new(false),
+            registered: Mutex::new(Vec::new()),
+            populated: AtomicUsize::new(0),
             leased: Mutex::new(HashMap::new()),
         };
         shm.header().magic.store(MAGIC, Ordering::Release);
@@ -190,7 +202,8 @@ impl Shm {
             header,
             slots: Mutex::new(None),
             owner: false,
-            registered: Mutex::new(false),
+            registered: Mutex::new(Vec::new()),
+            populated: AtomicUsize::new(0),
             leased: Mutex::new(HashMap::new()),
         };
         if shm.header().magic.load(Ordering::Acquire) != MAGIC {
@@ -221,15 +234,18 @@ impl Shm {
     }
 
     /// Grows the memfd to `nslots` slots of `slot_bytes` and maps them
-    /// (main process); `place` binds and faults them in, `register`
-    /// registers them. Then marks the pool ready.
+    /// (main process); `place` binds and faults in the first `first` of
+    /// them, `register` registers those; the rest are made by
+    /// [`grow`](Self::grow). Then marks the pool ready.
     pub(crate) fn provision(
         &self,
         nslots: usize,
         slot_bytes: usize,
+        first: usize,
         place: impl FnOnce(*mut u8, usize) -> std::io::Result<()>,
         register: impl FnOnce(*mut u8, usize) -> bool,
     ) -> std::io::Result<()> {
+        let first = first.clamp(1, nslots.max(1));
         if !self.owner || nslots == 0 || nslots > MAX_SLOTS || slot_bytes == 0 {
             return Err(std::io::Error::other(
                 "a slot pool is provisioned once, by the process that made it, with 1 to 4096 slots",
@@ -247,7 +263,7 @@ impl Shm {
                 "the slot pool is provisioned already (or closed)",
             ));
         }
-        let r = self.provision_now(nslots, slot_bytes, len, place, register);
+        let r = self.provision_now(nslots, slot_bytes, first, len, place, register);
         if r.is_err() {
             let mapped = self.slots.lock().unwrap_or_else(|e| e.into_inner()).take();
             if let Some((p, len)) = mapped {
@@ -273,6 +289,7 @@ impl Shm {
         &self,
         nslots: usize,
         slot_bytes: usize,
+        first: usize,
         len: usize,
         place: impl FnOnce(*mut u8, usize) -> std::io::Result<()>,
         register: impl FnOnce(*mut u8, usize) -> bool,
@@ -285,23 +302,12 @@ impl Shm {
         // then faults it in on the node's CPUs.
         let p = map_shared(self.fd.as_raw_fd(), len, HEADER, false)?;
         *self.slots.lock().unwrap_or_else(|e| e.into_inner()) = Some((p as usize, len));
-        place(p, len)?;
-        *self.registered.lock().unwrap_or_else(|e| e.into_inner()) = register(p, len);
+        self.make_part(p, first * slot_bytes, place, register)?;
         let h = self.header();
         h.nslots.store(nslots as u32, Ordering::Release);
         h.slot_bytes.store(slot_bytes as u64, Ordering::Release);
-        for (w, word) in h.free.iter().enumerate() {
-            let first = w * 64;
-            let bits = nslots.saturating_sub(first).min(64);
-            word.store(
-                if bits == 64 {
-                    u64::MAX
-                } else {
-                    (1u64 << bits) - 1
-                },
-                Ordering::Release,
-            );
-        }
+        h.usable.store(first as u32, Ordering::Release);
+        self.set_free(0, first);
         // Closed meanwhile: stays closed.
         let _ = h.state.compare_exchange(
             STATE_PROVISIONING,
@@ -312,6 +318,91 @@ impl Shm {
         h.seq.fetch_add(1, Ordering::AcqRel);
         futex_wake(&h.seq);
         Ok(())
+    }
+
+    /// Places `len` bytes of the slots' mapping at `p` and registers them
+    /// as a part of their own (kept for Drop to unregister).
+    fn make_part(
+        &self,
+        p: *mut u8,
+        len: usize,
+        place: impl FnOnce(*mut u8, usize) -> std::io::Result<()>,
+        register: impl FnOnce(*mut u8, usize) -> bool,
+    ) -> std::io::Result<()> {
+        place(p, len)?;
+        if register(p, len) {
+            self.registered
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push((p as usize, len));
+        }
+        Ok(())
+    }
+
+    /// Marks slots `from..to` free.
+    fn set_free(&self, from: usize, to: usize) {
+        let h = self.header();
+        for slot in from..to {
+            h.free[slot / 64].fetch_or(1u64 << (slot % 64), Ordering::AcqRel);
+        }
+    }
+
+    /// Slots made so far (at most `nslots`).
+    pub(crate) fn usable(&self) -> usize {
+        self.header().usable.load(Ordering::Acquire) as usize
+    }
+
+    /// Makes up to `more` further slots (main process): `place` binds and
+    /// faults them in, `register` registers them as a part of their own
+    /// (a slot never spans two parts). Returns the slots usable now.
+    pub(crate) fn grow(
+        &self,
+        more: usize,
+        place: impl FnOnce(*mut u8, usize) -> std::io::Result<()>,
+        register: impl FnOnce(*mut u8, usize) -> bool,
+    ) -> std::io::Result<usize> {
+        let h = self.header();
+        let (n, b) = self.geometry();
+        let from = self.usable();
+        let to = (from + more.max(1)).min(n);
+        if !self.owner || !self.ready() || from >= to {
+            return Ok(from);
+        }
+        let (base, _) = self.slots()?;
+        let p = (base + from * b) as *mut u8;
+        self.make_part(p, (to - from) * b, place, register)?;
+        h.usable.store(to as u32, Ordering::Release);
+        self.set_free(from, to);
+        h.seq.fetch_add(1, Ordering::AcqRel);
+        futex_wake(&h.seq);
+        Ok(to)
+    }
+
+    /// The provisioning thread, once the pool is ready: waits until a
+    /// worker asks for more slots (`true`), or the pool is closed or `stop`
+    /// is set (`false`).
+    pub(crate) fn wait_grow(&self, stop: &std::sync::atomic::AtomicBool) -> bool {
+        let h = self.header();
+        loop {
+            let seq = h.seq.load(Ordering::Acquire);
+            if stop.load(Ordering::Acquire) || h.state.load(Ordering::Acquire) != STATE_READY {
+                return false;
+            }
+            if h.grow.load(Ordering::Acquire) == 1 {
+                return true;
+            }
+            futex_wait(&h.seq, seq, Duration::from_secs(1));
+        }
+    }
+
+    /// Ends a growth request: `can_grow` false when the pool cannot grow
+    /// any more (workers stop asking).
+    pub(crate) fn grown(&self, can_grow: bool) {
+        let h = self.header();
+        h.grow
+            .store(if can_grow { 0 } else { 2 }, Ordering::Release);
+        h.seq.fetch_add(1, Ordering::AcqRel);
+        futex_wake(&h.seq);
     }
 
     /// Asks for slots of at least `bytes` (a worker that found the pool not
@@ -396,28 +487,47 @@ impl Shm {
         }
         let (n, b) = self.geometry();
         let len = n * b;
-        // A worker writes whole batches into slots the main process has
-        // faulted in already: map them all now. Touching them page by
-        // page cost one write fault per 4 KiB per slot per worker, which
-        // with 64 MiB batches bounded a worker more than its copies did.
-        let p = map_shared(self.fd.as_raw_fd(), len, HEADER, true)?;
+        let p = map_shared(self.fd.as_raw_fd(), len, HEADER, false)?;
         *g = Some((p as usize, len));
         Ok((p as usize, len))
     }
 
-    /// The first byte of slot `slot`.
+    /// The first byte of slot `slot`, a slot made already. A worker fills
+    /// the page table entries of the slots made so far in one call the
+    /// first time it reaches one it has not touched (touching them page by
+    /// page cost one write fault per 4 KiB per slot per worker, which with
+    /// 64 MiB batches bounded a worker more than its copies did).
     pub(crate) fn slot_ptr(&self, slot: u32) -> std::io::Result<*mut u8> {
         let (base, _) = self.slots()?;
-        let (n, b) = self.geometry();
-        if slot as usize >= n {
-            return Err(std::io::Error::other(format!("slot {slot} of {n}")));
+        let (_, b) = self.geometry();
+        let usable = self.usable();
+        if slot as usize >= usable {
+            return Err(std::io::Error::other(format!("slot {slot} of {usable}")));
+        }
+        let end = (slot as usize + 1) * b;
+        let done = self.populated.load(Ordering::Acquire);
+        if !self.owner && end > done {
+            let upto = usable * b;
+            // SAFETY: done..upto lies in this process's mapping of the
+            // slots, all of them made (faulted in) by the main process;
+            // populating maps their pages, changing no data.
+            let r = unsafe {
+                numapin::internals::numa::populate_write((base + done) as *mut u8, upto - done)
+            };
+            if r.is_ok() {
+                self.populated.fetch_max(upto, Ordering::AcqRel);
+            }
         }
         Ok((base + slot as usize * b) as *mut u8)
     }
 
     /// Whether this process registered the slots with CUDA.
     pub(crate) fn registered(&self) -> bool {
-        *self.registered.lock().unwrap_or_else(|e| e.into_inner())
+        !self
+            .registered
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_empty()
     }
 
     /// Takes a free slot, waiting up to `timeout` for one; `None` when
@@ -456,6 +566,15 @@ impl Shm {
             if now >= deadline {
                 return None;
             }
+            // None free: ask the main process for more, if there can be.
+            let (n, _) = self.geometry();
+            if self.usable() < n
+                && h.grow
+                    .compare_exchange(0, 1, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+            {
+                futex_wake(&h.seq);
+            }
             futex_wait(&h.seq, seq, (deadline - now).min(Duration::from_millis(50)));
         }
     }
@@ -478,7 +597,7 @@ impl Shm {
     /// slots stay held by leases.
     pub(crate) fn reset(&self) -> usize {
         let h = self.header();
-        let (n, _) = self.geometry();
+        let n = self.usable();
         let leased = self.leased.lock().unwrap_or_else(|e| e.into_inner());
         for slot in 0..n as u32 {
             if !leased.contains_key(&slot) {
@@ -504,7 +623,7 @@ impl Shm {
     /// Returns how many came back.
     pub(crate) fn reclaim_before(&self, generation: u32) -> usize {
         let h = self.header();
-        let (n, _) = self.geometry();
+        let n = self.usable();
         let leased = self.leased.lock().unwrap_or_else(|e| e.into_inner());
         let mut back = 0;
         for slot in 0..n {
@@ -529,7 +648,7 @@ impl Shm {
 
     /// Free slots now.
     pub(crate) fn free_slots(&self) -> usize {
-        let (n, _) = self.geometry();
+        let n = self.usable();
         let h = self.header();
         (0..n)
             .filter(|&s| h.free[s / 64].load(Ordering::Acquire) & (1u64 << (s % 64)) != 0)
@@ -579,11 +698,16 @@ impl Drop for Shm {
     fn drop(&mut self) {
         let slots = *self.slots.get_mut().unwrap_or_else(|e| e.into_inner());
         if let Some((p, len)) = slots {
-            if *self.registered.get_mut().unwrap_or_else(|e| e.into_inner()) {
-                // SAFETY: registered by provision at this address; every
-                // view (and so every copy from one) is gone, since each
-                // holds an Arc to this mapping.
-                let _ = unsafe { numapin::internals::cuda::host_unregister(p as *mut _) };
+            for &(part, _) in self
+                .registered
+                .get_mut()
+                .unwrap_or_else(|e| e.into_inner())
+                .iter()
+            {
+                // SAFETY: registered by provision or grow at this address;
+                // every view (and so every copy from one) is gone, since
+                // each holds an Arc to this mapping.
+                let _ = unsafe { numapin::internals::cuda::host_unregister(part as *mut _) };
             }
             // SAFETY: our own mapping, referenced by nothing any more.
             unsafe { libc::munmap(p as *mut _, len) };
@@ -637,7 +761,8 @@ mod tests {
 
     fn pool(n: usize) -> Arc<Shm> {
         let s = Shm::create().unwrap();
-        s.provision(n, 4096, |_, _| Ok(()), |_, _| false).unwrap();
+        s.provision(n, 4096, n, |_, _| Ok(()), |_, _| false)
+            .unwrap();
         Arc::new(s)
     }
 
@@ -668,7 +793,7 @@ mod tests {
         let (o, st) = (owner.clone(), stop.clone());
         let provisioner = std::thread::spawn(move || {
             let bytes = o.wait_request(&st)?;
-            o.provision(2, bytes as usize, |_, _| Ok(()), |_, _| false)
+            o.provision(2, bytes as usize, 2, |_, _| Ok(()), |_, _| false)
                 .ok()?;
             Some(bytes)
         });
@@ -684,7 +809,7 @@ mod tests {
         assert!(worker.acquire(Duration::ZERO).is_some());
         // Provisioned once: a second provisioning is refused.
         assert!(owner
-            .provision(2, 4096, |_, _| Ok(()), |_, _| false)
+            .provision(2, 4096, 2, |_, _| Ok(()), |_, _| false)
             .is_err());
     }
 
@@ -697,6 +822,7 @@ mod tests {
             .provision(
                 1,
                 4096,
+                1,
                 |_, _| Err(std::io::Error::other("no")),
                 |_, _| false
             )
@@ -714,6 +840,65 @@ mod tests {
         let fresh = Shm::create().unwrap();
         fresh.close();
         assert_eq!(fresh.wait_request(&AtomicBool::new(false)), None, "closed");
+    }
+
+    #[test]
+    fn a_pool_grows_when_a_worker_finds_no_slot_free_and_stops_at_its_bound() {
+        use std::sync::atomic::AtomicBool;
+        let owner = Arc::new(Shm::create().unwrap());
+        owner
+            .provision(5, 4096, 2, |_, _| Ok(()), |_, _| false)
+            .unwrap();
+        assert_eq!((owner.usable(), owner.free_slots()), (2, 2));
+        let worker = Arc::new(Shm::attach(&owner.path()).unwrap());
+        let a = worker.acquire(Duration::ZERO).unwrap();
+        let b = worker.acquire(Duration::ZERO).unwrap();
+        assert_eq!(owner.geometry().0, 5);
+        assert!(worker.slot_ptr(4).is_err(), "slot 4 is not made yet");
+        let stop = Arc::new(AtomicBool::new(false));
+        let (o, st) = (owner.clone(), stop.clone());
+        let grower = std::thread::spawn(move || {
+            let mut placed = Vec::new();
+            while o.wait_grow(&st) {
+                let usable = o
+                    .grow(
+                        2,
+                        |p, len| {
+                            placed.push((p as usize, len));
+                            Ok(())
+                        },
+                        |_, _| false,
+                    )
+                    .unwrap();
+                o.grown(usable < 5);
+            }
+            placed
+        });
+        // No slot free: asking grows the pool by two.
+        let c = worker.acquire(Duration::from_secs(10)).unwrap();
+        let d = worker.acquire(Duration::from_secs(10)).unwrap();
+        let e = worker.acquire(Duration::from_secs(10)).unwrap();
+        let mut got = vec![a, b, c, d, e];
+        got.sort_unstable();
+        assert_eq!(got, vec![0, 1, 2, 3, 4]);
+        assert_eq!(owner.usable(), 5);
+        assert!(worker.slot_ptr(4).is_ok());
+        // At its bound: no more, however long one waits.
+        assert_eq!(worker.acquire(Duration::from_millis(100)), None);
+        worker.release(c);
+        assert_eq!(worker.acquire(Duration::ZERO), Some(c));
+        // reset frees made slots only.
+        owner.reset();
+        assert_eq!(owner.free_slots(), 5);
+        stop.store(true, Ordering::Release);
+        owner.wake();
+        let placed = grower.join().unwrap();
+        let (base, _) = owner.slots().unwrap();
+        assert_eq!(
+            placed,
+            vec![(base + 2 * 4096, 2 * 4096), (base + 4 * 4096, 4096)],
+            "each growth places only its own slots"
+        );
     }
 
     #[test]

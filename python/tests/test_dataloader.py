@@ -137,7 +137,9 @@ def test_cpu_batches_are_pinned_views_of_slots_that_come_back():
     gc.collect()
     s = dl.stats()
     assert s["free"] == s["nslots"] and s["leased"] == 0, s
-    assert dl.memory_bound()["pinned_bytes"] == s["nslots"] * s["slot_bytes"]
+    m = dl.memory_bound()
+    assert m["pinned_bytes"] == s["max_slots"] * s["slot_bytes"]
+    assert m["pinned_bytes_now"] == s["nslots"] * s["slot_bytes"] <= m["pinned_bytes"]
 
 
 class Failing(Dataset):
@@ -263,8 +265,9 @@ def test_workers_ask_for_the_pool_and_every_first_batch_goes_in_a_slot():
     compare_epochs(TorchLoader(ds, **kw), ours)
     s = ours.stats()
     assert s["plain_batches"] == {} and s["slotted_batches"] == 12, s
-    # Every batch torch keeps in flight (4 x 2) has a slot, and copies 4 more.
-    assert s["nslots"] == 12 and s["slot_bytes"] >= 1, s
+    # Every batch torch keeps in flight (4 x 2) can have a slot, and copies
+    # 4 more; the pool starts with 2 x 2 + 2 and grows only as far as needed.
+    assert s["max_slots"] == 12 and 6 <= s["nslots"] <= 12 and s["slot_bytes"] >= 1, s
     ours.close()
 
 
@@ -306,3 +309,34 @@ def test_closing_a_pool_no_worker_asked_for_stops_its_thread():
     assert time.monotonic() - t < 5
     assert pool.wait_ready(0.0) is False and pool.provision_error() is None
     assert watchers() == before
+
+
+def test_the_pool_grows_when_workers_find_no_slot_free():
+    # The consumer holds every CPU batch it gets: workers find no slot free
+    # and the pool grows (each growth its own part), up to its bound.
+    ds = Mixed(40)
+    kw = dict(batch_size=2, num_workers=2, prefetch_factor=2)
+    dl = nt.DataLoader(ds, generator=torch.Generator().manual_seed(5), slot_timeout=30.0, **kw)
+    it = iter(dl)
+    held = [next(it) for _ in range(6)]
+    s = dl.stats()
+    # It started with 6 slots, all held now: the workers filling the next
+    # batches make it grow to its bound (8).
+    assert s["max_slots"] == 8 and s["nslots"] >= 6, s
+    import time
+
+    deadline = time.monotonic() + 20
+    while dl.stats()["nslots"] < 8 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert dl.stats()["nslots"] == 8, dl.stats()
+    want = [detached(b) for b in TorchLoader(ds, generator=torch.Generator().manual_seed(5), **kw)][:6]
+    same(want, [detached(b) for b in held])
+    assert s["plain_batches"] == {}, s
+    del held
+    gc.collect()
+    rest = [detached(b) for b in it]  # holding no slot
+    assert len(rest) == 14
+    gc.collect()
+    s = dl.stats()
+    assert s["free"] == s["nslots"] and s["leased"] == 0, s
+    dl.close()

@@ -8,7 +8,9 @@ It takes torch's arguments (``dataset``, ``batch_size``, ``shuffle``,
 a CUDA device (batches arrive on it) or ``None`` (pinned CPU batches), and
 the pool's ``slot_bytes`` (default: the first batch's bytes plus an eighth),
 ``slots`` (default ``prefetch_factor * num_workers + 4``: the batches torch
-keeps in flight, and copies), ``keep_worker_heap`` (default
+keeps in flight, and copies; with workers the pool starts with
+``2 * num_workers + 2`` of them and grows when a worker finds none free),
+``keep_worker_heap`` (default
 true: workers keep freed memory for their next samples instead of faulting
 in fresh pages every batch) and
 ``slot_timeout`` (how long a worker waits for a free slot before the batch
@@ -406,7 +408,16 @@ class DataLoader:
             self._pool.path, collate_fn, slot_timeout, POOL_WAIT if self._on_request else 0.0
         )
         if self._on_request:
-            self._pool.provision_on_request(self._nslots, gpu=self._gpu, register=self._register())
+            # Two slots per worker and two more first (what a consumer as
+            # fast as the workers needs: one being filled and one done per
+            # worker), more when workers find none free, up to the bound.
+            self._pool.provision_on_request(
+                self._nslots,
+                first=min(self._nslots, 2 * num_workers + 2),
+                grow_by=max(2, num_workers),
+                gpu=self._gpu,
+                register=self._register(),
+            )
         self._cpus = self._worker_cpus()
         # Weak: an epoch the consumer drops (a `break` out of a for loop)
         # ends at once and gives its slots back.
@@ -459,9 +470,13 @@ class DataLoader:
         self._pool.provision(self._nslots, max(nbytes, 1), gpu=self._gpu, register=self._register())
 
     def memory_bound(self) -> dict[str, int]:
-        """Pinned host bytes the slot pool holds (``slots`` x slot size; 0
-        before it is sized)."""
-        return {"pinned_bytes": self._pool.nslots * self._pool.slot_bytes}
+        """Pinned host bytes the slot pool may hold (``slots`` x slot size)
+        and holds now (it grows to that bound as workers need slots); 0
+        before it is sized."""
+        return {
+            "pinned_bytes": self._pool.max_slots * self._pool.slot_bytes,
+            "pinned_bytes_now": self._pool.nslots * self._pool.slot_bytes,
+        }
 
     def stats(self) -> dict[str, Any]:
         """The pool (slots, size, free, leased) and how many batches took
