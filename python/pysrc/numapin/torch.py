@@ -36,7 +36,7 @@ data's path changes:
 Sizing: unless ``slot_bytes`` is given, the first worker to collate asks
 for slots of its batch's size plus an eighth, and the main process makes
 the pool on a thread of its own while the workers wait for it (with
-``num_workers=0`` the first batch takes torch's path and sizes the pool). A
+``num_workers=0`` the main process makes it from its first batch). A
 batch larger than a slot takes torch's ordinary path, with one warning.
 Memory held: ``memory_bound()``.
 """
@@ -222,9 +222,19 @@ class _SlotCollate:
     def __init__(self, path: str, user: Callable[[list[Any]], Any] | None, timeout: float, wait: float = 0.0) -> None:
         self.path, self.user, self.timeout, self.wait = path, user, timeout, wait
         self._pool: Any = None
+        # num_workers=0: collate runs in the main process, which sizes and
+        # makes the pool itself from the first batch.
+        self.provision_here: Callable[[int], None] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"path": self.path, "user": self.user, "timeout": self.timeout, "wait": self.wait, "_pool": None}
+        return {
+            "path": self.path,
+            "user": self.user,
+            "timeout": self.timeout,
+            "wait": self.wait,
+            "_pool": None,
+            "provision_here": None,
+        }
 
     def _attached(self) -> Any:
         if self._pool is None:
@@ -243,7 +253,7 @@ class _SlotCollate:
         # A user collate runs once, here or below; its result is copied in.
         data: Any = None
         if not pool.ready:
-            if self.wait <= 0:
+            if self.wait <= 0 and self.provision_here is None:
                 data = self._ordinary(samples)
                 return _Plain(data, "unsized", _tensor_bytes(data))
             if self.user is None:
@@ -251,7 +261,10 @@ class _SlotCollate:
             else:
                 data = self.user(samples)
                 need = _tensor_bytes(data)
-            pool.request(int(max(need, 1) * HEADROOM))
+            if self.provision_here is not None:
+                self.provision_here(int(max(need, 1) * HEADROOM))
+            else:
+                pool.request(int(max(need, 1) * HEADROOM))
             if not pool.wait_ready(self.wait):
                 if data is None:
                     data = self._ordinary(samples)
@@ -407,6 +420,8 @@ class DataLoader:
         self._collate = _SlotCollate(
             self._pool.path, collate_fn, slot_timeout, POOL_WAIT if self._on_request else 0.0
         )
+        if num_workers == 0 and slot_bytes is None:
+            self._collate.provision_here = self._provision
         if self._on_request:
             # Two slots per worker and two more first (what a consumer as
             # fast as the workers needs: one being filled and one done per
