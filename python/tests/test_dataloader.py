@@ -303,6 +303,10 @@ def test_closing_a_pool_no_worker_asked_for_stops_its_thread():
     pool = _numapin.SlotPool.create()
     before = watchers()
     pool.provision_on_request(2, register=False)
+    # The thread names itself once it runs.
+    deadline = time.monotonic() + 10
+    while watchers() != before + 1 and time.monotonic() < deadline:
+        time.sleep(0.005)
     assert watchers() == before + 1
     t = time.monotonic()
     pool.close()
