@@ -4,7 +4,14 @@
 //! ```text
 //! cargo run --release --example loader_gpu -- [--batch-mib 64] [--batches 64]
 //!     [--reps 3] [--staged-mib 1024] [--gpus 0,1,2,3] [--json]
+//!     [--workers N] [--depth N] [--fill streaming|cached] [--empty-producer]
+//!     [--stages-only]
 //! ```
+//!
+//! `--stages-only` measures the loader beside its two stages alone (the
+//! producers filling slots without copies, and the bare copy loop) and
+//! nothing else; `--fill cached` has the producers write with ordinary
+//! stores instead of streaming ones.
 //!
 //! Prints one table (and with `--json` one JSON object per line after it).
 //! Without a GPU it measures host mode only and says so.
@@ -28,7 +35,10 @@ struct Args {
     gpus: Option<Vec<CudaOrdinal>>,
     json: bool,
     workers: usize,
+    depth: usize,
     empty: bool,
+    cached: bool,
+    stages_only: bool,
 }
 
 fn parse() -> Result<Args, String> {
@@ -40,7 +50,10 @@ fn parse() -> Result<Args, String> {
         gpus: None,
         json: false,
         workers: 0,
+        depth: 0,
         empty: false,
+        cached: false,
+        stages_only: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(k) = it.next() {
@@ -67,6 +80,13 @@ fn parse() -> Result<Args, String> {
             "--json" => a.json = true,
             "--workers" => a.workers = num(val()?)? as usize,
             "--empty-producer" => a.empty = true,
+            "--depth" => a.depth = num(val()?)? as usize,
+            "--stages-only" => a.stages_only = true,
+            "--fill" => match val()?.as_str() {
+                "streaming" => a.cached = false,
+                "cached" => a.cached = true,
+                v => return Err(format!("--fill {v}: expected streaming or cached")),
+            },
             _ => return Err(format!("unknown argument {k}")),
         }
     }
@@ -177,8 +197,11 @@ fn run() -> numapin::Result<()> {
         batches: args.batches,
         reps: args.reps,
         workers: args.workers,
+        depth: args.depth,
         cost: if args.empty {
             Cost::Nothing
+        } else if args.cached {
+            Cost::FillCached
         } else {
             Cost::Fill
         },
@@ -233,13 +256,44 @@ fn run() -> numapin::Result<()> {
     rep.row(
         &format!(
             "loader, GPU {g}, {} producer",
-            if args.empty { "empty" } else { "fill" }
+            if args.empty {
+                "empty"
+            } else if args.cached {
+                "cached-fill"
+            } else {
+                "fill"
+            }
         ),
         "GB/s",
         &plain.gbps,
         Some((plain.gbps.median / bare.median, "bare")),
         &format!("{} workers, {}", plain.workers, verified(plain.verified)),
     );
+    if args.stages_only {
+        let alone = measure::loader_gbps(
+            &rt,
+            Mode::Host,
+            &LoaderBench {
+                sampled_check: true,
+                ..bench.clone()
+            },
+        )?;
+        let min = alone.gbps.median.min(bare.median);
+        rep.row(
+            "producers alone (host mode, sampled check)",
+            "GB/s",
+            &alone.gbps,
+            Some((plain.gbps.median / min, "loader / slower stage")),
+            verified(alone.verified),
+        );
+        println!("{}", rep.table.render());
+        if args.json {
+            for j in &rep.json {
+                println!("{j}");
+            }
+        }
+        return Ok(());
+    }
     let busy = measure::loader_gbps(
         &rt,
         Mode::Gpu(g),

@@ -317,6 +317,33 @@ fn a_request_larger_than_a_region_gets_a_dedicated_one() {
 }
 
 #[test]
+fn no_buffer_spans_the_halves_of_a_standard_region() {
+    let _g = serial();
+    // 16 MiB regions in halves of 8 MiB: 5 MiB buffers take one half each
+    // (two per region); a region in one piece holds three.
+    for (in_parts, regions) in [(true, 3), (false, 2)] {
+        let rt = runtime(small().with_register_in_parts(in_parts));
+        let node = first_node(&rt);
+        let bufs: Vec<_> = (0..6)
+            .map(|_| rt.alloc_on_node(node, 5 * MIB).unwrap())
+            .collect();
+        assert_eq!(rt.stats()[0].regions, regions, "in parts: {in_parts}");
+        // Every page of every buffer is usable.
+        for mut b in bufs {
+            b.fill(0xA5);
+            assert!(b.iter().all(|&x| x == 0xA5));
+        }
+        assert_eq!(rt.trim(), 0);
+    }
+    // A buffer over half a region still fits in a region (of its own).
+    let rt = runtime(small());
+    let node = first_node(&rt);
+    let b = rt.alloc_on_node(node, 9 * MIB).unwrap();
+    assert_eq!(b.len(), 9 * MIB);
+    drop(b);
+}
+
+#[test]
 fn typed_views_share_the_bytes() {
     let _g = serial();
     let rt = runtime(small());
@@ -505,6 +532,7 @@ fn region_options(node: u32, size: usize, cpus: numapin::CpuList) -> RegionOptio
         pin_by_registration: None,
         backend: numapin::runtime::Backend::Mapped,
         huge_pages: HugePages::Transparent,
+        register_part_bytes: 0,
         pool_root: None,
         fail_after: None,
     }

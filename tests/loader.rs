@@ -840,11 +840,16 @@ mod gpu {
                 numapin::staged::StagedOptions::default()
                     .with_chunk_bytes(1 << 20)
                     .with_threads(3)
-                    .with_slots_per_thread(1),
+                    .with_slots_per_thread(1)
+                    .with_slot_writes(numapin::staged::SlotWrites::Cached),
                 numapin::staged::StagedOptions::default()
                     .with_chunk_bytes(4096 + 17)
                     .with_threads(2)
-                    .with_slots_per_thread(3),
+                    .with_slots_per_thread(3)
+                    .with_slot_writes(numapin::staged::SlotWrites::Streaming),
+                numapin::staged::StagedOptions::default()
+                    .with_chunk_bytes(3 << 20)
+                    .with_slot_writes(numapin::staged::SlotWrites::Streaming),
             ];
             for len in [1usize, 3, 4095, 8 * MIB + 3, 100 * MIB + 7] {
                 let dev = DeviceBuffer::new(len + 64).unwrap();

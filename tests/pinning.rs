@@ -44,6 +44,7 @@ fn options(node: u32, size: usize, backend: Backend) -> RegionOptions {
         pin_by_registration: None,
         backend,
         huge_pages: numapin::runtime::HugePages::Transparent,
+        register_part_bytes: 0,
         pool_root: None,
         fail_after: None,
     }
@@ -75,6 +76,54 @@ fn every_step_is_timed_and_the_steps_add_up() {
     let counts = r.count_pages().unwrap();
     assert_eq!(counts.pages, (32 * MIB / 4096) as u64);
     assert_eq!(counts.on(node), counts.pages);
+}
+
+#[test]
+fn a_region_made_in_parts_is_populated_locked_and_counted_whole() {
+    let _g = serial();
+    let rt = Runtime::new(topology(CudaMode::Off), RuntimeConfig::default()).unwrap();
+    let node = first_node(&rt);
+    let before = locked_bytes();
+    // 30 MiB in parts of 8 MiB: three whole parts and a short one.
+    let o = RegionOptions {
+        register_part_bytes: 8 * MIB,
+        ..options(node, 30 * MIB, Backend::Mapped)
+    };
+    let r = Region::create(&o).unwrap();
+    assert_eq!(r.len(), 30 * MIB);
+    assert_eq!(r.pages_on_node(), (30 * MIB / 4096) as u64);
+    assert_eq!(r.pages_off_node(), 0);
+    assert_eq!(r.methods().verified, VerifiedBy::MovePages);
+    let times = *r.times();
+    assert!(
+        !times.populate.is_zero() && !times.verify.is_zero(),
+        "{times:?}"
+    );
+    // Every page is locked (VmLck counts the whole region) and present.
+    assert_eq!(locked_bytes() - before, 30 * MIB as u64);
+    let counts = r.count_pages_numa_maps().unwrap();
+    assert_eq!(counts.on(node), (30 * MIB / 4096) as u64, "{counts:?}");
+    // The same options with one part (the region's size) take the usual
+    // path and give the same result.
+    let whole = Region::create(&RegionOptions {
+        register_part_bytes: 30 * MIB,
+        ..o.clone()
+    })
+    .unwrap();
+    assert_eq!(whole.pages_on_node(), r.pages_on_node());
+    drop((r, whole));
+    assert_eq!(locked_bytes(), before, "parts left locked");
+    // A failure after the parts are in leaves nothing locked or mapped.
+    let e = Region::create(&RegionOptions {
+        fail_after: Some(numapin::runtime::Step::Populate),
+        ..o
+    })
+    .unwrap_err();
+    assert!(e.to_string().contains("failed at Populate"), "{e}");
+    assert_eq!(locked_bytes(), before, "a failed region left pages locked");
+    assert!(!numapin::internals::numa::is_mapped(
+        numapin::internals::last_mapped_addr()
+    ));
 }
 
 #[test]
@@ -198,17 +247,26 @@ fn child_driver_backend_without_a_driver() {
 
 // ---- GPU tests: run with --ignored on a machine with a CUDA GPU. ----
 
-#[test]
-#[ignore = "needs a CUDA GPU: run with --ignored on a GPU machine"]
-fn gpu_driver_backends_give_placed_memory_that_copies() {
-    let _g = serial();
+/// This machine's topology and its first GPU's CUDA ordinal, or `None`
+/// (said on stderr) without a driver or a GPU: the test then skips.
+fn gpu_topology() -> Option<(Topology, numapin::CudaOrdinal)> {
     if !numapin::internals::cuda::available() {
         eprintln!("skipped: no CUDA driver");
-        return;
+        return None;
     }
     let t = topology(CudaMode::Auto);
     let Some(gpu) = t.gpus.iter().find_map(|g| g.cuda_ordinal) else {
         eprintln!("skipped: no GPU");
+        return None;
+    };
+    Some((t, gpu))
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --ignored on a GPU machine"]
+fn gpu_driver_backends_give_placed_memory_that_copies() {
+    let _g = serial();
+    let Some((t, gpu)) = gpu_topology() else {
         return;
     };
     numapin::internals::cuda::set_device(gpu.get()).unwrap();
@@ -253,5 +311,90 @@ fn gpu_driver_backends_give_placed_memory_that_copies() {
         println!("{backend:?}: {}", s.methods());
         drop((src, dst));
         drop(rt);
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --ignored on a GPU machine"]
+fn gpu_regions_registered_in_parts_copy_across_parts_and_leave_nothing_registered() {
+    use numapin::internals::cuda;
+    use numapin::runtime::Step;
+    let _g = serial();
+    let Some((t, gpu)) = gpu_topology() else {
+        return;
+    };
+    cuda::set_device(gpu.get()).unwrap();
+    let rt = Runtime::new(t, RuntimeConfig::default()).unwrap();
+    let node = first_node(&rt);
+    let part = 8 * MIB;
+    let o = RegionOptions {
+        register_part_bytes: part,
+        ..options(node, 4 * part, Backend::Mapped)
+    };
+    // A failure after registering leaves no part registered: the next
+    // region (mapped at the same place, as a rule) registers again.
+    for step in [Step::Register, Step::Populate] {
+        let e = Region::create(&RegionOptions {
+            fail_after: Some(step),
+            ..o.clone()
+        })
+        .unwrap_err();
+        assert!(
+            e.to_string().contains(&format!("failed at {step:?}")),
+            "{e}"
+        );
+    }
+    let r = Region::create(&o).unwrap();
+    assert!(r.registered(), "{:?}", r.registration());
+    assert!(
+        r.notes()
+            .iter()
+            .any(|n| n.contains("registered in 4 parts")),
+        "{:?}",
+        r.notes()
+    );
+    assert_eq!(r.pages_on_node(), (r.len() / 4096) as u64);
+    assert_eq!(r.pages_off_node(), 0);
+    let times = r.times();
+    assert!(!times.populate.is_zero() && !times.register.is_zero() && !times.verify.is_zero());
+    let base = r.ptr() as usize;
+    for k in 0..4 {
+        cuda::host_get_flags((base + k * part) as *const _)
+            .unwrap_or_else(|e| panic!("part {k} is not registered: {e}"));
+    }
+    // A copy inside one part arrives whole; one across two parts is
+    // refused by the drivers measured (580: CUDA_ERROR_INVALID_VALUE),
+    // which is why the arena registers each region in one call, and if a
+    // driver takes it, it must arrive whole too.
+    // SAFETY: the region is mapped and writable for its length, owned by
+    // `r`, which outlives the slice; nothing else refers to it.
+    let mem = unsafe { std::slice::from_raw_parts_mut(r.ptr(), r.len()) };
+    mem.iter_mut()
+        .enumerate()
+        .for_each(|(i, b)| *b = (i % 253) as u8);
+    let dev = cuda::DeviceBuffer::new(part).unwrap();
+    let mut back = vec![0u8; part];
+    let inside = &mem[part..2 * part];
+    dev.write(inside).unwrap();
+    dev.read(&mut back).unwrap();
+    assert!(back == inside, "a copy inside a part differs");
+    let across = &mem[part / 2..part / 2 + part];
+    match dev.write(across) {
+        Ok(()) => {
+            dev.read(&mut back).unwrap();
+            assert!(back == across, "a copy across parts differs");
+            println!("this driver copies across registrations");
+        }
+        Err(e) => {
+            assert_eq!(e.name(), "CUDA_ERROR_INVALID_VALUE", "{e}");
+            println!("a copy across registrations is refused: {e}");
+        }
+    }
+    drop(r);
+    for k in 0..4 {
+        assert!(
+            cuda::host_get_flags((base + k * part) as *const _).is_err(),
+            "part {k} is still registered after the region was dropped"
+        );
     }
 }

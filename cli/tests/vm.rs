@@ -719,6 +719,7 @@ mod guest {
             pin_by_registration: None,
             backend: numapin::runtime::Backend::Mapped,
             huge_pages: Default::default(),
+            register_part_bytes: 0,
             pool_root: None,
             fail_after: None,
         };

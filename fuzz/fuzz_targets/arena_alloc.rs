@@ -10,6 +10,7 @@ fuzz_target!(|data: &[u8]| {
     let mut t = Tlsf::new(granule);
     let mut live: Vec<numapin::internals::alloc::Block> = Vec::new();
     let mut sizes = Vec::new();
+    let mut parts: Vec<(u32, u64)> = Vec::new();
     for chunk in data.chunks(4) {
         let op = chunk[0] % 4;
         let arg = chunk
@@ -18,12 +19,22 @@ fuzz_target!(|data: &[u8]| {
             .fold(0u64, |a, b| a << 8 | u64::from(*b));
         match op {
             0 if t.region_count() < 8 => {
-                sizes.push(t.add_region((arg % 64 + 1) * granule));
+                // Every other region in parts (of 1 to 16 granules).
+                let size = (arg % 64 + 1) * granule;
+                let part = if arg & 1 << 20 != 0 { (arg >> 8) % 16 * granule } else { 0 };
+                let r = t.add_region_in_parts(size, part);
+                if part != 0 && part < size {
+                    parts.push((r, part));
+                }
+                sizes.push(r);
             }
             1 | 2 => {
                 if let Some(b) = t.alloc(arg % (80 * granule) + 1) {
                     assert_eq!(b.offset % granule, 0);
                     assert!(b.offset + b.size <= t.region_size(b.region).unwrap());
+                    if let Some(&(_, part)) = parts.iter().find(|p| p.0 == b.region) {
+                        assert_eq!(b.offset / part, (b.offset + b.size - 1) / part, "spans parts");
+                    }
                     for o in &live {
                         assert!(
                             o.region != b.region

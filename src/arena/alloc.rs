@@ -26,7 +26,11 @@
 //! Sizes and offsets are bytes, multiples of the granule (a power of two
 //! from 4 KiB to 2 MiB, also the alignment of every block: regions start
 //! 2 MiB-aligned). Each region is a run of blocks in address order; a block
-//! is free or used; two free neighbours never stay apart. Blocks live in a
+//! is free or used; two free neighbours never stay apart, except across a
+//! *part boundary*: a region added in parts ([`Tlsf::add_region_in_parts`])
+//! never has a block that spans two parts (CUDA refuses a copy whose range
+//! spans two registrations, and such a region is registered part by part).
+//! Blocks live in a
 //! slab (`Vec`) and refer to each other by index, so the whole structure is
 //! safe code with no pointers, and Miri can run its tests.
 
@@ -68,6 +72,11 @@ struct Node {
 struct RegionInfo {
     size: u64,
     first: u32,
+    /// Bytes per part (a multiple of the granule), 0 for a region in one
+    /// piece: no block crosses a multiple of it.
+    part: u64,
+    /// Blocks in use.
+    used: u32,
 }
 
 /// TLSF bookkeeping over regions of address space (see the module docs).
@@ -140,10 +149,22 @@ impl Tlsf {
     /// Adds a region of `size` bytes (a non-zero multiple of the granule),
     /// wholly free; returns its id. Ids of removed regions are reused.
     pub fn add_region(&mut self, size: u64) -> u32 {
+        self.add_region_in_parts(size, 0)
+    }
+
+    /// [`Tlsf::add_region`] of a region in parts of `part` bytes (a
+    /// multiple of the granule; 0 or at least `size`: one part): no block
+    /// handed out from it spans two parts.
+    pub fn add_region_in_parts(&mut self, size: u64, part: u64) -> u32 {
         assert!(
             size > 0 && size % self.granule() == 0,
             "region size must be a non-zero multiple of the granule"
         );
+        assert!(
+            part % self.granule() == 0,
+            "part size must be a multiple of the granule"
+        );
+        let part = if part >= size { 0 } else { part };
         let id = match self.regions.iter().position(Option::is_none) {
             Some(i) => i as u32,
             None => {
@@ -151,31 +172,57 @@ impl Tlsf {
                 (self.regions.len() - 1) as u32
             }
         };
-        let n = self.new_node(Node {
-            region: id,
-            offset: 0,
+        let step = if part == 0 { size } else { part };
+        let mut first = NIL;
+        let mut prev = NIL;
+        let mut offset = 0;
+        while offset < size {
+            let n = self.new_node(Node {
+                region: id,
+                offset,
+                size: step.min(size - offset),
+                free: true,
+                prev_phys: prev,
+                next_phys: NIL,
+                prev_free: NIL,
+                next_free: NIL,
+            });
+            if prev == NIL {
+                first = n;
+            } else {
+                self.nodes[prev as usize].next_phys = n;
+            }
+            self.insert_free(n);
+            prev = n;
+            offset += step;
+        }
+        self.regions[id as usize] = Some(RegionInfo {
             size,
-            free: true,
-            prev_phys: NIL,
-            next_phys: NIL,
-            prev_free: NIL,
-            next_free: NIL,
+            first,
+            part,
+            used: 0,
         });
-        self.regions[id as usize] = Some(RegionInfo { size, first: n });
         self.region_bytes += size;
-        self.insert_free(n);
         id
+    }
+
+    /// Whether `offset` of region `region` starts a part (other than the
+    /// first): blocks either side of it never merge.
+    #[inline]
+    fn at_part_boundary(&self, region: u32, offset: u64) -> bool {
+        match self.regions[region as usize] {
+            Some(r) => r.part != 0 && offset % r.part == 0,
+            None => false,
+        }
     }
 
     /// Whether region `region` holds no block in use.
     pub fn region_is_empty(&self, region: u32) -> bool {
-        match self.regions.get(region as usize).copied().flatten() {
-            Some(r) => {
-                let n = self.nodes[r.first as usize];
-                n.free && n.size == r.size
-            }
-            None => false,
-        }
+        self.regions
+            .get(region as usize)
+            .copied()
+            .flatten()
+            .is_some_and(|r| r.used == 0)
     }
 
     /// Removes an empty region (see [`Tlsf::region_is_empty`]); returns
@@ -185,8 +232,13 @@ impl Tlsf {
             return false;
         }
         let r = self.regions[region as usize].take().expect("checked live");
-        self.remove_free(r.first);
-        self.spare_nodes.push(r.first);
+        // Empty: one free block per part.
+        let mut n = r.first;
+        while n != NIL {
+            self.remove_free(n);
+            self.spare_nodes.push(n);
+            n = self.nodes[n as usize].next_phys;
+        }
         self.region_bytes -= r.size;
         true
     }
@@ -249,7 +301,12 @@ impl Tlsf {
         }
         let b = &mut self.nodes[n as usize];
         b.free = false;
+        let region = b.region;
         self.used_bytes += size;
+        if let Some(r) = self.regions[region as usize].as_mut() {
+            r.used += 1;
+        }
+        let b = &self.nodes[n as usize];
         Some(Block {
             id: n,
             region: b.region,
@@ -279,16 +336,25 @@ impl Tlsf {
             "double free of block {id}"
         );
         self.used_bytes -= node.size;
+        if let Some(r) = self.regions[node.region as usize].as_mut() {
+            r.used -= 1;
+        }
         let mut n = id;
         self.nodes[n as usize].free = true;
         let prev = node.prev_phys;
-        if prev != NIL && self.nodes[prev as usize].free {
+        if prev != NIL
+            && self.nodes[prev as usize].free
+            && !self.at_part_boundary(node.region, node.offset)
+        {
             self.remove_free(prev);
             self.absorb_next(prev);
             n = prev;
         }
         let next = self.nodes[n as usize].next_phys;
-        if next != NIL && self.nodes[next as usize].free {
+        if next != NIL
+            && self.nodes[next as usize].free
+            && !self.at_part_boundary(node.region, self.nodes[next as usize].offset)
+        {
             self.remove_free(next);
             self.absorb_next(n);
         }
@@ -332,6 +398,7 @@ impl Tlsf {
             let Some(r) = r else { continue };
             total += r.size;
             let (mut n, mut prev, mut off, mut prev_free) = (r.first, NIL, 0, false);
+            let mut used_blocks = 0u32;
             while n != NIL {
                 let b = self.nodes[n as usize];
                 if b.region as usize != ri || b.offset != off || b.prev_phys != prev {
@@ -340,15 +407,20 @@ impl Tlsf {
                 if b.size == 0 || b.size % self.granule() != 0 || b.offset % self.granule() != 0 {
                     return Err(format!("block {n}: size or offset off the granule"));
                 }
-                if b.free && prev_free {
+                let boundary = r.part != 0 && b.offset % r.part == 0;
+                if b.free && prev_free && !boundary {
                     return Err(format!(
                         "region {ri}: free blocks {prev} and {n} not merged"
                     ));
+                }
+                if r.part != 0 && b.offset / r.part != (b.offset + b.size - 1) / r.part {
+                    return Err(format!("region {ri}: block {n} spans two parts"));
                 }
                 if b.free {
                     free_blocks += 1;
                 } else {
                     used += b.size;
+                    used_blocks += 1;
                 }
                 prev_free = b.free;
                 off += b.size;
@@ -359,6 +431,12 @@ impl Tlsf {
                 return Err(format!(
                     "region {ri}: blocks cover {off} of {} bytes",
                     r.size
+                ));
+            }
+            if used_blocks != r.used {
+                return Err(format!(
+                    "region {ri}: {used_blocks} blocks in use, counted {}",
+                    r.used
                 ));
             }
         }
@@ -550,6 +628,45 @@ mod tests {
     }
 
     #[test]
+    fn a_region_in_parts_never_hands_out_a_block_across_parts() {
+        let mut t = Tlsf::new(K4);
+        // 10 granules in parts of 4: parts of 4, 4 and 2.
+        let r = t.add_region_in_parts(10 * K4, 4 * K4);
+        t.check().unwrap();
+        assert!(t.alloc(5 * K4).is_none(), "5 granules fit in no part");
+        let a = t.alloc(3 * K4).unwrap();
+        let b = t.alloc(2 * K4).unwrap();
+        let c = t.alloc(4 * K4).unwrap();
+        assert_eq!(a.offset / (4 * K4), (a.offset + a.size - 1) / (4 * K4));
+        assert_eq!(b.offset / (4 * K4), (b.offset + b.size - 1) / (4 * K4));
+        assert_eq!(c.offset % (4 * K4), 0);
+        t.check().unwrap();
+        for x in [a, b, c] {
+            assert!(!t.region_is_empty(r));
+            t.free(x.id);
+            t.check().unwrap();
+        }
+        // Empty again, as three free parts that did not merge: still no
+        // room for 5 granules, room for three of 4, 4 and 2.
+        assert!(t.region_is_empty(r));
+        assert!(t.alloc(5 * K4).is_none());
+        let ids: Vec<u32> = [4, 4, 2]
+            .iter()
+            .map(|&g| t.alloc(g * K4).unwrap().id)
+            .collect();
+        assert!(t.alloc(K4).is_none());
+        for id in ids {
+            t.free(id);
+        }
+        assert!(t.remove_region(r));
+        assert_eq!((t.region_count(), t.region_bytes()), (0, 0));
+        t.check().unwrap();
+        // A part as large as the region is one piece.
+        let r = t.add_region_in_parts(8 * K4, 8 * K4);
+        assert_eq!(t.alloc(8 * K4).unwrap().region, r);
+    }
+
+    #[test]
     fn splits_and_merges() {
         let mut t = Tlsf::new(K4);
         let r = t.add_region(16 * K4);
@@ -635,14 +752,16 @@ mod tests {
 
         #[derive(Debug, Clone)]
         enum Op {
-            Region(u64),
+            /// A region of this many bytes, in parts of this many granules
+            /// (0: one piece).
+            Region(u64, u64),
             Alloc(u64),
             Free(usize),
         }
 
         fn op() -> impl Strategy<Value = Op> {
             prop_oneof![
-                1 => (1u64..1024).prop_map(|g| Op::Region(g * 4096)),
+                1 => (1u64..1024, prop_oneof![Just(0u64), 1u64..300]).prop_map(|(g, p)| Op::Region(g * 4096, p)),
                 // Small sizes, and sizes of many granules, where classes
                 // span several sizes.
                 3 => (1u64..40 * 4096).prop_map(Op::Alloc),
@@ -651,23 +770,30 @@ mod tests {
             ]
         }
 
-        /// The largest run of free bytes in each region, from the model's
-        /// live blocks.
-        fn largest_hole(regions: &[(u32, u64)], live: &[Block]) -> u64 {
+        /// The largest run of free bytes inside one part of a region,
+        /// from the model's live blocks (`regions`: id, size, part bytes
+        /// or 0).
+        fn largest_hole(regions: &[(u32, u64, u64)], live: &[Block]) -> u64 {
             let mut best = 0;
-            for &(r, size) in regions {
-                let mut spans: Vec<(u64, u64)> = live
-                    .iter()
-                    .filter(|b| b.region == r)
-                    .map(|b| (b.offset, b.size))
-                    .collect();
-                spans.sort();
-                let mut at = 0;
-                for (o, s) in spans {
-                    best = best.max(o - at);
-                    at = o + s;
+            for &(r, size, part) in regions {
+                let step = if part == 0 { size } else { part };
+                let mut start = 0;
+                while start < size {
+                    let end = (start + step).min(size);
+                    let mut spans: Vec<(u64, u64)> = live
+                        .iter()
+                        .filter(|b| b.region == r && b.offset >= start && b.offset < end)
+                        .map(|b| (b.offset, b.size))
+                        .collect();
+                    spans.sort();
+                    let mut at = start;
+                    for (o, s) in spans {
+                        best = best.max(o - at);
+                        at = o + s;
+                    }
+                    best = best.max(end - at);
+                    start = end;
                 }
-                best = best.max(size - at);
             }
             best
         }
@@ -681,22 +807,26 @@ mod tests {
             fn behaves_like_the_model(granule_log2 in 12u32..15, ops in proptest::collection::vec(op(), 1..200)) {
                 let g = 1u64 << granule_log2;
                 let mut t = Tlsf::new(g);
-                let mut regions: Vec<(u32, u64)> = Vec::new();
+                let mut regions: Vec<(u32, u64, u64)> = Vec::new();
                 let mut live: Vec<Block> = Vec::new();
                 for op in ops {
                     match op {
-                        Op::Region(size) => {
+                        Op::Region(size, part) => {
                             let size = round_up(size, g);
-                            let id = t.add_region(size);
-                            prop_assert!(regions.iter().all(|&(r, _)| r != id));
-                            regions.push((id, size));
+                            let part = part * g;
+                            let id = t.add_region_in_parts(size, part);
+                            prop_assert!(regions.iter().all(|&(r, _, _)| r != id));
+                            regions.push((id, size, if part >= size { 0 } else { part }));
                         }
                         Op::Alloc(bytes) => match t.alloc(bytes) {
                             Some(b) => {
                                 prop_assert_eq!(b.size, round_up(bytes, g));
                                 prop_assert_eq!(b.offset % g, 0);
-                                let rsize = regions.iter().find(|&&(r, _)| r == b.region).map(|&(_, s)| s);
-                                prop_assert!(rsize.is_some_and(|s| b.offset + b.size <= s));
+                                let region = regions.iter().find(|&&(r, _, _)| r == b.region).copied();
+                                prop_assert!(region.is_some_and(|(_, s, _)| b.offset + b.size <= s));
+                                if let Some((_, _, part)) = region.filter(|r| r.2 != 0) {
+                                    prop_assert_eq!(b.offset / part, (b.offset + b.size - 1) / part, "{:?} spans two parts of {}", b, part);
+                                }
                                 for o in live.iter().filter(|o| o.region == b.region) {
                                     prop_assert!(b.offset + b.size <= o.offset || o.offset + o.size <= b.offset, "{:?} overlaps {:?}", b, o);
                                 }
@@ -713,6 +843,9 @@ mod tests {
                     }
                     prop_assert_eq!(t.used_bytes(), live.iter().map(|b| b.size).sum::<u64>());
                     prop_assert_eq!(t.region_bytes(), regions.iter().map(|r| r.1).sum::<u64>());
+                    for &(r, _, _) in &regions {
+                        prop_assert_eq!(t.region_is_empty(r), live.iter().all(|b| b.region != r));
+                    }
                     if let Err(e) = t.check() {
                         prop_assert!(false, "{}", e);
                     }
@@ -720,7 +853,7 @@ mod tests {
                 for b in live.drain(..) {
                     t.free(b.id);
                 }
-                for (r, _) in regions {
+                for (r, _, _) in regions {
                     prop_assert!(t.region_is_empty(r));
                     prop_assert!(t.remove_region(r));
                 }

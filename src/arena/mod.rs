@@ -549,6 +549,9 @@ pub struct ArenaConfig {
     pub cache: CacheLimits,
     /// Which pages regions ask for.
     pub huge_pages: HugePages,
+    /// Make standard regions in two halves, registered one by one (see
+    /// [`NodeArena::part_bytes_for`]).
+    pub register_in_parts: bool,
     /// Test hook: read the huge page pools under this root instead of `/`.
     #[doc(hidden)]
     pub pool_root: Option<std::path::PathBuf>,
@@ -869,6 +872,7 @@ impl NodeArena {
             pin_by_registration,
             backend: self.cfg.backend,
             huge_pages: self.cfg.huge_pages,
+            register_part_bytes: self.part_bytes_for(size, bytes as u64),
             pool_root: self.cfg.pool_root.clone(),
             fail_after: self.cfg.fail_after,
         });
@@ -885,7 +889,11 @@ impl NodeArena {
             region.charge(shared.clone(), size);
         }
         let mut st = lock(&self.state);
-        let id = st.tlsf.add_region(region.len() as u64);
+        // A region made in parts is registered part by part: no block may
+        // span two (CUDA refuses a copy across registrations).
+        let id = st
+            .tlsf
+            .add_region_in_parts(region.len() as u64, region.part_bytes() as u64);
         if st.slots.len() <= id as usize {
             st.slots.resize_with(id as usize + 1, || None);
         }
@@ -895,6 +903,21 @@ impl NodeArena {
         Ok(self
             .try_alloc(&mut st, bytes)
             .expect("a region made for this request has room for it"))
+    }
+
+    /// Bytes per part of a region of `size` bytes made for a request of
+    /// `bytes`: half a standard region (rounded up to 2 MiB by the region)
+    /// for a standard region made for a request of at most half of one,
+    /// when [`ArenaConfig::register_in_parts`] is on; 0 (one piece)
+    /// otherwise. Every request a standard region serves (at most half a
+    /// region, see [`alloc::region_size_for`]) fits in one part.
+    pub fn part_bytes_for(&self, size: u64, bytes: u64) -> usize {
+        let half = self.cfg.region_bytes / 2;
+        if self.cfg.register_in_parts && size == self.cfg.region_bytes && bytes <= half {
+            half as usize
+        } else {
+            0
+        }
     }
 
     /// Whether a region of `size` bytes made now would be of hugetlb pages

@@ -58,6 +58,14 @@
 //!    more contend and were slower, and one registration call, since
 //!    concurrent registrations of parts were no faster).
 //!
+//! With [`RegionOptions::register_part_bytes`], steps 4 to 6 run as a
+//! pipeline over parts of the region instead (`Region::create_in_parts`):
+//! the region is locked with `mlock2(MLOCK_ONFAULT)` first, the populate
+//! threads fault in one part after the other, and as each is in, a second
+//! thread registers it and a third counts where its pages are. Each part is
+//! its own registration, and CUDA refuses a copy across two, so a buffer
+//! must lie inside one part ([`Region::part_bytes`]).
+//!
 //! The driver backends ([`Backend::DriverNuma`], [`Backend::HostAllocBound`])
 //! replace steps 1 to 5 with one driver allocation, then run step 6.
 //!
@@ -138,6 +146,16 @@ pub struct RegionOptions {
     /// Which pages to ask for ([`Backend::Mapped`] only: the driver
     /// backends' pages are the driver's).
     pub huge_pages: HugePages,
+    /// Register a region larger than this in parts of this many bytes
+    /// (rounded up to [`HUGE_PAGE`]), each as soon as its pages are in,
+    /// while the populate threads fault in the next part; 0: populate the
+    /// whole region, then register it in one call. Transparent and 4 KiB
+    /// pages only ([`Backend::Mapped`]; hugetlb regions are registered in
+    /// one call). Measured by `numapin bench --only pinning` and not used
+    /// by the arena: CUDA refuses a copy whose range spans two
+    /// registrations, so a region in parts may only hold buffers that each
+    /// lie inside one part.
+    pub register_part_bytes: usize,
     /// Test hook: read the huge page pools under this root instead of `/`.
     #[doc(hidden)]
     pub pool_root: Option<std::path::PathBuf>,
@@ -149,7 +167,9 @@ pub struct RegionOptions {
 /// Time each step of a region's creation took (zero for a step not run).
 /// For a driver backend, `map` is the driver's allocation call. `register`
 /// and `verify` run at the same time (on two threads) when the region is
-/// registered, so the creation takes less than the sum.
+/// registered, so the creation takes less than the sum; for a region made in
+/// parts, `populate`, `register` and `verify` are each the sum over the
+/// parts, and all three overlap.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct StepTimes {
     /// `mmap` and the guard pages (or the driver's allocation).
@@ -213,6 +233,11 @@ pub struct Region {
     node: u32,
     locked: bool,
     registered: bool,
+    /// The start of each registration when the region was registered in
+    /// parts (empty when it was registered in one call).
+    parts: Vec<usize>,
+    /// Bytes per part when it was made in parts, else 0.
+    part: usize,
     registration: Registration,
     pages_on_node: u64,
     pages_off_node: u64,
@@ -257,6 +282,14 @@ impl PageCounts {
             .copied()
             .filter(|(n, _)| *n != node)
             .collect()
+    }
+
+    fn merge(&mut self, other: PageCounts) {
+        self.pages += other.pages;
+        self.missing += other.missing;
+        for (n, p) in other.nodes {
+            self.add(n, p);
+        }
     }
 
     fn add(&mut self, node: u32, pages: u64) {
@@ -305,12 +338,7 @@ impl Region {
         let granule = pages.kind.granule();
         let len = o.size.div_ceil(granule).max(1) * granule;
         let fail = |step: Step| o.fail_after == Some(step);
-        let system = |step: Step, source: std::io::Error| ArenaError::System {
-            node: o.node,
-            size: len as u64,
-            step,
-            source,
-        };
+        let system = step_failed(o.node, len);
         let injected =
             |step: Step| system(step, std::io::Error::other("failure injected by a test"));
 
@@ -352,6 +380,8 @@ impl Region {
             node: o.node,
             locked: false,
             registered: false,
+            parts: Vec::new(),
+            part: 0,
             registration: Registration::Skipped("not registered yet".into()),
             pages_on_node: 0,
             pages_off_node: 0,
@@ -437,6 +467,12 @@ impl Region {
             return Err(injected(Step::Bind));
         }
 
+        let will_register = o.register && crate::platform::cuda::driver_version().is_ok();
+        let part = o.register_part_bytes.next_multiple_of(HUGE_PAGE);
+        if part > 0 && len > part && pages.kind.hugetlb_bytes().is_none() {
+            return region.create_in_parts(o, part, will_register);
+        }
+
         // 4. Populate, then lock (or leave the pinning to registration).
         let first_touch = region.methods.placed == PlacedBy::FirstTouch;
         let started = Instant::now();
@@ -452,7 +488,6 @@ impl Region {
         if fail(Step::Populate) {
             return Err(injected(Step::Populate));
         }
-        let will_register = o.register && crate::platform::cuda::driver_version().is_ok();
         let started = Instant::now();
         if pages.kind.hugetlb_bytes().is_some() {
             region.methods.pinned = PinnedBy::Hugetlb;
@@ -541,6 +576,263 @@ impl Region {
         region.verify(o, counted)
     }
 
+    /// Steps 4 to 6 in parts of `part` bytes: the populate threads fault in
+    /// one part after the other; as each is in, a second thread locks it
+    /// and registers it (with `register`), so that the kernel zeroing part
+    /// k + 1 overlaps the driver pinning part k, and a third counts where
+    /// its pages are. Registering only resident pages keeps the driver off
+    /// the fault path, which an earlier attempt (registering the whole
+    /// region while it was being populated) found four times slower.
+    fn create_in_parts(
+        mut self,
+        o: &RegionOptions,
+        part: usize,
+        register: bool,
+    ) -> Result<Region, ArenaError> {
+        use std::sync::mpsc;
+        let len = self.len;
+        let system = step_failed(o.node, len);
+        self.part = part;
+        let base = self.ptr.as_ptr() as usize;
+        let ranges: Vec<(usize, usize)> = (0..len)
+            .step_by(part)
+            .map(|off| (base + off, part.min(len - off)))
+            .collect();
+        let first_touch = self.methods.placed == PlacedBy::FirstTouch;
+        let mut want_lock = match o.pin_by_registration.as_ref().filter(|_| register) {
+            Some(why) => {
+                self.methods.pinned = PinnedBy::Registration;
+                self.notes.push(format!(
+                    "{why}: not locked, CUDA registration pins the pages"
+                ));
+                false
+            }
+            None => true,
+        };
+        // Lock the whole region before faulting it in (MLOCK_ONFAULT: each
+        // page is locked as it comes in), so that the pipeline below never
+        // changes the mapping while the populate threads fault in it; an
+        // older kernel locks part by part instead.
+        let mut locked_up_front = false;
+        let mut lock_note = None;
+        if want_lock {
+            let t = Instant::now();
+            // SAFETY: our own mapping.
+            match unsafe { numa::lock_on_fault(base as *mut u8, len) } {
+                Ok(()) => locked_up_front = true,
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL) | Some(libc::ENOSYS)) => {}
+                Err(e)
+                    if register
+                        && matches!(
+                            e.raw_os_error(),
+                            Some(libc::ENOMEM) | Some(libc::EPERM) | Some(libc::EAGAIN)
+                        ) =>
+                {
+                    want_lock = false;
+                    lock_note = Some(format!(
+                        "mlock failed ({}): not locked, CUDA registration pins the pages",
+                        numa::errno_name(&e)
+                    ));
+                }
+                Err(e) => return Err(ArenaError::lock_failed(o.node, len as u64, Some(e))),
+            }
+            self.times.lock = t.elapsed();
+        }
+        if let Some(note) = lock_note {
+            self.methods.pinned = PinnedBy::Registration;
+            self.notes.push(note);
+        }
+        // From here on, Drop unlocks the region.
+        self.locked = locked_up_front;
+        let lock_parts = want_lock && !locked_up_front;
+        let flags = crate::platform::cuda::HOST_REGISTER_PORTABLE
+            | crate::platform::cuda::HOST_REGISTER_DEVICEMAP;
+        /// What the registering thread did.
+        #[derive(Default)]
+        struct Pinned {
+            parts: Vec<usize>,
+            locked: bool,
+            lock_note: Option<String>,
+            lock: Duration,
+            register: Duration,
+            error: Option<ArenaError>,
+        }
+        let started = Instant::now();
+        let this = &self;
+        let (populated, pinned, counted) = std::thread::scope(|s| {
+            let (to_pin, pin_rx) = mpsc::channel::<(usize, usize)>();
+            let (to_count, count_rx) = mpsc::channel::<(usize, usize)>();
+            let pinning = std::thread::Builder::new()
+                .name("numapin-register".into())
+                .spawn_scoped(s, move || {
+                    let mut p = Pinned {
+                        locked: lock_parts,
+                        ..Pinned::default()
+                    };
+                    for (a, l) in pin_rx {
+                        if p.locked {
+                            let t = Instant::now();
+                            // SAFETY: a part of our own mapping.
+                            let r = unsafe { numa::lock(a as *mut u8, l) };
+                            p.lock += t.elapsed();
+                            match r {
+                                Ok(()) => {}
+                                Err(e)
+                                    if matches!(
+                                        e.raw_os_error(),
+                                        Some(libc::ENOMEM) | Some(libc::EPERM) | Some(libc::EAGAIN)
+                                    ) =>
+                                {
+                                    if !register {
+                                        p.error = Some(ArenaError::lock_failed(o.node, len as u64, Some(e)));
+                                        break;
+                                    }
+                                    // Registration pins what is left; the
+                                    // parts locked so far are unlocked.
+                                    p.locked = false;
+                                    p.lock_note = Some(format!(
+                                        "mlock failed ({}): not locked, CUDA registration pins the pages",
+                                        numa::errno_name(&e)
+                                    ));
+                                    // SAFETY: our own mapping; unlocking
+                                    // pages never locked is harmless.
+                                    let _ = unsafe { numa::unlock(base as *mut u8, a - base) };
+                                }
+                                Err(e) => {
+                                    p.error = Some(ArenaError::lock_failed(o.node, len as u64, Some(e)));
+                                    break;
+                                }
+                            }
+                        }
+                        if !register {
+                            continue;
+                        }
+                        let t = Instant::now();
+                        // SAFETY: the part stays mapped until Drop, which
+                        // unregisters every part in `parts` first.
+                        let r = unsafe { crate::platform::cuda::host_register(a as *mut libc::c_void, l, flags) };
+                        p.register += t.elapsed();
+                        match r {
+                            Ok(()) => p.parts.push(a),
+                            Err(source) => {
+                                p.error = Some(ArenaError::Register {
+                                    node: o.node,
+                                    size: len as u64,
+                                    source,
+                                });
+                                break;
+                            }
+                        }
+                    }
+                    p
+                });
+            let counting = std::thread::Builder::new()
+                .name("numapin-verify".into())
+                .spawn_scoped(s, move || {
+                    let t = Instant::now();
+                    let mut total: Option<std::io::Result<PageCounts>> = None;
+                    for (a, l) in count_rx {
+                        if matches!(total, Some(Err(_))) {
+                            continue;
+                        }
+                        let c = this.count_range_move_pages(a, l, VERIFY_THREADS);
+                        total = Some(match (total, c) {
+                            (None, c) => c,
+                            (Some(Ok(mut acc)), Ok(c)) => {
+                                acc.merge(c);
+                                Ok(acc)
+                            }
+                            (_, Err(e)) => Err(e),
+                            (Some(Err(e)), _) => Err(e),
+                        });
+                    }
+                    (total, t.elapsed())
+                });
+            let mut populated = Ok(Duration::ZERO);
+            for &(a, l) in &ranges {
+                let t = Instant::now();
+                if let Err(e) = this.populate_range(a, l, &o.cpus, o.populate_threads, first_touch)
+                {
+                    populated = Err(system(Step::Populate, e));
+                    break;
+                }
+                populated = populated.map(|d| d + t.elapsed());
+                // A part the other threads no longer take (they stopped on
+                // an error) is simply not sent on.
+                let _ = to_pin.send((a, l));
+                let _ = to_count.send((a, l));
+            }
+            drop(to_pin);
+            drop(to_count);
+            let pinned = match pinning {
+                Ok(h) => h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)),
+                Err(e) => Pinned {
+                    error: Some(system(Step::Register, e)),
+                    ..Pinned::default()
+                },
+            };
+            let counted = match counting {
+                Ok(h) => h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)),
+                Err(e) => (Some(Err(e)), Duration::ZERO),
+            };
+            (populated, pinned, counted)
+        });
+        let wall = started.elapsed();
+        // Whatever failed, Drop unregisters the parts registered so far and
+        // unlocks what is locked.
+        self.parts = pinned.parts;
+        self.locked = locked_up_front || (lock_parts && pinned.locked);
+        if let Some(note) = pinned.lock_note {
+            self.methods.pinned = PinnedBy::Registration;
+            self.notes.push(note);
+        }
+        self.times.populate = populated?;
+        if let Some(e) = pinned.error {
+            return Err(e);
+        }
+        if o.fail_after == Some(Step::Populate) || o.fail_after == Some(Step::Lock) {
+            return Err(system(
+                o.fail_after.expect("checked"),
+                std::io::Error::other("failure injected by a test"),
+            ));
+        }
+        self.times.lock += pinned.lock;
+        self.times.register = pinned.register;
+        if register {
+            self.registered = self.parts.len() == ranges.len();
+            self.registration = Registration::Registered;
+            self.notes.push(format!(
+                "registered in {} parts of {} MiB while populating ({:.1} ms in all)",
+                ranges.len(),
+                part >> 20,
+                wall.as_secs_f64() * 1e3
+            ));
+        } else {
+            self.registration = Registration::Skipped(if o.register {
+                crate::platform::cuda::driver_version()
+                    .err()
+                    .map_or_else(|| "no CUDA driver".into(), |e| e.to_string())
+            } else {
+                "registration turned off in the configuration".into()
+            });
+        }
+        if o.fail_after == Some(Step::Register) {
+            return Err(system(
+                Step::Register,
+                std::io::Error::other("failure injected by a test"),
+            ));
+        }
+        // The per-part counts from move_pages, or, when it is refused, the
+        // whole region's from numa_maps.
+        let (total, took) = counted;
+        let counted = match total {
+            Some(Err(e)) if numa::is_refusal(&e) => self.timed_count(),
+            Some(r) => (r, took),
+            None => self.timed_count(),
+        };
+        self.verify(o, Some(counted))
+    }
+
     /// Counts where the pages are, timed.
     fn timed_count(&self) -> (std::io::Result<PageCounts>, Duration) {
         let started = Instant::now();
@@ -557,12 +849,7 @@ impl Region {
     ) -> Result<Region, ArenaError> {
         let region = &mut self;
         let len = region.len;
-        let system = |step: Step, source: std::io::Error| ArenaError::System {
-            node: o.node,
-            size: len as u64,
-            step,
-            source,
-        };
+        let system = step_failed(o.node, len);
         let (counts, took) = counted.unwrap_or_else(|| region.timed_count());
         let counts = counts.map_err(|e| system(Step::Verify, e))?;
         region.times.verify = took;
@@ -649,6 +936,8 @@ impl Region {
             node: o.node,
             locked: false,
             registered: false,
+            parts: Vec::new(),
+            part: 0,
             registration: Registration::Registered,
             pages_on_node: 0,
             pages_off_node: 0,
@@ -688,9 +977,27 @@ impl Region {
     /// be bound is an error; otherwise binding is best effort (placement is
     /// mbind's job, binding only makes the zeroing run on the node's cores).
     fn populate(&self, cpus: &CpuList, threads: usize, must_bind: bool) -> std::io::Result<()> {
-        let base = self.ptr.as_ptr() as usize;
+        self.populate_range(
+            self.ptr.as_ptr() as usize,
+            self.len,
+            cpus,
+            threads,
+            must_bind,
+        )
+    }
+
+    /// [`Region::populate`] of `base..base + len`, a part of the region
+    /// starting and ending on a granule boundary.
+    fn populate_range(
+        &self,
+        base: usize,
+        len: usize,
+        cpus: &CpuList,
+        threads: usize,
+        must_bind: bool,
+    ) -> std::io::Result<()> {
         let granule = self.methods.pages.granule();
-        let chunks = self.len / granule;
+        let chunks = len / granule;
         let threads = threads.clamp(1, chunks);
         let per = chunks.div_ceil(threads) * granule;
         // hugetlb pages: fault them in with MADV_POPULATE_WRITE, which
@@ -733,7 +1040,7 @@ impl Region {
             let mut handles = Vec::new();
             for t in 0..threads {
                 let from = base + t * per;
-                let to = (from + per).min(base + self.len);
+                let to = (from + per).min(base + len);
                 if from >= to {
                     break;
                 }
@@ -783,11 +1090,21 @@ impl Region {
     /// [`Region::count_pages_move_pages`] with the region split between
     /// `threads` threads.
     pub fn count_pages_move_pages_on(&self, threads: usize) -> std::io::Result<PageCounts> {
+        self.count_range_move_pages(self.ptr.as_ptr() as usize, self.len, threads)
+    }
+
+    /// [`Region::count_pages_move_pages_on`] of `base..base + len`, a part
+    /// of the region starting and ending on a granule boundary.
+    fn count_range_move_pages(
+        &self,
+        base: usize,
+        len: usize,
+        threads: usize,
+    ) -> std::io::Result<PageCounts> {
         let granule = self.methods.pages.granule();
-        let chunks = self.len / granule;
+        let chunks = len / granule;
         let threads = threads.clamp(1, chunks.max(1));
         let per = chunks.div_ceil(threads) * granule;
-        let base = self.ptr.as_ptr() as usize;
         // One address per hugetlb page (it lies on one node), counted as
         // the 4 KiB pages it holds.
         let step = self.methods.pages.hugetlb_bytes().unwrap_or(PAGE);
@@ -815,7 +1132,7 @@ impl Region {
             Ok(c)
         };
         let parts: Vec<(usize, usize)> = (0..threads)
-            .map(|t| (base + t * per, per.min(self.len.saturating_sub(t * per))))
+            .map(|t| (base + t * per, per.min(len.saturating_sub(t * per))))
             .filter(|(_, l)| *l > 0)
             .collect();
         let results: Vec<std::io::Result<PageCounts>> = if parts.len() == 1 {
@@ -913,6 +1230,13 @@ impl Region {
         self.charge = Some((budget, bytes));
     }
 
+    /// Bytes per part of a region made (and, with a driver, registered) in
+    /// parts; 0 for a region in one piece. A buffer must lie inside one
+    /// part: CUDA refuses a copy whose range spans two registrations.
+    pub fn part_bytes(&self) -> usize {
+        self.part
+    }
+
     /// The first byte.
     pub fn ptr(&self) -> *mut u8 {
         self.ptr.as_ptr()
@@ -956,6 +1280,17 @@ impl Region {
     }
 }
 
+/// The error of a step that failed with `source`, for a region of `len`
+/// bytes on `node`.
+fn step_failed(node: u32, len: usize) -> impl Fn(Step, std::io::Error) -> ArenaError {
+    move |step, source| ArenaError::System {
+        node,
+        size: len as u64,
+        step,
+        source,
+    }
+}
+
 fn fail_after(o: &RegionOptions, step: Step) -> bool {
     o.fail_after == Some(step)
 }
@@ -972,12 +1307,17 @@ impl Drop for Region {
             return;
         }
         let addr = self.ptr.as_ptr();
-        if self.registered {
+        if self.registered && self.parts.is_empty() {
             // SAFETY: registered by create() at this address; the arena
             // drops a region only when no copy may still use it. A failure
             // here cannot be reported from Drop; munmap below still frees
             // the memory.
             let _ = unsafe { crate::platform::cuda::host_unregister(addr.cast()) };
+        }
+        for &part in &self.parts {
+            // SAFETY: as above, for each part create_in_parts registered
+            // (whether or not the whole region was).
+            let _ = unsafe { crate::platform::cuda::host_unregister(part as *mut libc::c_void) };
         }
         if self.locked {
             // SAFETY: our own mapping. A failure cannot be reported from

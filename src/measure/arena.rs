@@ -181,7 +181,8 @@ pub fn region_create_ms_per_gib(
     threads: usize,
     reps: usize,
 ) -> crate::Result<(Stats, Option<RegionMethods>)> {
-    let cfg = rt.arena(node)?.config().clone();
+    let arena = rt.arena(node)?;
+    let cfg = arena.config().clone();
     let opts = RegionOptions {
         node,
         size: bytes,
@@ -197,6 +198,8 @@ pub fn region_create_ms_per_gib(
         pin_by_registration: None,
         backend: cfg.backend,
         huge_pages: cfg.huge_pages,
+        // As the arena makes a region of this size for a small request.
+        register_part_bytes: arena.part_bytes_for(bytes as u64, 0),
         pool_root: cfg.pool_root,
         fail_after: None,
     };

@@ -188,13 +188,28 @@ pub fn batch_key(index: u64) -> u32 {
 /// a tail shorter than a word are the low bytes of the next such word. A
 /// memory-bound producer: one store per word.
 pub fn fill_pattern(key: u32, buf: &mut [u8]) {
+    fill_pattern_with(key, buf, true);
+}
+
+/// [`fill_pattern`] with ordinary stores only: what was written last stays
+/// in the cache as far as it fits (where a DMA engine reading it soon after
+/// finds it), at the price of reading each line before writing it.
+pub fn fill_pattern_cached(key: u32, buf: &mut [u8]) {
+    fill_pattern_with(key, buf, false);
+}
+
+fn fill_pattern_with(key: u32, buf: &mut [u8], streaming: bool) {
     // SAFETY: any byte pattern is a valid u32; align_to_mut only splits the
     // slice at alignment boundaries.
     let (head, words, _) = unsafe { buf.align_to_mut::<u32>() };
     if head.is_empty() {
         // The usual case (slots are page-aligned).
         let n = words.len();
-        let done = fill_words_streaming(key, words);
+        let done = if streaming {
+            fill_words_streaming(key, words)
+        } else {
+            0
+        };
         for (j, w) in words.iter_mut().enumerate().skip(done) {
             *w = (j as u32).wrapping_add(key).to_le();
         }

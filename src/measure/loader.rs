@@ -31,8 +31,8 @@ use crate::runtime::Runtime;
 use crate::staged::StagedOptions;
 
 use super::kernels::{
-    batch_key, checksum_host, fill_pattern, pattern_checksum, pattern_sample_ok, pattern_tail_ok,
-    Kernels,
+    batch_key, checksum_host, fill_pattern, fill_pattern_cached, pattern_checksum,
+    pattern_sample_ok, pattern_tail_ok, Kernels,
 };
 
 const MIB: usize = 1 << 20;
@@ -69,6 +69,10 @@ pub enum Cost {
     /// 4 bytes.
     #[default]
     Fill,
+    /// [`Fill`](Self::Fill) with ordinary stores instead of streaming
+    /// ones: the end of each batch is still in the cache when the copy
+    /// engine reads it, if the cache is large enough.
+    FillCached,
     /// Write nothing (the slot keeps what it held): the pipeline's own
     /// ceiling, with no producer cost. Such a run is never `verified`.
     Nothing,
@@ -201,7 +205,11 @@ fn producer(
         if cost == Cost::Nothing {
             return Ok(s.len());
         }
-        fill_pattern(batch_key(i), s);
+        if cost == Cost::FillCached {
+            fill_pattern_cached(batch_key(i), s);
+        } else {
+            fill_pattern(batch_key(i), s);
+        }
         if let Cost::Busy { ns_per_mib } = cost {
             busy(Duration::from_nanos(
                 ns_per_mib.saturating_mul(s.len() as u64) / MIB as u64,

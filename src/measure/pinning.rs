@@ -43,7 +43,8 @@ fn options(
     bytes: usize,
     backend: Backend,
 ) -> crate::Result<RegionOptions> {
-    let cfg = rt.arena(node)?.config().clone();
+    let arena = rt.arena(node)?;
+    let cfg = arena.config().clone();
     Ok(RegionOptions {
         node,
         size: bytes,
@@ -54,6 +55,8 @@ fn options(
         pin_by_registration: None,
         backend,
         huge_pages: cfg.huge_pages,
+        // As the arena makes a region of this size for a small request.
+        register_part_bytes: arena.part_bytes_for(bytes as u64, 0),
         pool_root: cfg.pool_root,
         fail_after: None,
     })
@@ -241,4 +244,107 @@ pub fn register_parts(
     }
     drop(r);
     Ok(Stats::of(samples))
+}
+
+/// Region creation with registration in parts of each of `part_bytes` (0:
+/// one registration after populating), ms per GiB: `reps` rounds, each
+/// creating and dropping one region per setting in turn (so that a VM's
+/// first, slower faults do not all land on one setting).
+pub fn region_create_parts(
+    rt: &Runtime,
+    node: u32,
+    bytes: usize,
+    part_bytes: &[usize],
+    reps: usize,
+) -> crate::Result<Vec<(usize, Stats)>> {
+    let mut samples = vec![Vec::new(); part_bytes.len()];
+    for _ in 0..reps.max(1) {
+        for (i, &part) in part_bytes.iter().enumerate() {
+            let mut opts = options(rt, node, bytes, Backend::Mapped)?;
+            opts.register_part_bytes = part;
+            let t = Instant::now();
+            let r = Region::create(&opts)?;
+            samples[i].push(per_gib(t.elapsed(), r.len()));
+            drop(r);
+        }
+    }
+    Ok(part_bytes
+        .iter()
+        .copied()
+        .zip(samples.into_iter().map(Stats::of))
+        .collect())
+}
+
+/// What [`span_copy`] measured: H2D GB/s of `bytes` from inside one
+/// registered part, and from a range across two parts (or the driver's
+/// refusal of that copy), and whether the data arrived intact.
+#[derive(Debug, Clone)]
+pub struct SpanCopy {
+    /// Bytes per copy.
+    pub bytes: usize,
+    /// Copies of a range inside one part.
+    pub inside: Stats,
+    /// Copies of a range whose halves lie in two parts, or the error the
+    /// driver returned for the first of them.
+    pub across: Result<Stats, crate::gpu::CudaError>,
+    /// Every copy that ran delivered what was copied.
+    pub verified: bool,
+}
+
+/// Copies from a region registered in parts of `part` bytes: a range inside
+/// the first part against one straddling the first two (synchronous
+/// `cuMemcpyHtoD` of `part` bytes to GPU `gpu`).
+pub fn span_copy(
+    rt: &Runtime,
+    node: u32,
+    gpu: crate::CudaOrdinal,
+    part: usize,
+    reps: usize,
+) -> crate::Result<SpanCopy> {
+    let cuda_err = |e: crate::gpu::CudaError| {
+        crate::Error::from(ArenaError::Register {
+            node,
+            size: part as u64,
+            source: e,
+        })
+    };
+    let mut opts = options(rt, node, 4 * part, Backend::Mapped)?;
+    opts.register_part_bytes = part;
+    let r = Region::create(&opts)?;
+    // SAFETY: the region is mapped, readable and writable for its whole
+    // length, owned by `r` (alive until the end of this function), and no
+    // other reference to its memory exists.
+    let mem = unsafe { std::slice::from_raw_parts_mut(r.ptr(), r.len()) };
+    for (i, b) in mem.iter_mut().enumerate() {
+        *b = (i % 251) as u8;
+    }
+    let _ctx = cuda::ContextGuard::push(gpu.0).map_err(cuda_err)?;
+    let dev = cuda::DeviceBuffer::new(part).map_err(cuda_err)?;
+    let mut back = vec![0u8; part];
+    let mut verified = true;
+    // One copy unmeasured (checked), then `reps` timed.
+    let mut copies = |off: usize| -> Result<Stats, crate::gpu::CudaError> {
+        let src = &mem[off..off + part];
+        let mut v = Vec::new();
+        for rep in 0..=reps.max(1) {
+            let t = Instant::now();
+            dev.write(src)?;
+            let took = t.elapsed().as_secs_f64();
+            if rep == 0 {
+                dev.read(&mut back)?;
+                verified &= back == src;
+            } else {
+                v.push(part as f64 / took / 1e9);
+            }
+        }
+        Ok(Stats::of(v))
+    };
+    let inside = copies(0).map_err(cuda_err)?;
+    let across = copies(part / 2);
+    Ok(SpanCopy {
+        bytes: part,
+        inside,
+        across,
+        verified,
+    })
 }

@@ -475,6 +475,17 @@ pub unsafe fn lock(addr: *mut u8, len: usize) -> io::Result<()> {
     result(unsafe { libc::mlock(addr.cast(), len) }.into())
 }
 
+/// Locks `addr..addr+len` page by page as its pages are faulted in
+/// (`mlock2(MLOCK_ONFAULT)`, Linux 4.4+): the limit is checked for the
+/// whole range at once, and nothing is faulted in by the call.
+///
+/// # Safety
+/// The range must be a mapping owned by the caller.
+pub unsafe fn lock_on_fault(addr: *mut u8, len: usize) -> io::Result<()> {
+    // SAFETY: per the caller's guarantee; mlock2 changes no data.
+    result(unsafe { libc::mlock2(addr.cast(), len, libc::MLOCK_ONFAULT) }.into())
+}
+
 /// Unlocks `addr..addr+len` (`munlock`).
 ///
 /// # Safety

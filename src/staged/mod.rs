@@ -51,6 +51,30 @@ pub struct StagedOptions {
     pub threads: usize,
     /// Staging slots per thread (default 2: double buffering).
     pub slots_per_thread: usize,
+    /// How a copy to the device writes its slots (default
+    /// [`SlotWrites::Auto`]).
+    pub slot_writes: SlotWrites,
+}
+
+/// How a staged copy to the device writes the pinned slots the DMA engine
+/// then reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum SlotWrites {
+    /// [`Cached`](Self::Cached) when all the copy's slots fit in half the
+    /// last-level caches of the CPUs its threads run on (the topology's
+    /// cache sizes), [`Streaming`](Self::Streaming) otherwise.
+    #[default]
+    Auto,
+    /// Streaming (non-temporal) stores: the slot goes to memory and the DMA
+    /// engine reads it from there, so each byte crosses memory three times
+    /// (source read, slot write, DMA read), but no cache line is read
+    /// before it is overwritten.
+    Streaming,
+    /// Ordinary stores: a slot that fits in the cache stays there, is
+    /// rewritten there chunk after chunk, and the DMA engine's reads are
+    /// served from the cache, so only the source crosses memory.
+    Cached,
 }
 
 impl Default for StagedOptions {
@@ -59,6 +83,7 @@ impl Default for StagedOptions {
             chunk_bytes: 4 << 20,
             threads: 0,
             slots_per_thread: 2,
+            slot_writes: SlotWrites::Auto,
         }
     }
 }
@@ -67,6 +92,7 @@ with_setters!(StagedOptions {
     with_chunk_bytes => chunk_bytes: usize,
     with_threads => threads: usize,
     with_slots_per_thread => slots_per_thread: usize,
+    with_slot_writes => slot_writes: SlotWrites,
 });
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -168,8 +194,13 @@ unsafe fn copy_to_device_after(
         plan.after = Some(unsafe { event_on(gpu, stream) }?);
     }
     let chunks = Mutex::new(src.chunks(plan.chunk).enumerate());
+    let copy = if plan.streaming {
+        stream_copy::copy
+    } else {
+        <[u8]>::copy_from_slice
+    };
     run(&plan, |slots, stream, failed| {
-        to_device(&chunks, slots, stream, dst, plan.chunk, failed)
+        to_device(&chunks, slots, stream, dst, plan.chunk, copy, failed)
     })
 }
 
@@ -213,6 +244,9 @@ struct Plan {
     gpu: CudaOrdinal,
     cpus: CpuList,
     chunk: usize,
+    /// Whether slots are written with streaming stores (copies to the
+    /// device; copies from it always write the caller's memory that way).
+    streaming: bool,
     /// Staging slots, one group per thread.
     slots: Mutex<Vec<Vec<PinnedBuf>>>,
     /// An event recorded on the caller's stream: every copy stream waits on
@@ -282,13 +316,45 @@ fn prepare(
         }
         slots.push(group);
     }
+    let streaming = streams(
+        opts.slot_writes,
+        threads * per_thread * chunk,
+        cache_bytes(rt, &place.cpus),
+    );
     Ok(Some(Plan {
         gpu,
         cpus: place.cpus,
         chunk,
+        streaming,
         slots: Mutex::new(slots),
         after: None,
     }))
+}
+
+/// Whether slots of `staging` bytes in all are written with streaming
+/// stores, beside `cache` bytes of last-level cache: with
+/// [`SlotWrites::Auto`], when they take more than half of it (then the
+/// slots would not stay in the cache between chunks, and ordinary stores
+/// would also read every line first).
+fn streams(writes: SlotWrites, staging: usize, cache: usize) -> bool {
+    match writes {
+        SlotWrites::Streaming => true,
+        SlotWrites::Cached => false,
+        SlotWrites::Auto => staging > cache / 2,
+    }
+}
+
+/// Bytes of last-level cache shared by `cpus`: the sum of the topology's
+/// last-level caches that hold at least one of them (0 when the topology
+/// records no cache sizes).
+fn cache_bytes(rt: &Runtime, cpus: &CpuList) -> usize {
+    rt.topology()
+        .caches
+        .iter()
+        .filter(|c| !c.cpus.intersection(cpus).is_empty())
+        .filter_map(|c| c.size_bytes)
+        .map(|b| usize::try_from(b).unwrap_or(usize::MAX))
+        .fold(0usize, usize::saturating_add)
 }
 
 fn check_range(gpu: CudaOrdinal, ptr: CUdeviceptr, len: usize, dir: Direction) -> Result<()> {
@@ -412,6 +478,7 @@ fn to_device<'a>(
     stream: &Stream,
     dst: CUdeviceptr,
     chunk: usize,
+    copy: fn(&mut [u8], &[u8]),
     failed: &AtomicBool,
 ) -> std::result::Result<(), CudaError> {
     let events = slot_events(slots.len())?;
@@ -427,7 +494,7 @@ fn to_device<'a>(
             // The slot's last DMA must be done before it is overwritten.
             events[s].synchronize()?;
         }
-        stream_copy::copy(&mut slots[s][..part.len()], part);
+        copy(&mut slots[s][..part.len()], part);
         // SAFETY: the slot is pinned and holds part.len() bytes, untouched
         // until its event (recorded next) completes or the stream is
         // synchronised (run does that before the slots go back); the
@@ -500,5 +567,26 @@ fn from_device<'a>(
         if pending.is_none() {
             return Ok(());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{streams, SlotWrites};
+
+    #[test]
+    fn auto_writes_slots_through_the_cache_only_when_they_fit_in_half_of_it() {
+        const MIB: usize = 1 << 20;
+        // 16 threads x 2 slots x 4 MiB beside a 300 MiB L3 (an H100 VM's).
+        assert!(!streams(SlotWrites::Auto, 128 * MIB, 300 * MIB));
+        assert!(!streams(SlotWrites::Auto, 150 * MIB, 300 * MIB));
+        // 8 MiB slots: 256 MiB, more than half.
+        assert!(streams(SlotWrites::Auto, 256 * MIB, 300 * MIB));
+        // A 32 MiB core-complex L3, and no cache size known at all.
+        assert!(streams(SlotWrites::Auto, 128 * MIB, 32 * MIB));
+        assert!(streams(SlotWrites::Auto, MIB, 0));
+        // An explicit choice is kept whatever the sizes.
+        assert!(streams(SlotWrites::Streaming, MIB, 300 * MIB));
+        assert!(!streams(SlotWrites::Cached, 256 * MIB, 0));
     }
 }

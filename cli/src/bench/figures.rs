@@ -406,7 +406,7 @@ mod extra {
     //! Measurements of the loader and the staged copy.
     use super::*;
     use numapin::internals::loader_measure::{self as lm, Direction, LoaderBench, Mode};
-    use numapin::staged::StagedOptions;
+    use numapin::staged::{SlotWrites, StagedOptions};
 
     pub(super) fn run(
         rt: &Runtime,
@@ -563,15 +563,32 @@ mod extra {
                 .collect();
             threads.dedup();
             for &t in &threads {
-                for chunk in [1usize << 20, 2 << 20, 4 << 20, 8 << 20] {
-                    let so = StagedOptions::default()
-                        .with_threads(t)
-                        .with_chunk_bytes(chunk);
-                    for (dir, name) in
-                        [(Direction::ToDevice, "h2d"), (Direction::FromDevice, "d2h")]
-                    {
+                for chunk in [
+                    256usize << 10,
+                    512 << 10,
+                    1 << 20,
+                    2 << 20,
+                    4 << 20,
+                    8 << 20,
+                ] {
+                    // Copies from the device write the caller's memory with
+                    // streaming stores whatever the slot writes are.
+                    for (dir, name, writes) in [
+                        (Direction::ToDevice, "h2d", SlotWrites::Streaming),
+                        (Direction::ToDevice, "h2d", SlotWrites::Cached),
+                        (Direction::FromDevice, "d2h", SlotWrites::Auto),
+                    ] {
+                        let so = StagedOptions::default()
+                            .with_threads(t)
+                            .with_chunk_bytes(chunk)
+                            .with_slot_writes(writes);
+                        let writes = match writes {
+                            SlotWrites::Streaming => "streaming",
+                            SlotWrites::Cached => "cached",
+                            _ => "-",
+                        };
                         progress(&format!(
-                            "GPU {g}: sweep, staged {name} {bytes} bytes, {t} threads, {chunk} byte chunks"
+                            "GPU {g}: sweep, staged {name} {bytes} bytes, {t} threads, {chunk} byte chunks, {writes} slot writes"
                         ));
                         let f = lm::staged_gbps(rt, g, bytes, reps, dir, &so)?;
                         report.results.push(
@@ -581,6 +598,7 @@ mod extra {
                                 .with("bytes", bytes)
                                 .with("threads", t)
                                 .with("chunk_bytes", chunk)
+                                .with("slot_writes", writes)
                                 .with("verified", f.verified),
                         );
                     }

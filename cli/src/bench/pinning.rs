@@ -12,6 +12,10 @@ use numapin::CudaOrdinal;
 /// Concurrent registrations of a region's parts measured against one call.
 const REGISTER_PARTS: [usize; 4] = [1, 2, 4, 8];
 
+/// Part sizes of registration while populating, against one registration
+/// after populating (0).
+const PART_BYTES: [usize; 4] = [0, 32 << 20, 64 << 20, 128 << 20];
+
 pub(super) fn run(
     rt: &Runtime,
     opts: &BenchOptions,
@@ -74,6 +78,18 @@ pub(super) fn run(
         }
         if gpu_ok {
             progress(&format!(
+                "pinning: {} regions, registered in parts while populating",
+                numapin::internals::fmt_bytes(bytes as u64)
+            ));
+            for (part, s) in pm::region_create_parts(rt, node, bytes, &PART_BYTES, reps)? {
+                report.results.push(
+                    BenchResult::new("pin_parts_per_gib", "ms", &s)
+                        .with("node", node)
+                        .with("part_bytes", part)
+                        .with("region_bytes", bytes),
+                );
+            }
+            progress(&format!(
                 "pinning: {} regions, cuMemAllocHost",
                 numapin::internals::fmt_bytes(bytes as u64)
             ));
@@ -131,6 +147,27 @@ pub(super) fn run(
         }
         // Copies from each backend's memory, on the first GPU.
         if let Some(&g) = ordinals.first() {
+            let part = 64 << 20;
+            if 4 * part as u64 <= budget {
+                progress(&format!("pinning: GPU {g} copies across registered parts"));
+                let s = pm::span_copy(rt, node, g, part, reps)?;
+                let mut ranges = vec![("inside", &s.inside)];
+                match &s.across {
+                    Ok(f) => ranges.push(("across", f)),
+                    Err(e) => report.notes.push(format!(
+                        "pinning: a copy across two registered parts was refused ({e}): the arena registers each region in one call"
+                    )),
+                }
+                for (range, f) in ranges {
+                    report.results.push(
+                        BenchResult::new("h2d", "GB/s", f)
+                            .with("gpu", g.get())
+                            .with("memory", format!("parts_{range}"))
+                            .with("bytes", s.bytes)
+                            .with("verified", s.verified),
+                    );
+                }
+            }
             for b in Backend::ALL {
                 progress(&format!("pinning: GPU {g} copies, {} backend", b.as_str()));
                 let cfg = rt.config().clone().with_backend(b);

@@ -109,6 +109,7 @@ fn run(t: &Topology, n: &NumaNode, opts: &DoctorOptions) -> Result<ProbeOutcome,
         pin_by_registration: memlock_too_low(opts.probe_bytes),
         backend: numapin::runtime::Backend::Mapped,
         huge_pages: numapin::RuntimeConfig::default().huge_pages,
+        register_part_bytes: 0,
         pool_root: None,
         fail_after: None,
     })?;
