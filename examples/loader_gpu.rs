@@ -5,13 +5,15 @@
 //! cargo run --release --example loader_gpu -- [--batch-mib 64] [--batches 64]
 //!     [--reps 3] [--staged-mib 1024] [--gpus 0,1,2,3] [--json]
 //!     [--workers N] [--depth N] [--fill streaming|cached] [--empty-producer]
-//!     [--stages-only]
+//!     [--stages-only] [--interference]
 //! ```
 //!
 //! `--stages-only` measures the loader beside its two stages alone (the
 //! producers filling slots without copies, and the bare copy loop) and
 //! nothing else; `--fill cached` has the producers write with ordinary
-//! stores instead of streaming ones.
+//! stores instead of streaming ones. `--interference` measures only the
+//! bare copy loop while 16 threads write other memory at several paces (how
+//! much a producer's writes slow the DMA engine's reads).
 //!
 //! Prints one table (and with `--json` one JSON object per line after it).
 //! Without a GPU it measures host mode only and says so.
@@ -39,6 +41,7 @@ struct Args {
     empty: bool,
     cached: bool,
     stages_only: bool,
+    interference: bool,
 }
 
 fn parse() -> Result<Args, String> {
@@ -54,6 +57,7 @@ fn parse() -> Result<Args, String> {
         empty: false,
         cached: false,
         stages_only: false,
+        interference: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(k) = it.next() {
@@ -82,6 +86,7 @@ fn parse() -> Result<Args, String> {
             "--empty-producer" => a.empty = true,
             "--depth" => a.depth = num(val()?)? as usize,
             "--stages-only" => a.stages_only = true,
+            "--interference" => a.interference = true,
             "--fill" => match val()?.as_str() {
                 "streaming" => a.cached = false,
                 "cached" => a.cached = true,
@@ -243,6 +248,42 @@ fn run() -> numapin::Result<()> {
         if !cpus.is_empty() {
             numapin::affinity::bind_current_thread(&cpus)?;
         }
+    }
+    if args.interference {
+        // (writers, pace in GB/s; 0: unpaced)
+        let mut alone = None;
+        for (writers, pace) in [
+            (0, 0.0),
+            (16, 20.0),
+            (16, 40.0),
+            (16, 60.0),
+            (16, 80.0),
+            (16, 0.0),
+        ] {
+            let (copy, writes) = measure::pinned_copy_under_writes(
+                &rt,
+                g,
+                batch_bytes,
+                args.reps.max(5),
+                writers,
+                pace,
+            )?;
+            let base = *alone.get_or_insert(copy.median);
+            let what = match (writers, pace) {
+                (0, _) => "no writers".to_string(),
+                (w, 0.0) => format!("{w} writers, unpaced"),
+                (w, p) => format!("{w} writers paced to {p} GB/s"),
+            };
+            rep.row(
+                &format!("bare copy loop, {what}"),
+                "GB/s",
+                &copy,
+                Some((copy.median / base, "no writers")),
+                &format!("writers wrote {writes:.1} GB/s (streaming stores)"),
+            );
+        }
+        println!("{}", rep.table.render());
+        return Ok(());
     }
     let bare = measure::pinned_copy_gbps(&rt, g, batch_bytes, args.reps.max(5))?;
     rep.row(

@@ -585,7 +585,7 @@ fn bind(
 
 /// Sets the configuration of the runtime numapin makes on first use.
 #[pyfunction]
-#[pyo3(signature = (*, budget_bytes=None, budget_fraction=None, region_bytes=None, register=None, placement=None, thread_cache_blocks=None, thread_cache_bytes=None, populate_threads=None, backend=None, huge_pages=None))]
+#[pyo3(signature = (*, budget_bytes=None, budget_fraction=None, region_bytes=None, register=None, placement=None, thread_cache_blocks=None, thread_cache_bytes=None, populate_threads=None, backend=None, huge_pages=None, register_in_parts=None))]
 #[allow(clippy::too_many_arguments)]
 fn configure(
     py: Python<'_>,
@@ -599,6 +599,7 @@ fn configure(
     populate_threads: Option<usize>,
     backend: Option<&str>,
     huge_pages: Option<&str>,
+    register_in_parts: Option<bool>,
 ) -> PyResult<()> {
     let backend = match backend {
         None => None,
@@ -667,6 +668,9 @@ fn configure(
     }
     if let Some(h) = huge_pages {
         c = c.with_huge_pages(h);
+    }
+    if let Some(p) = register_in_parts {
+        c = c.with_register_in_parts(p);
     }
     if thread_cache_blocks.is_some() || thread_cache_bytes.is_some() {
         let d = c.thread_cache;

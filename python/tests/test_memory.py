@@ -231,3 +231,20 @@ def test_backend_is_checked_and_driver_backends_need_a_driver():
     assert r.returncode == 0, r.stderr
     assert "the driver_numa backend" in r.stdout, r.stdout
     assert "Backend::Mapped" in r.stdout or "default backend" in r.stdout, r.stdout
+
+
+def test_regions_in_parts_keep_every_buffer_inside_one_half():
+    # 4 MiB regions in halves of 2 MiB: 1.5 MiB buffers take a half each,
+    # two per region; in one piece a region holds two as well, with room
+    # for a third 1 MiB buffer that the halves cannot give.
+    code = """
+        import numapin
+        numapin.configure(region_bytes=4 << 20, register_in_parts={parts})
+        keep = [numapin.empty(3 << 19, "uint8", like="numpy") for _ in range(2)]
+        keep.append(numapin.empty(1 << 20, "uint8", like="numpy"))
+        print(sum(s["regions"] for s in numapin.stats()))
+        """
+    for parts, regions in [(True, "2"), (False, "1")]:
+        r = run_py(code.format(parts=parts))
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.split() == [regions], (parts, r.stdout)

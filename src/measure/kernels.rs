@@ -188,27 +188,32 @@ pub fn batch_key(index: u64) -> u32 {
 /// a tail shorter than a word are the low bytes of the next such word. A
 /// memory-bound producer: one store per word.
 pub fn fill_pattern(key: u32, buf: &mut [u8]) {
-    fill_pattern_with(key, buf, true);
+    fill_pattern_with(key, buf, Stores::Streaming);
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Stores {
+    Streaming,
+    Cached,
 }
 
 /// [`fill_pattern`] with ordinary stores only: what was written last stays
 /// in the cache as far as it fits (where a DMA engine reading it soon after
 /// finds it), at the price of reading each line before writing it.
 pub fn fill_pattern_cached(key: u32, buf: &mut [u8]) {
-    fill_pattern_with(key, buf, false);
+    fill_pattern_with(key, buf, Stores::Cached);
 }
 
-fn fill_pattern_with(key: u32, buf: &mut [u8], streaming: bool) {
+fn fill_pattern_with(key: u32, buf: &mut [u8], stores: Stores) {
     // SAFETY: any byte pattern is a valid u32; align_to_mut only splits the
     // slice at alignment boundaries.
     let (head, words, _) = unsafe { buf.align_to_mut::<u32>() };
     if head.is_empty() {
         // The usual case (slots are page-aligned).
         let n = words.len();
-        let done = if streaming {
-            fill_words_streaming(key, words)
-        } else {
-            0
+        let done = match stores {
+            Stores::Cached => 0,
+            Stores::Streaming => fill_words_streaming(key, words),
         };
         for (j, w) in words.iter_mut().enumerate().skip(done) {
             *w = (j as u32).wrapping_add(key).to_le();
@@ -317,24 +322,34 @@ mod tests {
                 .collect()
         };
         let mut backing = vec![0u32; 300_000];
-        for (off, n) in [
-            (0, 1_000_003),
-            (4, 1_100_000),
-            (0usize, 4096usize),
-            (0, 4095),
-            (1, 4001),
-            (3, 7),
-            (0, 0),
-            (2, 2),
-        ] {
-            let bytes: &mut [u8] = unsafe_bytes(&mut backing);
-            let buf = &mut bytes[off..off + n];
-            fill_pattern(0xdead_beef, buf);
-            assert_eq!(
-                buf,
-                &reference(0xdead_beef, n)[..],
-                "offset {off}, {n} bytes"
-            );
+        // The first offset that is 64-byte aligned (streaming stores apply
+        // from 16).
+        let a = (64 - backing.as_ptr() as usize % 64) % 64;
+        type Fill = fn(u32, &mut [u8]);
+        let fills: [(&str, Fill); 2] =
+            [("streaming", fill_pattern), ("cached", fill_pattern_cached)];
+        for (name, fill) in fills {
+            for (off, n) in [
+                (a, 1_000_003),
+                (a + 4, 1_100_000),
+                (a + 64, 1 << 20),
+                (0usize, 4096usize),
+                (0, 4095),
+                (1, 4001),
+                (3, 7),
+                (0, 0),
+                (2, 2),
+            ] {
+                let bytes: &mut [u8] = unsafe_bytes(&mut backing);
+                bytes.fill(0);
+                let buf = &mut bytes[off..off + n];
+                fill(0xdead_beef, buf);
+                assert_eq!(
+                    buf,
+                    &reference(0xdead_beef, n)[..],
+                    "{name}: offset {off}, {n} bytes"
+                );
+            }
         }
     }
 

@@ -205,10 +205,9 @@ fn producer(
         if cost == Cost::Nothing {
             return Ok(s.len());
         }
-        if cost == Cost::FillCached {
-            fill_pattern_cached(batch_key(i), s);
-        } else {
-            fill_pattern(batch_key(i), s);
+        match cost {
+            Cost::FillCached => fill_pattern_cached(batch_key(i), s),
+            _ => fill_pattern(batch_key(i), s),
         }
         if let Cost::Busy { ns_per_mib } = cost {
             busy(Duration::from_nanos(
@@ -545,6 +544,67 @@ pub fn pinned_copy_gbps(
         }
     }
     Ok(Stats::of(samples))
+}
+
+/// [`pinned_copy_gbps`] while `writers` threads (bound to the GPU's CPUs)
+/// write a private 64 MiB buffer each with streaming stores, paced to
+/// `target_gbps` between them (0: as fast as they can). Returns the copy rate and the writers'
+/// own rate, GB/s: how much a producer's writes slow the DMA engine's
+/// reads of the same memory.
+pub fn pinned_copy_under_writes(
+    rt: &Runtime,
+    gpu: CudaOrdinal,
+    bytes: usize,
+    reps: usize,
+    writers: usize,
+    target_gbps: f64,
+) -> Result<(Stats, f64)> {
+    use std::sync::atomic::AtomicU64;
+    const BUF: usize = 64 * MIB;
+    const PIECE: usize = MIB;
+    let cpus = crate::loader::placement::resolve(rt, crate::loader::Target::Gpu(gpu))?.cpus;
+    let stop = AtomicBool::new(false);
+    let written = AtomicU64::new(0);
+    let per_thread = target_gbps * 1e9 / writers.max(1) as f64;
+    let started = Instant::now();
+    let copy = std::thread::scope(|s| {
+        for _ in 0..writers {
+            let (stop, written, cpus) = (&stop, &written, &cpus);
+            s.spawn(move || {
+                let _ = crate::affinity::bind_current_thread(cpus);
+                let mut v = vec![0u8; BUF + 64];
+                let a = v.as_ptr().align_offset(64);
+                let buf = &mut v[a..a + BUF];
+                let t = Instant::now();
+                let mut done = 0u64;
+                let mut key = 0u32;
+                while !stop.load(Ordering::Relaxed) {
+                    for piece in buf.chunks_mut(PIECE) {
+                        fill_pattern(key, piece);
+                        done += piece.len() as u64;
+                        if per_thread > 0.0 {
+                            let due = Duration::from_secs_f64(done as f64 / per_thread);
+                            if let Some(ahead) = due.checked_sub(t.elapsed()) {
+                                std::thread::sleep(ahead);
+                            }
+                        }
+                        if stop.load(Ordering::Relaxed) {
+                            break;
+                        }
+                    }
+                    key = key.wrapping_add(1);
+                }
+                written.fetch_add(done, Ordering::Relaxed);
+            });
+        }
+        // Let the writers reach their pace first.
+        std::thread::sleep(Duration::from_millis(50));
+        let r = pinned_copy_gbps(rt, gpu, bytes, reps);
+        stop.store(true, Ordering::Relaxed);
+        r
+    })?;
+    let secs = started.elapsed().as_secs_f64();
+    Ok((copy, written.load(Ordering::Relaxed) as f64 / secs / 1e9))
 }
 
 /// Milliseconds of one busy-wait kernel launch ([`SPIN_MS`] on

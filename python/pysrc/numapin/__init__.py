@@ -310,6 +310,7 @@ def configure(
     populate_threads: int | None = None,
     backend: str | None = None,
     huge_pages: str | None = None,
+    register_in_parts: bool | None = None,
 ) -> None:
     """Configures the arenas; call before the first call that allocates.
 
@@ -330,7 +331,10 @@ def configure(
     ``"thp"``, ``"2m"`` or ``"1g"`` (hugetlb pages from the node's pool; too
     few is a :class:`BudgetError`) or ``"none"`` (4 KiB pages).
     :func:`stats` counts the regions of each kind (``regions_hugetlb_2m``,
-    ``regions_thp``, ...).
+    ``regions_thp``, ...). ``register_in_parts``: make each standard region
+    in two halves, the second faulted in while the first is registered with
+    CUDA (default false; no buffer then spans the halves, since CUDA
+    refuses a copy across two registrations).
     """
     _numapin.configure(
         budget_bytes=budget_bytes,
@@ -343,6 +347,7 @@ def configure(
         populate_threads=populate_threads,
         backend=backend,
         huge_pages=huge_pages,
+        register_in_parts=register_in_parts,
     )
 
 
