@@ -6,7 +6,7 @@ pub use crate::affinity::apply::{exec, find_program};
 pub use crate::arena::alloc;
 pub use crate::arena::region::{
     last_mapped_addr, thp_enabled, PageCounts, Region, RegionOptions, Registration, StepTimes,
-    HUGE_PAGE, PAGE, VERIFY_THREADS,
+    HUGE_PAGE, PAGE, VERIFY_SPLIT_BYTES, VERIFY_THREADS,
 };
 pub use crate::arena::{fmt_bytes, NodeArena};
 pub use crate::measure::{arena as arena_measure, kernels, loader as loader_measure, pinning};

@@ -54,9 +54,11 @@
 //!    file, keep the region's VMAs its own; `numa_maps` counts hugetlb VMAs
 //!    in huge pages, converted by their `kernelpagesize_kB`). When the region is registered, the count runs on a second
 //!    thread during step 5 (each costs about 15-30 ms per GiB, measured
-//!    with `numapin bench --only pinning`; one `move_pages` thread, since
-//!    more contend and were slower, and one registration call, since
-//!    concurrent registrations of parts were no faster).
+//!    with `numapin bench --only pinning`; one `move_pages` thread below
+//!    [`VERIFY_SPLIT_BYTES`] and [`VERIFY_THREADS`] from there, since each
+//!    extra thread costs a few milliseconds and more contend, and one
+//!    registration call, since concurrent registrations of parts were no
+//!    faster).
 //!
 //! With [`RegionOptions::register_part_bytes`], steps 4 to 6 run as a
 //! pipeline over parts of the region instead (`Region::create_in_parts`):
@@ -95,10 +97,35 @@ use crate::platform::{numa, numa_maps};
 pub const HUGE_PAGE: usize = 2 << 20;
 /// The base page size placement is checked at.
 pub const PAGE: usize = 4096;
-/// Most threads the `move_pages` placement check runs on (it costs about
-/// 30 ms per GiB on one thread; `numapin bench --only pinning` measures
-/// one thread against several as `pin_verify_per_gib`).
-pub const VERIFY_THREADS: usize = 1;
+/// Most threads the `move_pages` placement check runs on: it costs about
+/// 15-30 ms per GiB on one thread, and more threads add a few milliseconds
+/// whatever the size (`numapin bench --only pinning`, on an H100 VM: a
+/// 256 MiB region checked in 5.5 ms on one thread and 11.5 on two, a 4 GiB
+/// one in 89 ms on one and 49 on two or four), so regions of at least
+/// [`VERIFY_SPLIT_BYTES`] are checked on two threads, smaller ones on one.
+pub const VERIFY_THREADS: usize = 2;
+
+/// Regions this large or larger are checked on [`VERIFY_THREADS`] threads.
+pub const VERIFY_SPLIT_BYTES: usize = 2 << 30;
+
+/// 0: the rule above; otherwise the threads every check runs on.
+static VERIFY_THREADS_NOW: AtomicUsize = AtomicUsize::new(0);
+
+/// Measurement hook: run the `move_pages` placement check of new regions
+/// on `n` threads (0: back to the rule of [`VERIFY_THREADS`]), for
+/// `numapin bench --only pinning` to compare settings in one run.
+pub(crate) fn set_verify_threads(n: usize) {
+    VERIFY_THREADS_NOW.store(n, Ordering::Relaxed);
+}
+
+/// Threads for the placement check of `len` bytes.
+fn verify_threads(len: usize) -> usize {
+    match VERIFY_THREADS_NOW.load(Ordering::Relaxed) {
+        0 if len >= VERIFY_SPLIT_BYTES => VERIFY_THREADS,
+        0 => 1,
+        n => n,
+    }
+}
 
 /// A step of region creation (for error messages and failure-injection
 /// tests).
@@ -735,7 +762,7 @@ impl Region {
                         if matches!(total, Some(Err(_))) {
                             continue;
                         }
-                        let c = this.count_range_move_pages(a, l, VERIFY_THREADS);
+                        let c = this.count_range_move_pages(a, l, verify_threads(l));
                         total = Some(match (total, c) {
                             (None, c) => c,
                             (Some(Ok(mut acc)), Ok(c)) => {
@@ -1082,9 +1109,10 @@ impl Region {
 
     /// Where each 4 KiB page is, from `move_pages` with a null node list
     /// (one status per page; per hugetlb page for hugetlb pages, counted
-    /// as the 4 KiB pages it holds), on [`VERIFY_THREADS`] threads.
+    /// as the 4 KiB pages it holds), on one thread, or on
+    /// [`VERIFY_THREADS`] for a region of [`VERIFY_SPLIT_BYTES`] or more.
     pub fn count_pages_move_pages(&self) -> std::io::Result<PageCounts> {
-        self.count_pages_move_pages_on(VERIFY_THREADS.min(self.threads))
+        self.count_pages_move_pages_on(verify_threads(self.len).min(self.threads))
     }
 
     /// [`Region::count_pages_move_pages`] with the region split between

@@ -114,8 +114,8 @@ pub fn region_create(
 }
 
 /// The exact placement checks of one region of `bytes` on `node`, ms per
-/// GiB: `move_pages` page by page on one thread and on the populate
-/// threads (`None` when it is refused, as under Docker's default seccomp
+/// GiB: `move_pages` page by page on 1, 2, 4 and the populate threads
+/// (`None` when it is refused, as under Docker's default seccomp
 /// profile), and the region's `numa_maps` counts (whose cost also grows
 /// with the memory of every mapping below the region).
 pub fn verify_costs(
@@ -135,16 +135,17 @@ pub fn verify_costs(
             source,
         })
     };
-    let threads = opts.populate_threads.max(1);
-    let mut one = Vec::new();
-    let mut many = Vec::new();
+    let mut counts: Vec<usize> = vec![1, 2, 4, opts.populate_threads.max(1)];
+    counts.sort_unstable();
+    counts.dedup();
+    let mut samples = vec![Vec::new(); counts.len()];
     let mut nm = Vec::new();
     let mut refused = false;
     for _ in 0..reps.max(1) {
-        for (n, out) in [(1, &mut one), (threads, &mut many)] {
+        for (i, &n) in counts.iter().enumerate() {
             let t = Instant::now();
             match r.count_pages_move_pages_on(n) {
-                Ok(_) => out.push(per_gib(t.elapsed(), r.len())),
+                Ok(_) => samples[i].push(per_gib(t.elapsed(), r.len())),
                 Err(e) if crate::platform::numa::is_refusal(&e) => refused = true,
                 Err(e) => return Err(io(e)),
             }
@@ -154,7 +155,12 @@ pub fn verify_costs(
         nm.push(per_gib(t.elapsed(), r.len()));
     }
     Ok(VerifyCosts {
-        move_pages: (!refused).then(|| (Stats::of(one), threads, Stats::of(many))),
+        move_pages: (!refused).then(|| {
+            counts
+                .into_iter()
+                .zip(samples.into_iter().map(Stats::of))
+                .collect()
+        }),
         numa_maps: Stats::of(nm),
     })
 }
@@ -162,11 +168,45 @@ pub fn verify_costs(
 /// What [`verify_costs`] measured, ms per GiB.
 #[derive(Debug, Clone)]
 pub struct VerifyCosts {
-    /// `move_pages` on one thread, the thread count of the other figure,
-    /// and `move_pages` on that many (`None` when it is refused).
-    pub move_pages: Option<(Stats, usize, Stats)>,
+    /// `move_pages` by thread count (`None` when it is refused).
+    pub move_pages: Option<Vec<(usize, Stats)>>,
     /// `/proc/self/numa_maps`.
     pub numa_maps: Stats,
+}
+
+/// Region creation (the arena's settings) with the `move_pages` check on
+/// each of `threads` threads, in turn in each repetition: ms per GiB of the
+/// whole creation and of the check (which runs beside the registration).
+pub fn region_create_verify_threads(
+    rt: &Runtime,
+    node: u32,
+    bytes: usize,
+    threads: &[usize],
+    reps: usize,
+) -> crate::Result<Vec<(usize, Stats, Stats)>> {
+    let opts = options(rt, node, bytes, Backend::Mapped)?;
+    let mut create = vec![Vec::new(); threads.len()];
+    let mut verify = vec![Vec::new(); threads.len()];
+    let result = (|| -> crate::Result<()> {
+        for _ in 0..reps.max(1) {
+            for (i, &n) in threads.iter().enumerate() {
+                crate::arena::region::set_verify_threads(n);
+                let t = Instant::now();
+                let r = Region::create(&opts)?;
+                create[i].push(per_gib(t.elapsed(), r.len()));
+                verify[i].push(per_gib(r.times().verify, r.len()));
+            }
+        }
+        Ok(())
+    })();
+    crate::arena::region::set_verify_threads(0);
+    result?;
+    Ok(threads
+        .iter()
+        .copied()
+        .zip(create.into_iter().zip(verify))
+        .map(|(n, (c, v))| (n, Stats::of(c), Stats::of(v)))
+        .collect())
 }
 
 /// `cuMemHostRegister` of one populated, locked region of `bytes` on

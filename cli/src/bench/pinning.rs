@@ -81,6 +81,25 @@ pub(super) fn run(
                 "pinning: {} regions, registered in parts while populating",
                 numapin::internals::fmt_bytes(bytes as u64)
             ));
+            progress(&format!(
+                "pinning: {} regions, placement check on 1, 2 and 4 threads",
+                numapin::internals::fmt_bytes(bytes as u64)
+            ));
+            for (threads, create, verify) in
+                pm::region_create_verify_threads(rt, node, bytes, &[1, 2, 4], reps)?
+            {
+                for (name, s) in [
+                    ("pin_verify_threads_create_per_gib", create),
+                    ("pin_verify_threads_verify_per_gib", verify),
+                ] {
+                    report.results.push(
+                        BenchResult::new(name, "ms", &s)
+                            .with("node", node)
+                            .with("threads", threads)
+                            .with("region_bytes", bytes),
+                    );
+                }
+            }
             for (part, s) in pm::region_create_parts(rt, node, bytes, &PART_BYTES, reps)? {
                 report.results.push(
                     BenchResult::new("pin_parts_per_gib", "ms", &s)
@@ -115,10 +134,9 @@ pub(super) fn run(
     let v = pm::verify_costs(rt, node, bytes, reps)?;
     let mut checks = vec![("numa_maps", 1, v.numa_maps)];
     match v.move_pages {
-        Some((one, n, many)) => {
-            checks.push(("move_pages", 1, one));
-            if n > 1 {
-                checks.push(("move_pages", n, many));
+        Some(by_threads) => {
+            for (n, s) in by_threads {
+                checks.push(("move_pages", n, s));
             }
         }
         None => report
