@@ -514,6 +514,29 @@ fn child_unprivileged() {
         !is_mapped(last_mapped_addr()),
         "the failed region is still mapped"
     );
+
+    // The same for a standard region made in halves (locked up front with
+    // MLOCK_ONFAULT): the limit's error, nothing locked, nothing mapped.
+    let mut cfg = small().with_register_in_parts(true);
+    numapin::internals::skip_memlock_check(&mut cfg, true);
+    let rt = runtime(cfg);
+    let e = arena_err(rt.alloc_on_node(node, 5 * MIB).unwrap_err());
+    println!("in halves: {e}");
+    assert!(
+        matches!(
+            e,
+            ArenaError::Memlock {
+                source: Some(_),
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert_eq!(locked_bytes(), before);
+    assert!(
+        !is_mapped(last_mapped_addr()),
+        "the failed region in halves is still mapped"
+    );
 }
 
 // ---- Where users run: seccomp filters, low memlock limits, cgroups ----
@@ -682,6 +705,31 @@ fn child_under_filter() {
     drop((a, b));
     drop(rt);
     assert_eq!(locked_bytes(), before, "everything unlocked");
+
+    // A standard region made in halves, placed and counted the same way
+    // (the per-part move_pages count refused, numa_maps after).
+    let rt = runtime(small().with_register_in_parts(true));
+    let mut a = rt.alloc_on_node(node, 5 * MIB).unwrap();
+    a.fill(3);
+    let s = node_stats(&rt);
+    assert_eq!(
+        (
+            s.regions,
+            s.regions_first_touch,
+            s.regions_verified_numa_maps
+        ),
+        (1, first_touch, 1),
+        "{s:?}"
+    );
+    assert_eq!(
+        (s.bytes_locked, s.pages_off_node),
+        (16 * MIB as u64, 0),
+        "{s:?}"
+    );
+    assert_eq!(s.pages_on_node, (16 * MIB / 4096) as u64, "{s:?}");
+    drop(a);
+    drop(rt);
+    assert_eq!(locked_bytes(), before, "the region in halves unlocked");
 
     // A region on its own: each is its own VMAs, with the policy the
     // placement left (first touch: none of its own).

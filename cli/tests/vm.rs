@@ -625,6 +625,44 @@ mod guest {
                 st.budget
             );
         }
+        drop(rt);
+
+        // Regions made in halves (populated, locked and counted part by
+        // part) land on their node just the same.
+        let t = Topology::probe(&opts).unwrap();
+        let rt = Runtime::new(
+            t,
+            RuntimeConfig::default()
+                .with_region_bytes(32 << 20)
+                .with_register_in_parts(true),
+        )
+        .unwrap();
+        for node in 0..4u32 {
+            // Two 12 MiB buffers: one in each half of one region.
+            let mut bufs: Vec<_> = (0..2)
+                .map(|_| rt.alloc_on_node(node, 12 << 20).unwrap())
+                .collect();
+            for b in &mut bufs {
+                b.fill(9);
+                let pages: Vec<*mut libc::c_void> = (0..b.len())
+                    .step_by(4096)
+                    .map(|o| b.as_mut_ptr().wrapping_add(o).cast())
+                    .collect();
+                let status = raw::query(&pages).unwrap();
+                assert!(
+                    status.iter().all(|&s| s == node as i32),
+                    "node {node}, in halves: a page elsewhere"
+                );
+            }
+            let st = rt.stats().into_iter().find(|s| s.node == node).unwrap();
+            assert_eq!(
+                (st.regions, st.pages_off_node),
+                (1, 0),
+                "node {node}: {st:?}"
+            );
+            assert_eq!(st.pages_on_node, (32 << 20) / 4096, "node {node}: {st:?}");
+            println!("node {node}: a region in halves, every page on node {node}");
+        }
     }
 
     /// Under a seccomp filter refusing the NUMA calls, run in a child (this
