@@ -674,10 +674,10 @@ impl Region {
         let lock_parts = want_lock && !locked_up_front;
         let flags = crate::platform::cuda::HOST_REGISTER_PORTABLE
             | crate::platform::cuda::HOST_REGISTER_DEVICEMAP;
-        /// What the registering thread did.
+        /// What the registering thread did (the parts it registered are in
+        /// `registered`, which outlives the threads even if one panics).
         #[derive(Default)]
         struct Pinned {
-            parts: Vec<usize>,
             locked: bool,
             lock_note: Option<String>,
             lock: Duration,
@@ -685,11 +685,17 @@ impl Region {
             error: Option<ArenaError>,
         }
         let started = Instant::now();
+        let registered = std::sync::Mutex::new(Vec::new());
+        // Set by the registering thread when it stops on an error: the
+        // populate threads then stop too.
+        let stop = std::sync::atomic::AtomicBool::new(false);
         let this = &self;
-        let (populated, pinned, counted) = std::thread::scope(|s| {
-            let (to_pin, pin_rx) = mpsc::channel::<(usize, usize)>();
-            let (to_count, count_rx) = mpsc::channel::<(usize, usize)>();
-            let pinning = std::thread::Builder::new()
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            std::thread::scope(|s| {
+                let (registered, stop) = (&registered, &stop);
+                let (to_pin, pin_rx) = mpsc::channel::<(usize, usize)>();
+                let (to_count, count_rx) = mpsc::channel::<(usize, usize)>();
+                let pinning = std::thread::Builder::new()
                 .name("numapin-register".into())
                 .spawn_scoped(s, move || {
                     let mut p = Pinned {
@@ -712,6 +718,7 @@ impl Region {
                                 {
                                     if !register {
                                         p.error = Some(ArenaError::lock_failed(o.node, len as u64, Some(e)));
+                                        stop.store(true, Ordering::Relaxed);
                                         break;
                                     }
                                     // Registration pins what is left; the
@@ -722,11 +729,13 @@ impl Region {
                                         numa::errno_name(&e)
                                     ));
                                     // SAFETY: our own mapping; unlocking
-                                    // pages never locked is harmless.
-                                    let _ = unsafe { numa::unlock(base as *mut u8, a - base) };
+                                    // pages never locked is harmless (this
+                                    // part may be locked in part).
+                                    let _ = unsafe { numa::unlock(base as *mut u8, a - base + l) };
                                 }
                                 Err(e) => {
                                     p.error = Some(ArenaError::lock_failed(o.node, len as u64, Some(e)));
+                                    stop.store(true, Ordering::Relaxed);
                                     break;
                                 }
                             }
@@ -740,74 +749,91 @@ impl Region {
                         let r = unsafe { crate::platform::cuda::host_register(a as *mut libc::c_void, l, flags) };
                         p.register += t.elapsed();
                         match r {
-                            Ok(()) => p.parts.push(a),
+                            Ok(()) => registered
+                                .lock()
+                                .unwrap_or_else(|p| p.into_inner())
+                                .push(a),
                             Err(source) => {
                                 p.error = Some(ArenaError::Register {
                                     node: o.node,
                                     size: len as u64,
                                     source,
                                 });
+                                stop.store(true, Ordering::Relaxed);
                                 break;
                             }
                         }
                     }
                     p
                 });
-            let counting = std::thread::Builder::new()
-                .name("numapin-verify".into())
-                .spawn_scoped(s, move || {
-                    let t = Instant::now();
-                    let mut total: Option<std::io::Result<PageCounts>> = None;
-                    for (a, l) in count_rx {
-                        if matches!(total, Some(Err(_))) {
-                            continue;
-                        }
-                        let c = this.count_range_move_pages(a, l, verify_threads(l));
-                        total = Some(match (total, c) {
-                            (None, c) => c,
-                            (Some(Ok(mut acc)), Ok(c)) => {
-                                acc.merge(c);
-                                Ok(acc)
+                let counting = std::thread::Builder::new()
+                    .name("numapin-verify".into())
+                    .spawn_scoped(s, move || {
+                        let t = Instant::now();
+                        let mut total: Option<std::io::Result<PageCounts>> = None;
+                        for (a, l) in count_rx {
+                            if matches!(total, Some(Err(_))) {
+                                continue;
                             }
-                            (_, Err(e)) => Err(e),
-                            (Some(Err(e)), _) => Err(e),
-                        });
+                            let c = this.count_range_move_pages(
+                                a,
+                                l,
+                                verify_threads(l).min(this.threads),
+                            );
+                            total = Some(match (total, c) {
+                                (None, c) => c,
+                                (Some(Ok(mut acc)), Ok(c)) => {
+                                    acc.merge(c);
+                                    Ok(acc)
+                                }
+                                (_, Err(e)) => Err(e),
+                                (Some(Err(e)), _) => Err(e),
+                            });
+                        }
+                        (total, t.elapsed())
+                    });
+                let mut populated = Ok(Duration::ZERO);
+                for &(a, l) in &ranges {
+                    if stop.load(Ordering::Relaxed) {
+                        break;
                     }
-                    (total, t.elapsed())
-                });
-            let mut populated = Ok(Duration::ZERO);
-            for &(a, l) in &ranges {
-                let t = Instant::now();
-                if let Err(e) = this.populate_range(a, l, &o.cpus, o.populate_threads, first_touch)
-                {
-                    populated = Err(system(Step::Populate, e));
-                    break;
+                    let t = Instant::now();
+                    if let Err(e) =
+                        this.populate_range(a, l, &o.cpus, o.populate_threads, first_touch)
+                    {
+                        populated = Err(system(Step::Populate, e));
+                        break;
+                    }
+                    populated = populated.map(|d| d + t.elapsed());
+                    // A part the other threads no longer take (they stopped on
+                    // an error) is simply not sent on.
+                    let _ = to_pin.send((a, l));
+                    let _ = to_count.send((a, l));
                 }
-                populated = populated.map(|d| d + t.elapsed());
-                // A part the other threads no longer take (they stopped on
-                // an error) is simply not sent on.
-                let _ = to_pin.send((a, l));
-                let _ = to_count.send((a, l));
-            }
-            drop(to_pin);
-            drop(to_count);
-            let pinned = match pinning {
-                Ok(h) => h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)),
-                Err(e) => Pinned {
-                    error: Some(system(Step::Register, e)),
-                    ..Pinned::default()
-                },
-            };
-            let counted = match counting {
-                Ok(h) => h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)),
-                Err(e) => (Some(Err(e)), Duration::ZERO),
-            };
-            (populated, pinned, counted)
-        });
+                drop(to_pin);
+                drop(to_count);
+                let pinned = match pinning {
+                    Ok(h) => h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)),
+                    Err(e) => Pinned {
+                        error: Some(system(Step::Register, e)),
+                        ..Pinned::default()
+                    },
+                };
+                let counted = match counting {
+                    Ok(h) => h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)),
+                    Err(e) => (Some(Err(e)), Duration::ZERO),
+                };
+                (populated, pinned, counted)
+            })
+        }));
         let wall = started.elapsed();
-        // Whatever failed, Drop unregisters the parts registered so far and
-        // unlocks what is locked.
-        self.parts = pinned.parts;
+        // Whatever failed (a panic included), Drop unregisters the parts
+        // registered so far and unlocks what is locked.
+        self.parts = registered.into_inner().unwrap_or_else(|p| p.into_inner());
+        let (populated, pinned, counted) = match outcome {
+            Ok(v) => v,
+            Err(panic) => std::panic::resume_unwind(panic),
+        };
         self.locked = locked_up_front || (lock_parts && pinned.locked);
         if let Some(note) = pinned.lock_note {
             self.methods.pinned = PinnedBy::Registration;

@@ -184,10 +184,23 @@ pub fn region_create_verify_threads(
     threads: &[usize],
     reps: usize,
 ) -> crate::Result<Vec<(usize, Stats, Stats)>> {
+    /// Puts the rule back however the measurement ends.
+    struct Reset;
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            crate::arena::region::set_verify_threads(0);
+        }
+    }
     let opts = options(rt, node, bytes, Backend::Mapped)?;
+    // The check never runs on more threads than the region's populate
+    // threads: measure (and report) what can run.
+    let cap = opts.populate_threads.max(1);
+    let mut threads: Vec<usize> = threads.iter().map(|&n| n.clamp(1, cap)).collect();
+    threads.dedup();
     let mut create = vec![Vec::new(); threads.len()];
     let mut verify = vec![Vec::new(); threads.len()];
-    let result = (|| -> crate::Result<()> {
+    {
+        let _reset = Reset;
         for _ in 0..reps.max(1) {
             for (i, &n) in threads.iter().enumerate() {
                 crate::arena::region::set_verify_threads(n);
@@ -197,13 +210,9 @@ pub fn region_create_verify_threads(
                 verify[i].push(per_gib(r.times().verify, r.len()));
             }
         }
-        Ok(())
-    })();
-    crate::arena::region::set_verify_threads(0);
-    result?;
+    }
     Ok(threads
-        .iter()
-        .copied()
+        .into_iter()
         .zip(create.into_iter().zip(verify))
         .map(|(n, (c, v))| (n, Stats::of(c), Stats::of(v)))
         .collect())
@@ -348,6 +357,8 @@ pub fn span_copy(
             source: e,
         })
     };
+    // As the region rounds it.
+    let part = part.next_multiple_of(crate::arena::region::HUGE_PAGE);
     let mut opts = options(rt, node, 4 * part, Backend::Mapped)?;
     opts.register_part_bytes = part;
     let r = Region::create(&opts)?;

@@ -299,15 +299,7 @@ fn prepare(
         return Ok(None);
     }
     check_range(gpu, dev, len, dir)?;
-    let chunk = opts.chunk_bytes.min(len);
-    let n_chunks = len.div_ceil(chunk);
-    let threads = match opts.threads {
-        0 => place.cpus.len().clamp(1, MAX_STAGED_THREADS),
-        t => t,
-    }
-    .min(n_chunks);
-    // Two slots per thread are only useful with two chunks per thread.
-    let per_thread = opts.slots_per_thread.min(n_chunks.div_ceil(threads)).max(1);
+    let (chunk, threads, per_thread) = sizing(place.cpus.len(), len, opts);
     let mut slots = Vec::with_capacity(threads);
     for _ in 0..threads {
         let mut group = Vec::with_capacity(per_thread);
@@ -329,6 +321,47 @@ fn prepare(
         slots: Mutex::new(slots),
         after: None,
     }))
+}
+
+/// The chunk size, threads and slots per thread of a copy of `len` bytes
+/// (at least 1) by a GPU with `cpus` allowed local CPUs.
+fn sizing(cpus: usize, len: usize, opts: &StagedOptions) -> (usize, usize, usize) {
+    let chunk = opts.chunk_bytes.min(len).max(1);
+    let n_chunks = len.div_ceil(chunk);
+    let threads = match opts.threads {
+        0 => cpus.clamp(1, MAX_STAGED_THREADS),
+        t => t,
+    }
+    .min(n_chunks)
+    .max(1);
+    // Two slots per thread are only useful with two chunks per thread.
+    let per_thread = opts.slots_per_thread.min(n_chunks.div_ceil(threads)).max(1);
+    (chunk, threads, per_thread)
+}
+
+/// How a copy of `len` bytes to GPU `gpu` with `opts` writes its slots:
+/// what [`SlotWrites::Auto`] comes to on this machine (the slots' total
+/// size against the last-level caches of the GPU's CPUs), or the explicit
+/// choice.
+pub fn slot_writes_for(
+    rt: &Runtime,
+    gpu: CudaOrdinal,
+    len: usize,
+    opts: &StagedOptions,
+) -> Result<SlotWrites> {
+    let place = placement::resolve(rt, Target::Gpu(gpu))?;
+    let (chunk, threads, per_thread) = sizing(place.cpus.len(), len.max(1), opts);
+    Ok(
+        if streams(
+            opts.slot_writes,
+            threads * per_thread * chunk,
+            cache_bytes(rt, &place.cpus),
+        ) {
+            SlotWrites::Streaming
+        } else {
+            SlotWrites::Cached
+        },
+    )
 }
 
 /// Whether slots of `staging` bytes in all are written with streaming

@@ -429,13 +429,21 @@ mod extra {
                         dir,
                         &StagedOptions::default(),
                     )?;
-                    report.results.push(
-                        BenchResult::new(name, "GB/s", &f.gbps)
-                            .with("gpu", g.get())
-                            .with("memory", "staged")
-                            .with("bytes", opts.copy_bytes)
-                            .with("verified", f.verified),
-                    );
+                    let mut r = BenchResult::new(name, "GB/s", &f.gbps)
+                        .with("gpu", g.get())
+                        .with("memory", "staged")
+                        .with("bytes", opts.copy_bytes)
+                        .with("verified", f.verified);
+                    if dir == Direction::ToDevice {
+                        let w = numapin::staged::slot_writes_for(
+                            rt,
+                            g,
+                            opts.copy_bytes,
+                            &StagedOptions::default(),
+                        )?;
+                        r = r.with("slot_writes", slot_writes_name(w));
+                    }
+                    report.results.push(r);
                 }
                 if opts.staged_sweep {
                     staged_sweep(rt, g, opts, report, progress)?;
@@ -582,11 +590,7 @@ mod extra {
                             .with_threads(t)
                             .with_chunk_bytes(chunk)
                             .with_slot_writes(writes);
-                        let writes = match writes {
-                            SlotWrites::Streaming => "streaming",
-                            SlotWrites::Cached => "cached",
-                            _ => "-",
-                        };
+                        let writes = slot_writes_name(writes);
                         progress(&format!(
                             "GPU {g}: sweep, staged {name} {bytes} bytes, {t} threads, {chunk} byte chunks, {writes} slot writes"
                         ));
@@ -606,6 +610,14 @@ mod extra {
             }
         }
         Ok(())
+    }
+
+    fn slot_writes_name(w: SlotWrites) -> &'static str {
+        match w {
+            SlotWrites::Streaming => "streaming",
+            SlotWrites::Cached => "cached",
+            _ => "-",
+        }
     }
 
     /// Most workers the scaling figures go to.

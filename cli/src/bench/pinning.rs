@@ -173,7 +173,7 @@ pub(super) fn run(
                 match &s.across {
                     Ok(f) => ranges.push(("across", f)),
                     Err(e) => report.notes.push(format!(
-                        "pinning: a copy across two registered parts was refused ({e}): the arena registers each region in one call"
+                        "pinning: a copy across two registered parts was refused ({e}): regions are registered in one call unless register_in_parts is on, which keeps every buffer inside one part"
                     )),
                 }
                 for (range, f) in ranges {
