@@ -398,3 +398,50 @@ fn gpu_regions_registered_in_parts_copy_across_parts_and_leave_nothing_registere
         );
     }
 }
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --ignored on a GPU machine"]
+fn gpu_buffers_in_both_halves_of_a_region_in_parts_copy_both_ways() {
+    use numapin::internals::cuda;
+    let _g = serial();
+    let Some((t, gpu)) = gpu_topology() else {
+        return;
+    };
+    cuda::set_device(gpu.get()).unwrap();
+    let rt = Runtime::new(
+        t,
+        RuntimeConfig::default()
+            .with_region_bytes(32 * MIB)
+            .with_register_in_parts(true),
+    )
+    .unwrap();
+    let n = 12 * MIB;
+    let dev = cuda::DeviceBuffer::new(n).unwrap();
+    let stream = cuda::Stream::new().unwrap();
+    // Two buffers, one in each half (two registrations) of one region.
+    let mut bufs: Vec<_> = (0..2).map(|_| rt.alloc_for_gpu(gpu, n).unwrap()).collect();
+    let s = rt.stats().into_iter().find(|s| s.regions > 0).unwrap();
+    assert_eq!(s.regions, 1, "{s:?}");
+    for (k, b) in bufs.iter_mut().enumerate() {
+        b.as_mut_slice_of::<u32>()
+            .iter_mut()
+            .enumerate()
+            .for_each(|(i, x)| *x = (i as u32).wrapping_mul(2654435761).wrapping_add(k as u32));
+    }
+    for (k, b) in bufs.iter().enumerate() {
+        let mut back = rt.alloc_for_gpu(gpu, n).unwrap();
+        back.fill(0);
+        // SAFETY: dev holds n bytes in the current context; neither host
+        // buffer is touched before the stream is synchronised.
+        unsafe {
+            b.copy_to_device_async(dev.ptr(), stream.raw()).unwrap();
+            back.copy_from_device_async(dev.ptr(), stream.raw())
+                .unwrap();
+        }
+        stream.synchronize().unwrap();
+        assert!(
+            back[..] == b[..],
+            "half {k}: data differs after the round trip"
+        );
+    }
+}
