@@ -605,7 +605,24 @@ fn from_device<'a>(
 
 #[cfg(test)]
 mod tests {
-    use super::{streams, SlotWrites};
+    use super::{sizing, streams, SlotWrites, StagedOptions};
+
+    #[test]
+    fn a_copy_takes_no_more_threads_or_slots_than_it_has_chunks() {
+        const MIB: usize = 1 << 20;
+        let d = StagedOptions::default();
+        // 256 MiB on 16 CPUs: 64 chunks of 4 MiB, 16 threads, 2 slots each.
+        assert_eq!(sizing(16, 256 * MIB, &d), (4 * MIB, 16, 2));
+        // More CPUs than the cap.
+        assert_eq!(sizing(64, 256 * MIB, &d), (4 * MIB, 16, 2));
+        // 12 MiB: three chunks, three threads, one slot each.
+        assert_eq!(sizing(16, 12 * MIB, &d), (4 * MIB, 3, 1));
+        // Smaller than a chunk: one chunk of its size, on one thread.
+        assert_eq!(sizing(16, 1000, &d), (1000, 1, 1));
+        // Explicit threads, and no CPU known.
+        assert_eq!(sizing(16, 64 * MIB, &d.with_threads(4)), (4 * MIB, 4, 2));
+        assert_eq!(sizing(0, 64 * MIB, &d), (4 * MIB, 1, 2));
+    }
 
     #[test]
     fn auto_writes_slots_through_the_cache_only_when_they_fit_in_half_of_it() {
