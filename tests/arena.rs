@@ -493,50 +493,31 @@ fn child_unprivileged() {
     assert_eq!(locked_bytes(), before);
 
     // mlock itself failing (the check skipped) is the same error, with the
-    // system's reason, and the region is gone.
-    let mut cfg = small();
-    numapin::internals::skip_memlock_check(&mut cfg, true);
-    let rt = runtime(cfg);
-    let e = arena_err(rt.alloc_on_node(node, 64 * MIB).unwrap_err());
-    println!("{e}");
-    assert!(
-        matches!(
-            e,
-            ArenaError::Memlock {
-                source: Some(_),
-                ..
-            }
-        ),
-        "{e}"
-    );
-    assert_eq!(locked_bytes(), before);
-    assert!(
-        !is_mapped(last_mapped_addr()),
-        "the failed region is still mapped"
-    );
-
-    // The same for a standard region made in halves (locked up front with
-    // MLOCK_ONFAULT): the limit's error, nothing locked, nothing mapped.
-    let mut cfg = small().with_register_in_parts(true);
-    numapin::internals::skip_memlock_check(&mut cfg, true);
-    let rt = runtime(cfg);
-    let e = arena_err(rt.alloc_on_node(node, 5 * MIB).unwrap_err());
-    println!("in halves: {e}");
-    assert!(
-        matches!(
-            e,
-            ArenaError::Memlock {
-                source: Some(_),
-                ..
-            }
-        ),
-        "{e}"
-    );
-    assert_eq!(locked_bytes(), before);
-    assert!(
-        !is_mapped(last_mapped_addr()),
-        "the failed region in halves is still mapped"
-    );
+    // system's reason, and the region is gone: for a region in one piece
+    // (64 MiB, its own) and for a standard region made in halves (5 MiB in
+    // a 16 MiB region, locked up front with MLOCK_ONFAULT).
+    for (in_parts, bytes) in [(false, 64 * MIB), (true, 5 * MIB)] {
+        let mut cfg = small().with_register_in_parts(in_parts);
+        numapin::internals::skip_memlock_check(&mut cfg, true);
+        let rt = runtime(cfg);
+        let e = arena_err(rt.alloc_on_node(node, bytes).unwrap_err());
+        println!("in parts: {in_parts}: {e}");
+        assert!(
+            matches!(
+                e,
+                ArenaError::Memlock {
+                    source: Some(_),
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert_eq!(locked_bytes(), before);
+        assert!(
+            !is_mapped(last_mapped_addr()),
+            "the failed region is still mapped (in parts: {in_parts})"
+        );
+    }
 }
 
 // ---- Where users run: seccomp filters, low memlock limits, cgroups ----

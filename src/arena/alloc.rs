@@ -206,16 +206,6 @@ impl Tlsf {
         id
     }
 
-    /// Whether `offset` of region `region` starts a part (other than the
-    /// first): blocks either side of it never merge.
-    #[inline]
-    fn at_part_boundary(&self, region: u32, offset: u64) -> bool {
-        match self.regions[region as usize] {
-            Some(r) => r.part != 0 && offset % r.part == 0,
-            None => false,
-        }
-    }
-
     /// Whether region `region` holds no block in use.
     pub fn region_is_empty(&self, region: u32) -> bool {
         self.regions
@@ -327,25 +317,23 @@ impl Tlsf {
             .nodes
             .get(id as usize)
             .expect("free of an unknown block");
-        assert!(
-            !node.free
-                && self
-                    .regions
-                    .get(node.region as usize)
-                    .is_some_and(Option::is_some),
-            "double free of block {id}"
-        );
+        let region = self
+            .regions
+            .get_mut(node.region as usize)
+            .and_then(Option::as_mut)
+            .filter(|_| !node.free);
+        let Some(region) = region else {
+            panic!("double free of block {id}");
+        };
+        region.used -= 1;
+        // No merge across a part boundary.
+        let part = region.part;
+        let boundary = |offset: u64| part != 0 && offset % part == 0;
         self.used_bytes -= node.size;
-        if let Some(r) = self.regions[node.region as usize].as_mut() {
-            r.used -= 1;
-        }
         let mut n = id;
         self.nodes[n as usize].free = true;
         let prev = node.prev_phys;
-        if prev != NIL
-            && self.nodes[prev as usize].free
-            && !self.at_part_boundary(node.region, node.offset)
-        {
+        if prev != NIL && self.nodes[prev as usize].free && !boundary(node.offset) {
             self.remove_free(prev);
             self.absorb_next(prev);
             n = prev;
@@ -353,7 +341,7 @@ impl Tlsf {
         let next = self.nodes[n as usize].next_phys;
         if next != NIL
             && self.nodes[next as usize].free
-            && !self.at_part_boundary(node.region, self.nodes[next as usize].offset)
+            && !boundary(self.nodes[next as usize].offset)
         {
             self.remove_free(next);
             self.absorb_next(n);

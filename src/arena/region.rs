@@ -311,6 +311,15 @@ impl PageCounts {
             .collect()
     }
 
+    fn empty(by: VerifiedBy) -> PageCounts {
+        PageCounts {
+            by,
+            pages: 0,
+            nodes: Vec::new(),
+            missing: 0,
+        }
+    }
+
     fn merge(&mut self, other: PageCounts) {
         self.pages += other.pages;
         self.missing += other.missing;
@@ -525,23 +534,8 @@ impl Region {
             ));
         } else {
             // SAFETY: the range is our own mapping.
-            match unsafe { numa::lock(addr, len) } {
-                Ok(()) => region.locked = true,
-                Err(e)
-                    if will_register
-                        && matches!(
-                            e.raw_os_error(),
-                            Some(libc::ENOMEM) | Some(libc::EPERM) | Some(libc::EAGAIN)
-                        ) =>
-                {
-                    region.methods.pinned = PinnedBy::Registration;
-                    region.notes.push(format!(
-                        "mlock failed ({}): not locked, CUDA registration pins the pages",
-                        numa::errno_name(&e)
-                    ));
-                }
-                Err(e) => return Err(ArenaError::lock_failed(o.node, len as u64, Some(e))),
-            }
+            let locked = unsafe { numa::lock(addr, len) };
+            region.settle_lock(locked, will_register, o.node)?;
         }
         region.times.lock = started.elapsed();
         if fail(Step::Lock) {
@@ -604,12 +598,12 @@ impl Region {
     }
 
     /// Steps 4 to 6 in parts of `part` bytes: the populate threads fault in
-    /// one part after the other; as each is in, a second thread locks it
-    /// and registers it (with `register`), so that the kernel zeroing part
-    /// k + 1 overlaps the driver pinning part k, and a third counts where
-    /// its pages are. Registering only resident pages keeps the driver off
-    /// the fault path, which an earlier attempt (registering the whole
-    /// region while it was being populated) found four times slower.
+    /// one part after the other; as each is in, a second thread registers
+    /// it (with `register`), so that the kernel zeroing part k + 1 overlaps
+    /// the driver pinning part k, and a third counts where its pages are.
+    /// Registering only resident pages keeps the driver off the fault path,
+    /// which an earlier attempt (registering the whole region while it was
+    /// being populated) found four times slower.
     fn create_in_parts(
         mut self,
         o: &RegionOptions,
@@ -626,68 +620,34 @@ impl Region {
             .map(|off| (base + off, part.min(len - off)))
             .collect();
         let first_touch = self.methods.placed == PlacedBy::FirstTouch;
-        let mut want_lock = match o.pin_by_registration.as_ref().filter(|_| register) {
-            Some(why) => {
-                self.methods.pinned = PinnedBy::Registration;
-                self.notes.push(format!(
-                    "{why}: not locked, CUDA registration pins the pages"
-                ));
-                false
-            }
-            None => true,
-        };
         // Lock the whole region before faulting it in (MLOCK_ONFAULT: each
-        // page is locked as it comes in), so that the pipeline below never
-        // changes the mapping while the populate threads fault in it; an
-        // older kernel locks part by part instead.
-        let mut locked_up_front = false;
-        let mut lock_note = None;
-        if want_lock {
+        // page is locked as it comes in), so that nothing changes the
+        // mapping while the populate threads fault in it; a kernel without
+        // MLOCK_ONFAULT (before 4.4) locks it once it is in.
+        let mut lock_after = false;
+        if let Some(why) = o.pin_by_registration.as_ref().filter(|_| register) {
+            self.methods.pinned = PinnedBy::Registration;
+            self.notes.push(format!(
+                "{why}: not locked, CUDA registration pins the pages"
+            ));
+        } else {
             let t = Instant::now();
             // SAFETY: our own mapping.
             match unsafe { numa::lock_on_fault(base as *mut u8, len) } {
-                Ok(()) => locked_up_front = true,
-                Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL) | Some(libc::ENOSYS)) => {}
-                Err(e)
-                    if register
-                        && matches!(
-                            e.raw_os_error(),
-                            Some(libc::ENOMEM) | Some(libc::EPERM) | Some(libc::EAGAIN)
-                        ) =>
-                {
-                    want_lock = false;
-                    lock_note = Some(format!(
-                        "mlock failed ({}): not locked, CUDA registration pins the pages",
-                        numa::errno_name(&e)
-                    ));
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL) | Some(libc::ENOSYS)) => {
+                    lock_after = true;
                 }
-                Err(e) => return Err(ArenaError::lock_failed(o.node, len as u64, Some(e))),
+                r => self.settle_lock(r, register, o.node)?,
             }
             self.times.lock = t.elapsed();
         }
-        if let Some(note) = lock_note {
-            self.methods.pinned = PinnedBy::Registration;
-            self.notes.push(note);
-        }
-        // From here on, Drop unlocks the region.
-        self.locked = locked_up_front;
-        let lock_parts = want_lock && !locked_up_front;
         let flags = crate::platform::cuda::HOST_REGISTER_PORTABLE
             | crate::platform::cuda::HOST_REGISTER_DEVICEMAP;
-        /// What the registering thread did (the parts it registered are in
-        /// `registered`, which outlives the threads even if one panics).
-        #[derive(Default)]
-        struct Pinned {
-            locked: bool,
-            lock_note: Option<String>,
-            lock: Duration,
-            register: Duration,
-            error: Option<ArenaError>,
-        }
         let started = Instant::now();
+        // The parts registered so far: kept outside the threads, so that
+        // Drop unregisters them whatever happens, a panic included.
         let registered = std::sync::Mutex::new(Vec::new());
-        // Set by the registering thread when it stops on an error: the
-        // populate threads then stop too.
+        // Set when registering fails: the populate threads stop too.
         let stop = std::sync::atomic::AtomicBool::new(false);
         let this = &self;
         let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -695,100 +655,50 @@ impl Region {
                 let (registered, stop) = (&registered, &stop);
                 let (to_pin, pin_rx) = mpsc::channel::<(usize, usize)>();
                 let (to_count, count_rx) = mpsc::channel::<(usize, usize)>();
+                // Registers each part as it comes in: the time it took, or
+                // the first failure.
                 let pinning = std::thread::Builder::new()
-                .name("numapin-register".into())
-                .spawn_scoped(s, move || {
-                    let mut p = Pinned {
-                        locked: lock_parts,
-                        ..Pinned::default()
-                    };
-                    for (a, l) in pin_rx {
-                        if p.locked {
+                    .name("numapin-register".into())
+                    .spawn_scoped(s, move || -> Result<Duration, ArenaError> {
+                        let mut took = Duration::ZERO;
+                        for (a, l) in pin_rx {
                             let t = Instant::now();
-                            // SAFETY: a part of our own mapping.
-                            let r = unsafe { numa::lock(a as *mut u8, l) };
-                            p.lock += t.elapsed();
-                            match r {
-                                Ok(()) => {}
-                                Err(e)
-                                    if matches!(
-                                        e.raw_os_error(),
-                                        Some(libc::ENOMEM) | Some(libc::EPERM) | Some(libc::EAGAIN)
-                                    ) =>
-                                {
-                                    if !register {
-                                        p.error = Some(ArenaError::lock_failed(o.node, len as u64, Some(e)));
-                                        stop.store(true, Ordering::Relaxed);
-                                        break;
-                                    }
-                                    // Registration pins what is left; the
-                                    // parts locked so far are unlocked.
-                                    p.locked = false;
-                                    p.lock_note = Some(format!(
-                                        "mlock failed ({}): not locked, CUDA registration pins the pages",
-                                        numa::errno_name(&e)
-                                    ));
-                                    // SAFETY: our own mapping; unlocking
-                                    // pages never locked is harmless (this
-                                    // part may be locked in part).
-                                    let _ = unsafe { numa::unlock(base as *mut u8, a - base + l) };
-                                }
-                                Err(e) => {
-                                    p.error = Some(ArenaError::lock_failed(o.node, len as u64, Some(e)));
-                                    stop.store(true, Ordering::Relaxed);
-                                    break;
-                                }
-                            }
-                        }
-                        if !register {
-                            continue;
-                        }
-                        let t = Instant::now();
-                        // SAFETY: the part stays mapped until Drop, which
-                        // unregisters every part in `parts` first.
-                        let r = unsafe { crate::platform::cuda::host_register(a as *mut libc::c_void, l, flags) };
-                        p.register += t.elapsed();
-                        match r {
-                            Ok(()) => registered
-                                .lock()
-                                .unwrap_or_else(|p| p.into_inner())
-                                .push(a),
-                            Err(source) => {
-                                p.error = Some(ArenaError::Register {
+                            // SAFETY: the part stays mapped until Drop,
+                            // which unregisters every part in `parts` first.
+                            let r = unsafe {
+                                crate::platform::cuda::host_register(
+                                    a as *mut libc::c_void,
+                                    l,
+                                    flags,
+                                )
+                            };
+                            took += t.elapsed();
+                            if let Err(source) = r {
+                                stop.store(true, Ordering::Relaxed);
+                                return Err(ArenaError::Register {
                                     node: o.node,
                                     size: len as u64,
                                     source,
                                 });
-                                stop.store(true, Ordering::Relaxed);
-                                break;
                             }
+                            registered.lock().unwrap_or_else(|p| p.into_inner()).push(a);
                         }
-                    }
-                    p
-                });
+                        Ok(took)
+                    });
+                // Counts where each part's pages are as it comes in.
                 let counting = std::thread::Builder::new()
                     .name("numapin-verify".into())
                     .spawn_scoped(s, move || {
                         let t = Instant::now();
-                        let mut total: Option<std::io::Result<PageCounts>> = None;
+                        let mut total = Ok(PageCounts::empty(VerifiedBy::MovePages));
                         for (a, l) in count_rx {
-                            if matches!(total, Some(Err(_))) {
-                                continue;
-                            }
-                            let c = this.count_range_move_pages(
-                                a,
-                                l,
-                                verify_threads(l).min(this.threads),
-                            );
-                            total = Some(match (total, c) {
-                                (None, c) => c,
-                                (Some(Ok(mut acc)), Ok(c)) => {
-                                    acc.merge(c);
-                                    Ok(acc)
+                            if let Ok(acc) = &mut total {
+                                let threads = verify_threads(l).min(this.threads);
+                                match this.count_range_move_pages(a, l, threads) {
+                                    Ok(c) => acc.merge(c),
+                                    Err(e) => total = Err(e),
                                 }
-                                (_, Err(e)) => Err(e),
-                                (Some(Err(e)), _) => Err(e),
-                            });
+                            }
                         }
                         (total, t.elapsed())
                     });
@@ -805,23 +715,21 @@ impl Region {
                         break;
                     }
                     populated = populated.map(|d| d + t.elapsed());
-                    // A part the other threads no longer take (they stopped on
-                    // an error) is simply not sent on.
-                    let _ = to_pin.send((a, l));
+                    // A thread that stopped on an error takes no more parts.
+                    if register {
+                        let _ = to_pin.send((a, l));
+                    }
                     let _ = to_count.send((a, l));
                 }
                 drop(to_pin);
                 drop(to_count);
                 let pinned = match pinning {
                     Ok(h) => h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)),
-                    Err(e) => Pinned {
-                        error: Some(system(Step::Register, e)),
-                        ..Pinned::default()
-                    },
+                    Err(e) => Err(system(Step::Register, e)),
                 };
                 let counted = match counting {
                     Ok(h) => h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)),
-                    Err(e) => (Some(Err(e)), Duration::ZERO),
+                    Err(e) => (Err(e), Duration::ZERO),
                 };
                 (populated, pinned, counted)
             })
@@ -834,25 +742,29 @@ impl Region {
             Ok(v) => v,
             Err(panic) => std::panic::resume_unwind(panic),
         };
-        self.locked = locked_up_front || (lock_parts && pinned.locked);
-        if let Some(note) = pinned.lock_note {
-            self.methods.pinned = PinnedBy::Registration;
-            self.notes.push(note);
-        }
         self.times.populate = populated?;
-        if let Some(e) = pinned.error {
-            return Err(e);
-        }
-        if o.fail_after == Some(Step::Populate) || o.fail_after == Some(Step::Lock) {
+        self.times.register = pinned?;
+        if fail_after(o, Step::Populate) {
             return Err(system(
-                o.fail_after.expect("checked"),
+                Step::Populate,
                 std::io::Error::other("failure injected by a test"),
             ));
         }
-        self.times.lock += pinned.lock;
-        self.times.register = pinned.register;
+        if lock_after {
+            let t = Instant::now();
+            // SAFETY: our own mapping.
+            let locked = unsafe { numa::lock(base as *mut u8, len) };
+            self.settle_lock(locked, register, o.node)?;
+            self.times.lock = t.elapsed();
+        }
+        if fail_after(o, Step::Lock) {
+            return Err(system(
+                Step::Lock,
+                std::io::Error::other("failure injected by a test"),
+            ));
+        }
         if register {
-            self.registered = self.parts.len() == ranges.len();
+            self.registered = true;
             self.registration = Registration::Registered;
             self.notes.push(format!(
                 "registered in {} parts of {} MiB while populating ({:.1} ms in all)",
@@ -869,7 +781,7 @@ impl Region {
                 "registration turned off in the configuration".into()
             });
         }
-        if o.fail_after == Some(Step::Register) {
+        if fail_after(o, Step::Register) {
             return Err(system(
                 Step::Register,
                 std::io::Error::other("failure injected by a test"),
@@ -877,13 +789,43 @@ impl Region {
         }
         // The per-part counts from move_pages, or, when it is refused, the
         // whole region's from numa_maps.
-        let (total, took) = counted;
-        let counted = match total {
-            Some(Err(e)) if numa::is_refusal(&e) => self.timed_count(),
-            Some(r) => (r, took),
-            None => self.timed_count(),
+        let counted = match counted {
+            (Err(e), _) if numa::is_refusal(&e) => self.timed_count(),
+            counted => counted,
         };
         self.verify(o, Some(counted))
+    }
+
+    /// Settles the outcome `r` of locking the whole region: locked; or,
+    /// when the memlock limit refused it and `register` will pin the pages,
+    /// not locked and said so in the notes; any other failure is the error.
+    fn settle_lock(
+        &mut self,
+        r: std::io::Result<()>,
+        register: bool,
+        node: u32,
+    ) -> Result<(), ArenaError> {
+        match r {
+            Ok(()) => {
+                self.locked = true;
+                Ok(())
+            }
+            Err(e)
+                if register
+                    && matches!(
+                        e.raw_os_error(),
+                        Some(libc::ENOMEM) | Some(libc::EPERM) | Some(libc::EAGAIN)
+                    ) =>
+            {
+                self.methods.pinned = PinnedBy::Registration;
+                self.notes.push(format!(
+                    "mlock failed ({}): not locked, CUDA registration pins the pages",
+                    numa::errno_name(&e)
+                ));
+                Ok(())
+            }
+            Err(e) => Err(ArenaError::lock_failed(node, self.len as u64, Some(e))),
+        }
     }
 
     /// Counts where the pages are, timed.
@@ -1202,19 +1144,9 @@ impl Region {
                     .collect()
             })
         };
-        let mut total = PageCounts {
-            by: VerifiedBy::MovePages,
-            pages: 0,
-            nodes: Vec::new(),
-            missing: 0,
-        };
+        let mut total = PageCounts::empty(VerifiedBy::MovePages);
         for r in results {
-            let c = r?;
-            total.pages += c.pages;
-            total.missing += c.missing;
-            for (n, p) in c.nodes {
-                total.add(n, p);
-            }
+            total.merge(r?);
         }
         Ok(total)
     }

@@ -174,6 +174,32 @@ pub struct VerifyCosts {
     pub numa_maps: Stats,
 }
 
+/// Creates and drops one region per setting, the settings in turn, for
+/// `reps` rounds (so that a VM's first, slower faults do not all land on
+/// one setting), `make` making the region of a setting: per setting, the
+/// creation and its placement check, ms per GiB.
+fn in_turn<S: Copy>(
+    settings: &[S],
+    reps: usize,
+    mut make: impl FnMut(S) -> crate::Result<Region>,
+) -> crate::Result<Vec<(Stats, Stats)>> {
+    let mut create = vec![Vec::new(); settings.len()];
+    let mut verify = vec![Vec::new(); settings.len()];
+    for _ in 0..reps.max(1) {
+        for (i, &setting) in settings.iter().enumerate() {
+            let t = Instant::now();
+            let r = make(setting)?;
+            create[i].push(per_gib(t.elapsed(), r.len()));
+            verify[i].push(per_gib(r.times().verify, r.len()));
+        }
+    }
+    Ok(create
+        .into_iter()
+        .zip(verify)
+        .map(|(c, v)| (Stats::of(c), Stats::of(v)))
+        .collect())
+}
+
 /// Region creation (the arena's settings) with the `move_pages` check on
 /// each of `threads` threads, in turn in each repetition: ms per GiB of the
 /// whole creation and of the check (which runs beside the registration).
@@ -197,24 +223,15 @@ pub fn region_create_verify_threads(
     let cap = opts.populate_threads.max(1);
     let mut threads: Vec<usize> = threads.iter().map(|&n| n.clamp(1, cap)).collect();
     threads.dedup();
-    let mut create = vec![Vec::new(); threads.len()];
-    let mut verify = vec![Vec::new(); threads.len()];
-    {
-        let _reset = Reset;
-        for _ in 0..reps.max(1) {
-            for (i, &n) in threads.iter().enumerate() {
-                crate::arena::region::set_verify_threads(n);
-                let t = Instant::now();
-                let r = Region::create(&opts)?;
-                create[i].push(per_gib(t.elapsed(), r.len()));
-                verify[i].push(per_gib(r.times().verify, r.len()));
-            }
-        }
-    }
+    let _reset = Reset;
+    let figures = in_turn(&threads, reps, |n| {
+        crate::arena::region::set_verify_threads(n);
+        Ok(Region::create(&opts)?)
+    })?;
     Ok(threads
         .into_iter()
-        .zip(create.into_iter().zip(verify))
-        .map(|(n, (c, v))| (n, Stats::of(c), Stats::of(v)))
+        .zip(figures)
+        .map(|(n, (c, v))| (n, c, v))
         .collect())
 }
 
@@ -296,9 +313,8 @@ pub fn register_parts(
 }
 
 /// Region creation with registration in parts of each of `part_bytes` (0:
-/// one registration after populating), ms per GiB: `reps` rounds, each
-/// creating and dropping one region per setting in turn (so that a VM's
-/// first, slower faults do not all land on one setting).
+/// one registration after populating), ms per GiB, the settings in turn in
+/// each repetition.
 pub fn region_create_parts(
     rt: &Runtime,
     node: u32,
@@ -306,21 +322,17 @@ pub fn region_create_parts(
     part_bytes: &[usize],
     reps: usize,
 ) -> crate::Result<Vec<(usize, Stats)>> {
-    let mut samples = vec![Vec::new(); part_bytes.len()];
-    for _ in 0..reps.max(1) {
-        for (i, &part) in part_bytes.iter().enumerate() {
-            let mut opts = options(rt, node, bytes, Backend::Mapped)?;
-            opts.register_part_bytes = part;
-            let t = Instant::now();
-            let r = Region::create(&opts)?;
-            samples[i].push(per_gib(t.elapsed(), r.len()));
-            drop(r);
-        }
-    }
+    let opts = options(rt, node, bytes, Backend::Mapped)?;
+    let figures = in_turn(part_bytes, reps, |part| {
+        Ok(Region::create(&RegionOptions {
+            register_part_bytes: part,
+            ..opts.clone()
+        })?)
+    })?;
     Ok(part_bytes
         .iter()
         .copied()
-        .zip(samples.into_iter().map(Stats::of))
+        .zip(figures.into_iter().map(|(c, _)| c))
         .collect())
 }
 
