@@ -19,6 +19,7 @@ pub use crate::report::{with_causes, ErrorKind};
 pub use crate::affinity::AffinityError;
 pub use crate::arena::ArenaError;
 pub use crate::loader::LoaderError;
+pub use crate::shared::SharedError;
 pub use crate::topology::TopologyError;
 
 /// Any numapin error.
@@ -37,6 +38,9 @@ pub enum Error {
     /// A loader or a staged copy failed.
     #[error(transparent)]
     Loader(#[from] LoaderError),
+    /// Shared pinned memory ([`crate::shared`]).
+    #[error(transparent)]
+    Shared(#[from] SharedError),
 }
 
 /// `Result` with numapin's [`Error`].
@@ -50,6 +54,7 @@ impl Error {
             Error::Affinity(e) => e.kind(),
             Error::Arena(e) => e.kind(),
             Error::Loader(e) => e.kind(),
+            Error::Shared(e) => e.kind(),
         }
     }
 
@@ -60,6 +65,7 @@ impl Error {
             Error::Affinity(e) => e.fix(),
             Error::Arena(e) => e.fix(),
             Error::Loader(e) => e.fix(),
+            Error::Shared(e) => e.fix(),
         }
     }
 }

@@ -53,6 +53,7 @@ pub mod error;
 pub mod gpu;
 pub mod loader;
 pub mod runtime;
+pub mod shared;
 pub mod staged;
 pub mod topology;
 

@@ -538,6 +538,7 @@ fn region_options(node: u32, size: usize, cpus: numapin::CpuList) -> RegionOptio
         huge_pages: HugePages::Transparent,
         register_part_bytes: 0,
         pool_root: None,
+        shared: None,
         fail_after: None,
     }
 }

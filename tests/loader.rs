@@ -476,7 +476,9 @@ fn every_worker_runs_on_exactly_the_planned_cpus() {
         let produce = |i: u64, s: &mut [u8]| Ok::<_, String>(marked(i, s));
         for (target, want) in [
             (Target::HostNode(node), first.clone()),
-            (Target::HostForGpu(numapin::GpuIndex(0)), last.clone()),
+            // Near a GPU means on its node's allowed CPUs, as
+            // `Runtime::place` and `numapin affinity` both plan it.
+            (Target::HostForGpu(numapin::GpuIndex(0)), first.clone()),
             (Target::HostForGpu(numapin::GpuIndex(1)), allowed.clone()),
             (Target::Host, allowed.clone()),
         ] {
@@ -492,9 +494,10 @@ fn every_worker_runs_on_exactly_the_planned_cpus() {
             assert_eq!(b.host_buf().unwrap().node(), node);
             drop(b);
             if target == Target::HostForGpu(numapin::GpuIndex(1)) {
-                assert_eq!(l.warnings().len(), 1, "{:?}", l.warnings());
                 assert!(
-                    l.warnings()[0].contains("NUMA node is unknown"),
+                    l.warnings()
+                        .iter()
+                        .any(|w| w.contains("NUMA node is unknown")),
                     "{:?}",
                     l.warnings()
                 );

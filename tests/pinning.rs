@@ -46,6 +46,7 @@ fn options(node: u32, size: usize, backend: Backend) -> RegionOptions {
         huge_pages: numapin::runtime::HugePages::Transparent,
         register_part_bytes: 0,
         pool_root: None,
+        shared: None,
         fail_after: None,
     }
 }
@@ -87,6 +88,7 @@ fn a_region_made_in_parts_is_populated_locked_and_counted_whole() {
     // 30 MiB in parts of 8 MiB: three whole parts and a short one.
     let o = RegionOptions {
         register_part_bytes: 8 * MIB,
+        shared: None,
         ..options(node, 30 * MIB, Backend::Mapped)
     };
     let r = Region::create(&o).unwrap();
@@ -107,6 +109,7 @@ fn a_region_made_in_parts_is_populated_locked_and_counted_whole() {
     // path and give the same result.
     let whole = Region::create(&RegionOptions {
         register_part_bytes: 30 * MIB,
+        shared: None,
         ..o.clone()
     })
     .unwrap();
@@ -115,6 +118,7 @@ fn a_region_made_in_parts_is_populated_locked_and_counted_whole() {
     assert_eq!(locked_bytes(), before, "parts left locked");
     // A failure after the parts are in leaves nothing locked or mapped.
     let e = Region::create(&RegionOptions {
+        shared: None,
         fail_after: Some(numapin::runtime::Step::Populate),
         ..o
     })
@@ -329,12 +333,14 @@ fn gpu_regions_registered_in_parts_copy_across_parts_and_leave_nothing_registere
     let part = 8 * MIB;
     let o = RegionOptions {
         register_part_bytes: part,
+        shared: None,
         ..options(node, 4 * part, Backend::Mapped)
     };
     // A failure after registering leaves no part registered: the next
     // region (mapped at the same place, as a rule) registers again.
     for step in [Step::Register, Step::Populate] {
         let e = Region::create(&RegionOptions {
+            shared: None,
             fail_after: Some(step),
             ..o.clone()
         })

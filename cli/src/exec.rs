@@ -13,8 +13,8 @@ use std::ffi::OsString;
 use crate::affinity::numactl_args;
 use crate::TopoSource;
 use numapin::affinity::{
-    bind_current_process, launcher, nic_env, plan, plan_node, probe_memory_binding, Binding,
-    MemPolicy, Mode, NicEnv, PlanOptions, RankPlan,
+    bind_current_process, launcher, nic_env, plan_node, probe_memory_binding, rank_plan, Binding,
+    MemPolicy, Mode, NicEnv, PlanOptions, RankChoice, RankPlan,
 };
 use numapin::internals as apply;
 use numapin::topology::Topology;
@@ -126,31 +126,8 @@ fn choose(a: &ExecArgs, t: &Topology) -> Result<(RankPlan, String)> {
         return Ok((plan_node(t, n)?, format!("NUMA node {n} (--node)")));
     }
     let mode = a.mode.map_or(Mode::Node, Mode::from);
-    let rank = launcher::local_rank()?;
-    let (slot, gpu, why) = match (a.gpu, rank) {
-        (Some(g), _) => {
-            let (s, gpu) = launcher::slot_of_ordinal(t, CudaOrdinal(g), "--gpu")?;
-            (s, gpu, format!("CUDA device {g} (--gpu)"))
-        }
-        (None, Some(r)) => {
-            let (s, gpu) = launcher::slot_for_rank(t, r.rank, r.variable)?;
-            let how = if launcher::one_visible_gpu(t) {
-                "the only GPU in CUDA_VISIBLE_DEVICES"
-            } else {
-                "CUDA device = local rank"
-            };
-            (
-                s,
-                gpu,
-                format!("local rank {} from {} ({how})", r.rank, r.variable),
-            )
-        }
-        (None, None) if launcher::one_visible_gpu(t) => {
-            let (s, gpu) =
-                launcher::slot_of_ordinal(t, t.cuda.ordinals[0].ordinal, "CUDA_VISIBLE_DEVICES")?;
-            (s, gpu, "the only GPU in CUDA_VISIBLE_DEVICES".to_string())
-        }
-        (None, None) => return Err(CliError::Usage {
+    if a.gpu.is_none() && launcher::local_rank()?.is_none() && !launcher::one_visible_gpu(t) {
+        return Err(CliError::Usage {
             problem: format!(
                 "no local rank: none of {} is set",
                 launcher::LOCAL_RANK_VARS.join(", ")
@@ -158,25 +135,14 @@ fn choose(a: &ExecArgs, t: &Topology) -> Result<(RankPlan, String)> {
             fix:
                 "run under a launcher (torchrun, srun, mpirun), or choose with --gpu G or --node N"
                     .into(),
-        }),
-    };
-    let slots = launcher::rank_gpus(t);
-    let mut opts = PlanOptions::default();
-    opts.smt = !a.no_smt;
-    let mut p = plan(t, &slots, mode, &opts)?;
-    if slot >= p.ranks.len() {
-        return Err(CliError::Usage {
-            problem: format!("GPU {gpu} is not among the GPUs this process plans for"),
-            fix: "check CUDA_VISIBLE_DEVICES".into(),
         });
     }
-    let mut r = p.ranks.swap_remove(slot);
-    r.local_rank = rank.map_or(slot as u32, |r| r.rank);
-    let line = format!(
-        "GPU {gpu} ({}) chosen by {why}; mode {mode}",
-        r.pci_bus_id.as_deref().unwrap_or("?")
-    );
-    Ok((r, line))
+    let mut opts = PlanOptions::default();
+    opts.smt = !a.no_smt;
+    let choice = RankChoice::default()
+        .with_gpu(a.gpu.map(CudaOrdinal))
+        .with_gpu_from(Some("--gpu"));
+    Ok(rank_plan(t, choice, mode, &opts)?)
 }
 
 fn exec(a: &ExecArgs) -> Result<i32> {

@@ -759,6 +759,7 @@ mod guest {
             huge_pages: Default::default(),
             register_part_bytes: 0,
             pool_root: None,
+            shared: None,
             fail_after: None,
         };
         let e = Region::create(&o).unwrap_err();
@@ -774,6 +775,7 @@ mod guest {
         assert!(e.fix().unwrap().contains("SYS_NICE"));
         let r = Region::create(&RegionOptions {
             placement: Placement::Warn,
+            shared: None,
             ..o
         })
         .unwrap();

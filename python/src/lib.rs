@@ -15,6 +15,7 @@ mod dtype;
 mod errors;
 mod loader;
 mod memory;
+mod place;
 mod slots;
 
 use std::sync::{Arc, Mutex};
@@ -124,25 +125,10 @@ pub(crate) fn dtype_of(py: Python<'_>, name: &str) -> PyResult<DType> {
     })
 }
 
-/// Where a buffer goes: a CUDA device's node, a node, or the calling
-/// thread's node.
-fn place(gpu: Option<u32>, node: Option<u32>) -> Target {
-    match (gpu, node) {
-        (_, Some(n)) => Target::HostNode(n),
-        (Some(g), None) => Target::Gpu(CudaOrdinal(g)),
-        (None, None) => Target::Host,
-    }
-}
-
 /// Lends `len` bytes (exact; at least one byte is taken from the arena) on
 /// `target`'s node. Called with the GIL released.
 fn lend(rt: &Runtime, len: usize, target: Target) -> Result<Memory, numapin::Error> {
-    let n = len.max(1);
-    let buf = match target {
-        Target::HostNode(node) => rt.alloc_on_node(node, n)?,
-        Target::Gpu(g) => rt.alloc_for_gpu(g, n)?,
-        _ => rt.alloc_on_node(rt.calling_thread_node(), n)?,
-    };
+    let buf = rt.alloc_on_node(place::node_of(rt, target)?, len.max(1))?;
     Ok(Memory::Pinned { buf, len })
 }
 
@@ -323,7 +309,7 @@ fn empty(
     let len = nbytes_of(py, &shape, dtype)?;
     let rt = rt(py)?;
     let mem = py
-        .detach(|| lend(&rt, len, place(gpu, node)))
+        .detach(|| lend(&rt, len, place::target(gpu, node)))
         .map_err(|e| to_py(py, &e))?;
     Ok(PinnedBuffer::new(mem, dtype, shape))
 }
@@ -353,7 +339,7 @@ fn pin_address(
         return Err(PyValueError::new_err("null source address"));
     }
     let rt = rt(py)?;
-    let target = place(gpu, node);
+    let target = place::target(gpu, node);
     let mem = py
         .detach(|| {
             let src: &[u8] = if nbytes == 0 {
@@ -763,6 +749,7 @@ fn _numapin(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(configure, m)?)?;
     m.add_function(wrap_pyfunction!(stats, m)?)?;
     m.add_function(wrap_pyfunction!(trim, m)?)?;
+    m.add_function(wrap_pyfunction!(place::place, m)?)?;
     m.add_function(wrap_pyfunction!(dtypes, m)?)?;
     m.add_function(wrap_pyfunction!(_delete_export_on_foreign_thread, m)?)?;
     m.add(

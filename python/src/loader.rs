@@ -6,8 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use numapin::affinity::Mode;
-use numapin::{CpuList, CudaOrdinal};
+use numapin::CpuList;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -87,29 +86,13 @@ fn check_nslots(nslots: usize) -> PyResult<()> {
     Ok(())
 }
 
-/// The node slots go on and the CPUs that fault them in: CUDA device
-/// `gpu`'s, or `node`'s, or the calling thread's node's.
+/// The node slots go on and the CPUs that fault them in: the runtime's
+/// placement of CUDA device `gpu`, or of `node`, or of the calling thread.
 fn where_to_place(py: Python<'_>, gpu: Option<u32>, node: Option<u32>) -> PyResult<(u32, CpuList)> {
     let rt = rt(py)?;
-    py.detach(|| -> Result<(u32, CpuList), numapin::Error> {
-        let topo = rt.topology();
-        match (gpu, node) {
-            (Some(g), None) => {
-                let n = rt.node_for_gpu(CudaOrdinal(g))?;
-                Ok((n, rt.gpu_plan(CudaOrdinal(g), Mode::Node)?.cpus))
-            }
-            (_, n) => {
-                let n = n.unwrap_or_else(|| rt.calling_thread_node());
-                let cpus = topo
-                    .node(n)
-                    .map(|x| x.cpus.intersection(&topo.allowed.cpus))
-                    .filter(|c| !c.is_empty())
-                    .unwrap_or_else(|| topo.allowed.cpus.clone());
-                Ok((n, cpus))
-            }
-        }
-    })
-    .map_err(|e| to_py(py, &e))
+    py.detach(|| rt.place(crate::place::target(gpu, node)))
+        .map(|s| (s.node, s.cpus))
+        .map_err(|e| to_py(py, &numapin::Error::from(e)))
 }
 
 /// Registers `len` bytes at `p` (a part of the pool's mapping) with CUDA

@@ -16,11 +16,15 @@ pub struct RankChoice {
     /// The local rank, when the caller knows it (otherwise the launcher's
     /// variables are read: [`launcher::local_rank`]).
     pub local_rank: Option<u32>,
+    /// What named [`gpu`](Self::gpu), for messages: a command-line flag
+    /// such as `--gpu` (`None`: "the chosen GPU").
+    pub gpu_from: Option<&'static str>,
 }
 
 with_setters!(RankChoice {
     with_gpu => gpu: Option<CudaOrdinal>,
     with_local_rank => local_rank: Option<u32>,
+    with_gpu_from => gpu_from: Option<&'static str>,
 });
 
 /// The binding of one rank, planned among all the ranks of this machine
@@ -47,8 +51,11 @@ pub fn rank_plan(
     let (slot, gpu, why) =
         match (choice.gpu, rank) {
             (Some(g), _) => {
-                let (s, gpu) = launcher::slot_of_ordinal(topo, g, "the chosen GPU")?;
-                (s, gpu, format!("CUDA device {g} (chosen)"))
+                let (what, label) = choice
+                    .gpu_from
+                    .map_or(("the chosen GPU", "chosen"), |f| (f, f));
+                let (s, gpu) = launcher::slot_of_ordinal(topo, g, what)?;
+                (s, gpu, format!("CUDA device {g} ({label})"))
             }
             (None, Some(r)) => {
                 let (s, gpu) = launcher::slot_for_rank(topo, r.rank, r.variable)?;

@@ -183,6 +183,15 @@ pub enum ArenaError {
         /// The ordinals the topology has.
         known: Vec<CudaOrdinal>,
     },
+    /// A GPU index (position in `Topology::gpus`, PCI order) past the
+    /// topology's GPUs.
+    #[error("GPU index {index} is not in the topology ({count} GPU(s))")]
+    UnknownGpuIndex {
+        /// The index asked for.
+        index: crate::gpu::GpuIndex,
+        /// How many GPUs the topology has.
+        count: usize,
+    },
     /// A configuration value that cannot be used.
     #[error("arena configuration {setting} = {value}: {problem}")]
     Config {
@@ -234,6 +243,7 @@ impl ArenaError {
             } if e.raw_os_error() == Some(libc::EPERM) => ErrorKind::Permission,
             ArenaError::UnknownNode { .. }
             | ArenaError::UnknownGpu { .. }
+            | ArenaError::UnknownGpuIndex { .. }
             | ArenaError::Config { .. }
             | ArenaError::BadRequest { .. } => ErrorKind::Input,
             _ => ErrorKind::System,
@@ -280,6 +290,7 @@ impl ArenaError {
             }
             ArenaError::UnknownNode { .. } => "pick one of the listed nodes (`numapin topo`)".into(),
             ArenaError::UnknownGpu { .. } => "pick one of the listed ordinals (`numapin topo`; CUDA_VISIBLE_DEVICES changes them)".into(),
+            ArenaError::UnknownGpuIndex { .. } => "pick an index listed by `numapin topo` (indexes follow PCI order, not CUDA ordinals)".into(),
             ArenaError::Config { fix, .. } => fix.clone(),
             ArenaError::BadRequest { .. } => "ask for at least one byte and at most the node's budget".into(),
             ArenaError::Copy { .. } => "make the stream's context current on this thread and check the device pointer and length".into(),

@@ -12,11 +12,28 @@
 //! ([`HugePages::Auto`]).
 
 use std::path::Path;
+use std::sync::OnceLock;
 
-use super::region::{thp_enabled, HUGE_PAGE};
 use super::{fmt_bytes, ArenaError};
 use crate::platform::hugetlb::{self, PoolError, SIZE_1G, SIZE_2M};
 use crate::platform::numa;
+
+/// Regions are multiples of this, and aligned to it (the x86-64 and
+/// aarch64-with-4K-pages huge page size).
+pub const HUGE_PAGE: usize = 2 << 20;
+/// The base page size placement is checked at.
+pub const PAGE: usize = 4096;
+
+/// Whether transparent huge pages may back an `madvise(MADV_HUGEPAGE)`
+/// range (mode `always` or `madvise`).
+pub fn thp_enabled() -> bool {
+    static MODE: OnceLock<bool> = OnceLock::new();
+    *MODE.get_or_init(|| {
+        std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
+            .map(|s| s.contains("[always]") || s.contains("[madvise]"))
+            .unwrap_or(false)
+    })
+}
 
 /// Which pages regions ask for
 /// ([`RuntimeConfig::huge_pages`](crate::runtime::RuntimeConfig::huge_pages)).

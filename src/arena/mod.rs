@@ -44,7 +44,7 @@ pub use buf::PinnedBuf;
 pub use cache::CacheLimits;
 pub use error::ArenaError;
 pub use huge::{HugePages, PageKind, ParseHugePagesError};
-pub(crate) use region::{Region, RegionOptions, Registration, Step};
+pub(crate) use region::{Region, RegionOptions, Registration, SharedFile, Step};
 
 use crate::cpulist::CpuList;
 use crate::platform::cuda::Event;
@@ -401,6 +401,11 @@ pub struct NodeStats {
     /// Bytes of emptied regions of 64 MiB or more that the release thread
     /// is still tearing down (they count against the budget until gone).
     pub bytes_releasing: u64,
+    /// Shared regions on the node (`numapin::shared`: memory other
+    /// processes map too), counted apart from `regions`.
+    pub shared_regions: u64,
+    /// Their bytes (in the budget beside `bytes_reserved`).
+    pub bytes_shared: u64,
     /// Of the current regions, those a driver backend allocated
     /// ([`Backend::DriverNuma`], [`Backend::HostAllocBound`]).
     pub regions_driver: u64,
@@ -567,6 +572,12 @@ struct Lease {
     size: u64,
 }
 
+/// What [`NodeArena::admit`] decided for a new region.
+struct Admitted {
+    size: u64,
+    pin_by_registration: Option<String>,
+}
+
 struct Deferred {
     lease: Lease,
     events: Vec<Event>,
@@ -597,6 +608,17 @@ struct State {
     /// making a region each time); any other goes back when emptied.
     kept_dedicated: Option<u32>,
     notes: Vec<String>,
+    /// The shared regions made on this node ([`NodeArena::shared_region`]):
+    /// `(id, bytes)`, and the last id given.
+    shared: Vec<(u64, u64)>,
+    last_shared: u64,
+}
+
+impl State {
+    /// Bytes held on the node: the regions of buffers and the shared ones.
+    fn reserved(&self) -> u64 {
+        self.tlsf.region_bytes() + self.shared.iter().map(|(_, b)| b).sum::<u64>()
+    }
 }
 
 /// Keeps a value on cache lines of its own, so that writes to it do not
@@ -681,6 +703,8 @@ impl NodeArena {
                 registration: None,
                 kept_dedicated: None,
                 notes: Vec::new(),
+                shared: Vec::new(),
+                last_shared: 0,
             })),
             shelves: Padded(Mutex::new(Vec::new())),
             slow: Padded(Slow {
@@ -778,7 +802,7 @@ impl NodeArena {
             if let Some(buf) = self.try_alloc(&mut st, bytes) {
                 return Ok(buf);
             }
-            st.tlsf.region_bytes()
+            st.reserved()
         };
         // Growing waits for regions still being released: until gone they
         // hold budget, cgroup memory and locked bytes (and growing costs
@@ -795,99 +819,15 @@ impl NodeArena {
         let (size, dedicated) = alloc::region_size_for(bytes as u64, self.cfg.region_bytes);
         // 1 GiB hugetlb pages make every region a multiple of 1 GiB.
         let granule = self.cfg.huge_pages.granule() as u64;
-        let mut size = alloc::round_up(size, granule);
+        let size = alloc::round_up(size, granule);
         let fitted = alloc::round_up(bytes as u64, granule);
-        let mut reserved = reserved;
-        if reserved + size > self.cfg.budget {
-            // Empty regions held for reuse make room first.
-            reserved = self.trim();
-            if reserved + size > self.cfg.budget && reserved + fitted <= self.cfg.budget {
-                size = fitted;
-            }
-            if reserved + size > self.cfg.budget {
-                // A budget the memory cgroup set says so, with its fix.
-                if let Some(shared) = self
-                    .cfg
-                    .shared
-                    .as_ref()
-                    .filter(|s| s.limit() == self.cfg.budget)
-                {
-                    return Err(shared.exceeded(self.node, bytes as u64));
-                }
-                return Err(ArenaError::BudgetExceeded {
-                    node: self.node,
-                    requested: bytes as u64,
-                    in_use: reserved,
-                    limit: self.cfg.budget,
-                });
-            }
-        }
-        let mut pin_by_registration = None;
-        // Driver backends' memory is pinned by the driver, outside
-        // RLIMIT_MEMLOCK (as registration is); hugetlb pages are not
-        // locked (never swapped): RLIMIT_MEMLOCK does not apply to them.
-        if self.cfg.memlock_applies
-            && self.cfg.backend == Backend::Mapped
-            && !self.will_use_hugetlb(size)
-        {
-            let soft = crate::platform::sys::memlock_limit().map_or(0, |(s, _)| s);
-            let locked = crate::platform::sys::locked_bytes();
-            let room = soft.saturating_sub(locked);
-            if size > room && fitted <= room {
-                size = fitted;
-            }
-            if size > room {
-                // Without CUDA registration nothing else would pin the
-                // pages: then the limit is an error, as before.
-                if !(self.cfg.register && crate::platform::cuda::driver_version().is_ok()) {
-                    return Err(ArenaError::lock_failed(self.node, size, None));
-                }
-                pin_by_registration = Some(format!(
-                    "RLIMIT_MEMLOCK is {} with {} locked, too low for {}",
-                    fmt_bytes(soft),
-                    fmt_bytes(locked),
-                    fmt_bytes(size)
-                ));
-            }
-        }
-        if let Some(shared) = &self.cfg.shared {
-            if !shared.try_reserve(size) {
-                // Empty regions of this node make room (other nodes keep
-                // theirs until their own trim).
-                self.trim();
-                if size > fitted && shared.try_reserve(fitted) {
-                    size = fitted;
-                } else if !shared.try_reserve(size) {
-                    return Err(shared.exceeded(self.node, bytes as u64));
-                }
-            }
-        }
+        let admitted = self.admit(bytes as u64, (size, fitted), reserved)?;
+        let size = admitted.size;
         let created = Region::create(&RegionOptions {
-            node: self.node,
-            size: size as usize,
-            cpus: self.cfg.cpus.clone(),
-            populate_threads: self.cfg.populate_threads,
-            register: self.cfg.register,
-            placement: self.cfg.placement,
-            pin_by_registration,
-            backend: self.cfg.backend,
-            huge_pages: self.cfg.huge_pages,
             register_part_bytes: self.part_bytes_for(size, bytes as u64),
-            pool_root: self.cfg.pool_root.clone(),
-            fail_after: self.cfg.fail_after,
+            ..self.region_options(&admitted, None)
         });
-        let mut region = match created {
-            Ok(r) => r,
-            Err(e) => {
-                if let Some(shared) = &self.cfg.shared {
-                    shared.release(size);
-                }
-                return Err(e);
-            }
-        };
-        if let Some(shared) = &self.cfg.shared {
-            region.charge(shared.clone(), size);
-        }
+        let region = self.charged(created, size)?;
         let mut st = lock(&self.state);
         // A region made in parts is registered part by part: no block may
         // span two (CUDA refuses a copy across registrations).
@@ -903,6 +843,160 @@ impl NodeArena {
         Ok(self
             .try_alloc(&mut st, bytes)
             .expect("a region made for this request has room for it"))
+    }
+
+    /// Decides whether a region of `size` bytes (or, short of room, the
+    /// `fitted` size that would still serve a request of `bytes`) may be
+    /// made with `reserved` bytes held on the node already: the node's
+    /// budget (after giving back empty regions), the memlock limit (too
+    /// low: registration pins the region, or, without CUDA, an error) and
+    /// the memory cgroup's budget over all nodes, which it reserves (the
+    /// region's charge, or [`NodeArena::charged`], gives it back).
+    fn admit(
+        &self,
+        bytes: u64,
+        (size, fitted): (u64, u64),
+        reserved: u64,
+    ) -> Result<Admitted, ArenaError> {
+        let mut size = size;
+        let mut reserved = reserved;
+        if reserved + size > self.cfg.budget {
+            // Empty regions held for reuse make room first.
+            reserved = self.trim();
+            if reserved + size > self.cfg.budget && reserved + fitted <= self.cfg.budget {
+                size = fitted;
+            }
+            if reserved + size > self.cfg.budget {
+                // A budget the memory cgroup set says so, with its fix.
+                if let Some(shared) = self
+                    .cfg
+                    .shared
+                    .as_ref()
+                    .filter(|s| s.limit() == self.cfg.budget)
+                {
+                    return Err(shared.exceeded(self.node, bytes));
+                }
+                return Err(ArenaError::BudgetExceeded {
+                    node: self.node,
+                    requested: bytes,
+                    in_use: reserved,
+                    limit: self.cfg.budget,
+                });
+            }
+        }
+        let (size, pin_by_registration) = self.memlock_room(size, fitted)?;
+        let size = self.reserve_cgroup(bytes, size, fitted)?;
+        Ok(Admitted {
+            size,
+            pin_by_registration,
+        })
+    }
+
+    /// The memlock limit's say on a region of `size` bytes (or `fitted`):
+    /// the size to make, and why registration pins it when the limit is too
+    /// low and CUDA will register it. Driver backends' memory is pinned by
+    /// the driver, outside RLIMIT_MEMLOCK (as registration is); hugetlb
+    /// pages are not locked (never swapped): the limit does not apply.
+    fn memlock_room(&self, size: u64, fitted: u64) -> Result<(u64, Option<String>), ArenaError> {
+        if !self.cfg.memlock_applies
+            || self.cfg.backend != Backend::Mapped
+            || self.will_use_hugetlb(size)
+        {
+            return Ok((size, None));
+        }
+        let soft = crate::platform::sys::memlock_limit().map_or(0, |(s, _)| s);
+        let locked = crate::platform::sys::locked_bytes();
+        let room = soft.saturating_sub(locked);
+        let size = if size > room && fitted <= room {
+            fitted
+        } else {
+            size
+        };
+        if size <= room {
+            return Ok((size, None));
+        }
+        // Without CUDA registration nothing else would pin the pages: then
+        // the limit is an error, as before.
+        if !(self.cfg.register && crate::platform::cuda::driver_version().is_ok()) {
+            return Err(ArenaError::lock_failed(self.node, size, None));
+        }
+        Ok((
+            size,
+            Some(format!(
+                "RLIMIT_MEMLOCK is {} with {} locked, too low for {}",
+                fmt_bytes(soft),
+                fmt_bytes(locked),
+                fmt_bytes(size)
+            )),
+        ))
+    }
+
+    /// Reserves `size` bytes (or `fitted`) of the memory cgroup's budget
+    /// over all nodes, if there is one; the size reserved.
+    fn reserve_cgroup(&self, bytes: u64, size: u64, fitted: u64) -> Result<u64, ArenaError> {
+        let Some(shared) = &self.cfg.shared else {
+            return Ok(size);
+        };
+        if shared.try_reserve(size) {
+            return Ok(size);
+        }
+        // Empty regions of this node make room (other nodes keep theirs
+        // until their own trim).
+        self.trim();
+        if size > fitted && shared.try_reserve(fitted) {
+            Ok(fitted)
+        } else if shared.try_reserve(size) {
+            Ok(size)
+        } else {
+            Err(shared.exceeded(self.node, bytes))
+        }
+    }
+
+    /// The options of a region `admitted` (mapping `shared` when given).
+    fn region_options(
+        &self,
+        admitted: &Admitted,
+        shared: Option<region::SharedFile>,
+    ) -> RegionOptions {
+        RegionOptions {
+            node: self.node,
+            size: admitted.size as usize,
+            cpus: self.cfg.cpus.clone(),
+            populate_threads: self.cfg.populate_threads,
+            register: self.cfg.register,
+            placement: self.cfg.placement,
+            pin_by_registration: admitted.pin_by_registration.clone(),
+            backend: self.cfg.backend,
+            huge_pages: self.cfg.huge_pages,
+            register_part_bytes: 0,
+            shared,
+            pool_root: self.cfg.pool_root.clone(),
+            fail_after: self.cfg.fail_after,
+        }
+    }
+
+    /// The region `created` (of `size` bytes reserved by [`admit`](Self::admit)),
+    /// charged to the cgroup's budget until dropped; on failure the
+    /// reservation is given back.
+    fn charged(
+        &self,
+        created: Result<Region, ArenaError>,
+        size: u64,
+    ) -> Result<Region, ArenaError> {
+        match created {
+            Ok(mut region) => {
+                if let Some(shared) = &self.cfg.shared {
+                    region.charge(shared.clone(), size);
+                }
+                Ok(region)
+            }
+            Err(e) => {
+                if let Some(shared) = &self.cfg.shared {
+                    shared.release(size);
+                }
+                Err(e)
+            }
+        }
     }
 
     /// Bytes per part of a region of `size` bytes made for a request of
@@ -1083,10 +1177,50 @@ impl NodeArena {
                     released.extend(st.slots[id as usize].take().map(|s| s.region));
                 }
             }
-            (released, st.tlsf.region_bytes())
+            (released, st.reserved())
         };
         drop(released);
         left
+    }
+
+    /// A region of `bytes` (rounded up to 2 MiB) over `file` (a shared
+    /// file's window: another process may map the same pages), made by the
+    /// same steps as every region (bound to the node, faulted in on its
+    /// CPUs, locked, registered with CUDA, its placement checked) and
+    /// charged to the node's budget, the memory cgroup's and
+    /// [`NodeStats::bytes_shared`] until the part is dropped. The file must
+    /// hold `file.offset` plus the rounded size. Registered with CUDA when
+    /// `register` and the runtime's configuration both ask for it.
+    ///
+    /// # Errors
+    ///
+    /// As an allocation that makes a region: [`ArenaError::BudgetExceeded`]
+    /// (or [`ArenaError::CgroupBudget`]), [`ArenaError::Memlock`] and any
+    /// error of [`Region::create`].
+    pub(crate) fn shared_region(
+        self: &Arc<Self>,
+        file: region::SharedFile,
+        bytes: usize,
+        register: bool,
+    ) -> Result<SharedPart, ArenaError> {
+        let size = alloc::round_up(bytes.max(1) as u64, region::HUGE_PAGE as u64);
+        let _grow = lock(&self.slow.grow);
+        self.releasing.wait();
+        let reserved = lock(&self.state).reserved();
+        let admitted = self.admit(bytes as u64, (size, size), reserved)?;
+        let mut options = self.region_options(&admitted, Some(file));
+        options.register &= register;
+        let created = Region::create(&options);
+        let region = self.charged(created, admitted.size)?;
+        let mut st = lock(&self.state);
+        st.last_shared += 1;
+        let id = st.last_shared;
+        st.shared.push((id, region.len() as u64));
+        Ok(SharedPart {
+            region: Some(region),
+            arena: self.clone(),
+            id,
+        })
     }
 
     /// The node's counters.
@@ -1126,6 +1260,8 @@ impl NodeArena {
             },
             method_notes: st.notes.clone(),
             bytes_releasing: self.releasing.bytes(),
+            shared_regions: st.shared.len() as u64,
+            bytes_shared: st.shared.iter().map(|(_, b)| b).sum(),
             ..NodeStats::default()
         };
         for slot in regions {
@@ -1164,6 +1300,36 @@ impl NodeArena {
             s.pages_off_node += r.pages_off_node();
         }
         s
+    }
+}
+
+/// A region over a shared file's window, charged to its node until dropped
+/// ([`NodeArena::shared_region`]). Dropping it unregisters, unlocks and
+/// unmaps this process's mapping; the file's pages live on while another
+/// process maps them.
+#[derive(Debug)]
+pub(crate) struct SharedPart {
+    region: Option<Region>,
+    arena: Arc<NodeArena>,
+    id: u64,
+}
+
+impl SharedPart {
+    /// The region.
+    pub(crate) fn region(&self) -> &Region {
+        self.region
+            .as_ref()
+            .expect("a part holds its region until dropped")
+    }
+}
+
+impl Drop for SharedPart {
+    fn drop(&mut self) {
+        drop(self.region.take());
+        lock(&self.arena.state)
+            .shared
+            .retain(|(id, _)| *id != self.id);
+        self.arena.notify_waiters();
     }
 }
 

@@ -1,8 +1,7 @@
-//! What a loader feeds and how it runs: [`Target`], [`Order`],
+//! How a loader runs: [`Order`],
 //! [`LoaderConfig`] and the defaults picked for zeros.
 
 use super::error::LoaderError;
-use crate::gpu::{CudaOrdinal, GpuIndex};
 
 /// Default batch size: 4 MiB.
 pub const DEFAULT_BATCH_BYTES: usize = 4 << 20;
@@ -16,32 +15,6 @@ pub const MAX_AUTO_WORKERS: usize = 16;
 pub const DEFAULT_RING: usize = 4;
 /// Streams a consumer may make wait on one batch ([`Batch::wait_on`](super::Batch::wait_on)).
 pub const MAX_CONSUMER_STREAMS: usize = 4;
-
-/// What a loader feeds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Target {
-    /// The CUDA device: batches are copied to device buffers on it;
-    /// workers run on its local CPUs, slots on its node.
-    Gpu(CudaOrdinal),
-    /// Host mode for the topology GPU (or accelerator) at this index (PCI
-    /// order): workers on its local CPUs, slots on its node, batches
-    /// delivered as pinned host memory; no CUDA.
-    HostForGpu(GpuIndex),
-    /// Host mode on a NUMA node: workers on the node's CPUs, slots on the
-    /// node.
-    HostNode(u32),
-    /// Host mode without placement: workers on every allowed CPU, slots on
-    /// the calling thread's node.
-    Host,
-}
-
-impl Target {
-    /// Whether batches go to a GPU (otherwise they stay in host memory).
-    pub fn is_gpu(&self) -> bool {
-        matches!(self, Target::Gpu(_))
-    }
-}
 
 /// The order batches reach the consumer in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

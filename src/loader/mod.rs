@@ -45,7 +45,6 @@ mod batch;
 mod config;
 mod engine;
 mod error;
-pub(crate) mod placement;
 mod worker;
 
 use std::collections::{BTreeMap, VecDeque};
@@ -60,10 +59,12 @@ use crate::runtime::{PinnedBuf, Runtime};
 
 use batch::BatchData;
 
+/// What a loader feeds: the runtime's placement [`Target`] (re-exported
+/// here, where loaders are made).
+pub use crate::runtime::Target;
 pub use batch::{Batch, Batches};
 pub use config::{
-    LoaderConfig, Order, Target, DEFAULT_BATCH_BYTES, DEFAULT_RING, MAX_AUTO_WORKERS,
-    MAX_CONSUMER_STREAMS,
+    LoaderConfig, Order, DEFAULT_BATCH_BYTES, DEFAULT_RING, MAX_AUTO_WORKERS, MAX_CONSUMER_STREAMS,
 };
 pub use error::{BoxError, LoaderError};
 
@@ -235,7 +236,7 @@ impl Loader {
         P: Fn(u64, &mut [u8]) -> std::result::Result<usize, E> + Send + Sync + 'static,
         E: Into<BoxError>,
     {
-        let place = placement::resolve(rt, target)?;
+        let place = rt.place(target)?;
         let sharing = rt
             .topology()
             .gpus
@@ -250,7 +251,7 @@ impl Loader {
         }
         let slot_bytes = slots.first().map_or(0, |s| s.capacity() as u64);
         let mut warnings = place.warnings.clone();
-        let gpu = match place.ordinal {
+        let gpu = match place.ordinal() {
             None => None,
             Some(ordinal) => {
                 if slots.iter().any(|s| !s.is_registered()) {

@@ -201,6 +201,7 @@ pub fn region_create_ms_per_gib(
         // As the arena makes a region of this size for a small request.
         register_part_bytes: arena.part_bytes_for(bytes as u64, 0),
         pool_root: cfg.pool_root,
+        shared: None,
         fail_after: None,
     };
     let mut samples = Vec::with_capacity(reps);

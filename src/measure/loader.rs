@@ -562,7 +562,7 @@ pub fn pinned_copy_under_writes(
     use std::sync::atomic::AtomicU64;
     const BUF: usize = 64 * MIB;
     const PIECE: usize = MIB;
-    let cpus = crate::loader::placement::resolve(rt, crate::loader::Target::Gpu(gpu))?.cpus;
+    let cpus = rt.place(crate::runtime::Target::Gpu(gpu))?.cpus;
     let stop = AtomicBool::new(false);
     let written = AtomicU64::new(0);
     let per_thread = target_gbps * 1e9 / writers.max(1) as f64;

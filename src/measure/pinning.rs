@@ -58,6 +58,7 @@ fn options(
         // As the arena makes a region of this size for a small request.
         register_part_bytes: arena.part_bytes_for(bytes as u64, 0),
         pool_root: cfg.pool_root,
+        shared: None,
         fail_after: None,
     })
 }
@@ -326,6 +327,7 @@ pub fn region_create_parts(
     let figures = in_turn(part_bytes, reps, |part| {
         Ok(Region::create(&RegionOptions {
             register_part_bytes: part,
+            shared: None,
             ..opts.clone()
         })?)
     })?;

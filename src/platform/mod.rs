@@ -16,6 +16,7 @@ pub mod numa_maps;
 pub(crate) mod panic_guard;
 pub(crate) mod pci;
 pub mod probe;
+pub(crate) mod shm;
 pub mod sys;
 
 /// A temporary filesystem root holding `files` (`(path, contents)`, paths

@@ -377,6 +377,44 @@ pub fn map_anonymous(len: usize) -> io::Result<*mut u8> {
     }
 }
 
+/// A shared read-write mapping of `len` bytes of the file `fd` from
+/// `offset` (a multiple of the page size), at an address of the kernel's
+/// choosing; with `populate`, the page table entries of the file's pages
+/// already there are made now (`MAP_POPULATE`) instead of one fault per
+/// page at first touch.
+pub fn map_shared_populated(
+    fd: std::os::fd::RawFd,
+    len: usize,
+    offset: u64,
+    populate: bool,
+) -> io::Result<*mut u8> {
+    let offset = libc::off_t::try_from(offset)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "offset past off_t"))?;
+    let flags = libc::MAP_SHARED | if populate { libc::MAP_POPULATE } else { 0 };
+    // SAFETY: a new shared mapping of a file at an address of the kernel's
+    // choosing touches no existing memory; a bad descriptor is an error.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            flags,
+            fd,
+            offset,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(p.cast())
+    }
+}
+
+/// [`map_shared_populated`] without populating.
+pub fn map_shared(fd: std::os::fd::RawFd, len: usize, offset: u64) -> io::Result<*mut u8> {
+    map_shared_populated(fd, len, offset, false)
+}
+
 /// `MAP_HUGE_SHIFT` from `<linux/mman.h>`: the huge page size of a
 /// `MAP_HUGETLB` mapping goes in the bits above it, as its log2.
 const MAP_HUGE_SHIFT: libc::c_int = 26;

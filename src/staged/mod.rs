@@ -25,8 +25,9 @@ pub use pin::pin;
 
 use crate::cpulist::CpuList;
 use crate::gpu::{CudaError, CudaOrdinal};
-use crate::loader::{placement, LoaderError, Target};
+use crate::loader::LoaderError;
 use crate::platform::cuda::{self, CUdeviceptr, CUstream, Event, Stream};
+use crate::runtime::Target;
 use crate::runtime::{PinnedBuf, Runtime};
 
 use LoaderError as Error;
@@ -294,7 +295,7 @@ fn prepare(
             "use StagedOptions::default() (4 MiB chunks, 2 slots per thread)",
         ));
     }
-    let place = placement::resolve(rt, Target::Gpu(gpu))?;
+    let place = rt.place(Target::Gpu(gpu))?;
     if len == 0 {
         return Ok(None);
     }
@@ -349,7 +350,7 @@ pub fn slot_writes_for(
     len: usize,
     opts: &StagedOptions,
 ) -> Result<SlotWrites> {
-    let place = placement::resolve(rt, Target::Gpu(gpu))?;
+    let place = rt.place(Target::Gpu(gpu))?;
     let (chunk, threads, per_thread) = sizing(place.cpus.len(), len.max(1), opts);
     Ok(
         if streams(

@@ -12,7 +12,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 
 use super::stream_copy;
-use crate::loader::{placement, LoaderError, Target};
+use crate::loader::LoaderError;
+use crate::runtime::Target;
 use crate::runtime::{PinnedBuf, Runtime};
 use crate::CpuList;
 
@@ -32,7 +33,7 @@ const CHUNK: usize = 2 << 20;
 /// This is the NUMA-local replacement for a framework's `pin_memory()`:
 /// the copy runs on the destination's node, where its writes are local.
 pub fn pin(rt: &Runtime, src: &[u8], target: Target) -> Result<PinnedBuf, LoaderError> {
-    let place = placement::resolve(rt, target)?;
+    let place = rt.place(target)?;
     let mut buf = rt.alloc_on_node(place.node, src.len().max(1))?;
     copy_parallel(&mut buf[..src.len()], src, &place.cpus)?;
     Ok(buf)

@@ -111,6 +111,7 @@ fn run(t: &Topology, n: &NumaNode, opts: &DoctorOptions) -> Result<ProbeOutcome,
         huge_pages: numapin::RuntimeConfig::default().huge_pages,
         register_part_bytes: 0,
         pool_root: None,
+        shared: None,
         fail_after: None,
     })?;
     let mut outcome = ProbeOutcome {

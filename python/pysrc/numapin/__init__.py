@@ -13,6 +13,8 @@ caller passes its objects or asks for them (``like="numpy"``).
   made by threads on that node: the drop-in for ``tensor.pin_memory()``.
 - :func:`copy_to_device` / :func:`copy_from_device`: staged copies between
   pageable CPU memory and CUDA tensors, ordered on a CUDA stream.
+- :func:`place`: the node and CPUs numapin uses for a GPU (the one answer
+  every function here, the DataLoader and the storage reader ask).
 - :func:`configure`, :func:`stats`, :func:`trim`: the arenas behind it all.
 
 Errors are :class:`Error` (system failures) and its subclasses
@@ -45,6 +47,7 @@ __all__ = [
     "Package",
     "PinnedBuffer",
     "RankPlan",
+    "Site",
     "Topology",
     "Warning",
     "bind",
@@ -54,6 +57,7 @@ __all__ = [
     "dtypes",
     "empty",
     "pin",
+    "place",
     "stats",
     "topology",
     "trim",
@@ -129,6 +133,32 @@ def bind(
         warnings=list(p["warnings"]),
         chosen_by=why,
     )
+
+
+@dataclass(frozen=True)
+class Site:
+    """Where numapin puts threads and pinned memory for a GPU or node
+    (:func:`place`)."""
+
+    node: int
+    """The NUMA node pinned memory comes from."""
+    cpus: list[int]
+    """The CPUs threads working for the GPU run on (never empty)."""
+    gpu: int | None
+    """The GPU's index in :attr:`Topology.gpus` (PCI order), for a GPU."""
+    warnings: list[str]
+    """Each fallback taken (unknown locality, CPUs not allowed, a node
+    without memory this process can pin), in a sentence."""
+
+
+def place(gpu: int | None = None, *, node: int | None = None) -> Site:
+    """The node and CPUs numapin uses for CUDA device ``gpu`` (or NUMA node
+    ``node``, or, with neither, the calling thread): the same answer
+    :func:`empty`, :func:`pin`, the staged copies and
+    :class:`numapin.torch.DataLoader` use. On a machine with several NUMA
+    nodes, ``warnings`` names each fallback taken."""
+    n, cpu_list, index, warnings = _numapin.place(gpu, node=node)
+    return Site(node=n, cpus=list(cpu_list), gpu=index, warnings=list(warnings))
 
 
 def _shape(shape: Any) -> tuple[int, ...]:

@@ -466,17 +466,10 @@ class DataLoader:
             self._provision(slot_bytes)
 
     def _worker_cpus(self) -> list[int]:
-        """The device's local CPUs this process may use (all allowed CPUs
-        without a device or when the locality is unknown)."""
-        t = numapin.topology()
-        allowed = set(t.allowed.cpus)
-        if self._gpu is not None:
-            g = t.gpu_by_ordinal(self._gpu)
-            if g is not None and g.numa_node is not None:
-                local = [c for c in g.local_cpus if c in allowed]
-                if local:
-                    return local
-        return sorted(allowed)
+        """The CPUs numapin places the device's work on (:func:`numapin.place`:
+        the same CPUs that fault the slots in); all allowed CPUs without a
+        device."""
+        return numapin.place(self._gpu).cpus
 
     def _register(self) -> bool:
         return self.device is not None or torch.cuda.is_available()

@@ -26,6 +26,9 @@ use crate::arena::{self, ArenaConfig, NodeArena};
 use crate::gpu::CudaOrdinal;
 use crate::topology::{NodeKind, Topology};
 
+mod place;
+pub use place::{Site, Target};
+
 pub use crate::arena::region::Step;
 pub use crate::arena::{
     ArenaError, Backend, CacheLimits, HugePages, NodeStats, PageKind, ParseHugePagesError,
@@ -364,26 +367,19 @@ impl Runtime {
         self.arena(node)?.alloc_timeout(bytes, timeout)
     }
 
-    /// The node buffers for CUDA device `gpu` go on: the GPU's own node,
-    /// or, when its locality is unknown, the node of the CPU the calling
-    /// thread runs on.
+    /// The node buffers for CUDA device `gpu` go on
+    /// ([`Runtime::place`]'s node for [`Target::Gpu`]).
+    ///
+    /// # Errors
+    ///
+    /// [`ArenaError::UnknownGpu`] when the topology has no such device.
     pub fn node_for_gpu(&self, gpu: CudaOrdinal) -> Result<u32, ArenaError> {
-        let g = self
-            .topology
-            .gpu_by_ordinal(gpu)
-            .ok_or_else(|| ArenaError::UnknownGpu {
-                gpu,
-                known: self
-                    .topology
-                    .gpus
-                    .iter()
-                    .filter_map(|g| g.cuda_ordinal)
-                    .collect(),
-            })?;
-        Ok(match g.numa_node {
-            Some(n) => n,
-            None => self.calling_thread_node(),
-        })
+        Ok(self.place(Target::Gpu(gpu))?.node)
+    }
+
+    /// The nodes with an arena (memory this process can pin), ascending.
+    pub fn arena_nodes(&self) -> impl Iterator<Item = u32> + '_ {
+        self.arenas.iter().map(|a| a.node())
     }
 
     /// The node of the CPU the calling thread runs on (`getcpu`), or the
@@ -393,33 +389,17 @@ impl Runtime {
         if self.arenas.iter().any(|a| a.node() == here) {
             return here;
         }
-        // Nearest by the topology's distances, else the first with memory.
-        let pos = self
-            .topology
-            .numa_nodes
-            .iter()
-            .position(|n| n.os_index == here);
-        let nearest = pos.and_then(|p| {
-            self.arenas
-                .iter()
-                .filter_map(|a| {
-                    let q = self
-                        .topology
-                        .numa_nodes
-                        .iter()
-                        .position(|n| n.os_index == a.node())?;
-                    Some((*self.topology.numa_nodes[p].distances.get(q)?, a.node()))
-                })
-                .min()
-                .map(|(_, n)| n)
-        });
-        nearest
+        self.nearest_arena(here)
             .or_else(|| self.arenas.first().map(|a| a.node()))
             .unwrap_or(here)
     }
 
     /// Lends `bytes` on the node of CUDA device `gpu` (see
-    /// [`Runtime::node_for_gpu`]).
+    /// [`Runtime::place`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`Runtime::place`] and [`Runtime::alloc_on_node`].
     pub fn alloc_for_gpu(&self, gpu: CudaOrdinal, bytes: usize) -> Result<PinnedBuf, ArenaError> {
         let node = self.node_for_gpu(gpu)?;
         self.alloc_on_node(node, bytes)

@@ -1,0 +1,118 @@
+//! Shared memory between processes: memfd files (made, sized, opened by
+//! their `/proc/<pid>/fd/<n>` path, found by name), and the futex words
+//! waiters sleep on in a shared mapping.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::AtomicU32;
+use std::time::Duration;
+
+/// The prefix of every memfd numapin names (`/proc/<pid>/fd/<n>` links read
+/// `/memfd:<name> (deleted)`).
+pub(crate) const MEMFD_PREFIX: &str = "numapin-";
+
+/// A new memfd named `name` (shown in `/proc/<pid>/fd` links as
+/// `/memfd:<name>`), close-on-exec, of length 0.
+pub(crate) fn memfd(name: &str) -> io::Result<OwnedFd> {
+    let c = std::ffi::CString::new(name)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a memfd name with a NUL"))?;
+    // SAFETY: a NUL-terminated name; memfd_create touches no memory of ours.
+    let fd = unsafe { libc::memfd_create(c.as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor nobody else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Sets the file's length (`ftruncate`).
+pub(crate) fn set_len(fd: RawFd, len: u64) -> io::Result<()> {
+    let len = libc::off_t::try_from(len)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a length past off_t"))?;
+    // SAFETY: ftruncate on a descriptor; a bad one is an error.
+    if unsafe { libc::ftruncate(fd, len) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The file's length (`fstat`).
+pub(crate) fn len(fd: RawFd) -> io::Result<u64> {
+    // SAFETY: fstat writes into the zeroed struct we own.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::fstat(fd, &mut st) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(u64::try_from(st.st_size).unwrap_or(0))
+}
+
+/// Opens `path` (a `/proc/<pid>/fd/<n>` link to another process's memfd)
+/// read-write, close-on-exec.
+pub(crate) fn open(path: &std::path::Path) -> io::Result<OwnedFd> {
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)?;
+    Ok(OwnedFd::from(f))
+}
+
+/// The path another process opens this process's descriptor `fd` by.
+pub(crate) fn proc_path(fd: &OwnedFd) -> std::path::PathBuf {
+    format!("/proc/{}/fd/{}", std::process::id(), fd.as_raw_fd()).into()
+}
+
+/// Sleeps while `word` (in a mapping shared between processes) holds
+/// `expected`, at most `timeout` (spurious wake-ups happen: callers look
+/// again).
+pub(crate) fn futex_wait(word: &AtomicU32, expected: u32, timeout: Duration) {
+    let ts = libc::timespec {
+        tv_sec: timeout.as_secs().min(i32::MAX as u64) as libc::time_t,
+        tv_nsec: timeout.subsec_nanos() as libc::c_long,
+    };
+    // SAFETY: `word` is a live AtomicU32; FUTEX_WAIT (not PRIVATE: other
+    // processes wake it) only reads it and sleeps at most `timeout`.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAIT,
+            expected,
+            &ts as *const libc::timespec,
+        );
+    }
+}
+
+/// Wakes every process and thread sleeping on `word`.
+pub(crate) fn futex_wake(word: &AtomicU32) {
+    // SAFETY: as in futex_wait; FUTEX_WAKE only wakes sleepers.
+    unsafe {
+        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, i32::MAX);
+    }
+}
+
+/// The `/proc/<pid>/fd/<n>` paths of memfds named exactly `name` in the
+/// processes this one may look into, this process's own first. Processes
+/// that exit while read, and descriptors that cannot be read, are skipped.
+pub(crate) fn find_memfd(name: &str) -> Vec<std::path::PathBuf> {
+    let want = format!("/memfd:{name} (deleted)");
+    let me = std::process::id().to_string();
+    let mut pids: Vec<String> = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|n| n.bytes().all(|b| b.is_ascii_digit()))
+        .collect();
+    pids.sort_by_key(|p| (p != &me, p.parse::<u64>().unwrap_or(u64::MAX)));
+    let mut out = Vec::new();
+    for pid in pids {
+        let dir = std::path::PathBuf::from(format!("/proc/{pid}/fd"));
+        for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            if std::fs::read_link(e.path()).is_ok_and(|t| t.as_os_str() == want.as_str()) {
+                out.push(e.path());
+            }
+        }
+    }
+    out
+}
