@@ -16,7 +16,6 @@ mod errors;
 mod loader;
 mod memory;
 mod place;
-mod slots;
 
 use std::sync::{Arc, Mutex};
 

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use numapin::PinnedBuf;
 
-use crate::slots::{Shm, SlotLease};
+use numapin::shared::{SlotLease, SlotPool};
 
 /// Host memory a tensor or array is built over: a buffer lent by numapin's
 /// arena (given back to it when the last owner drops it, on whatever thread
@@ -33,7 +33,7 @@ pub(crate) enum Memory {
     /// Part of a loader slot a worker writes into (another process frees it).
     Mapped {
         /// Keeps the pool mapped (held, never read).
-        _shm: Arc<Shm>,
+        _pool: Arc<SlotPool>,
         /// The first byte.
         ptr: *mut u8,
         /// Bytes.
@@ -86,7 +86,7 @@ impl Memory {
     pub(crate) fn registered(&self) -> bool {
         match self {
             Memory::Pinned { buf, .. } => buf.is_registered(),
-            Memory::Slot { lease, .. } => lease.shm.registered(),
+            Memory::Slot { lease, .. } => lease.pool().registered(),
             _ => false,
         }
     }
