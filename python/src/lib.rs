@@ -16,6 +16,7 @@ mod errors;
 mod loader;
 mod memory;
 mod place;
+mod shared;
 
 use std::sync::{Arc, Mutex};
 
@@ -89,7 +90,7 @@ fn contiguous_strides(shape: &[i64]) -> Vec<i64> {
     strides
 }
 
-fn nbytes_of(py: Python<'_>, shape: &[i64], dtype: DType) -> PyResult<usize> {
+pub(crate) fn nbytes_of(py: Python<'_>, shape: &[i64], dtype: DType) -> PyResult<usize> {
     let mut n = dtype.itemsize();
     for &d in shape {
         let d = usize::try_from(d).map_err(|_| {
@@ -738,6 +739,7 @@ fn _numapin(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PinnedBuffer>()?;
     m.add_class::<loader::SlotPool>()?;
     m.add_class::<loader::PyLease>()?;
+    m.add_class::<shared::SharedBuffer>()?;
     m.add_function(wrap_pyfunction!(empty, m)?)?;
     m.add_function(wrap_pyfunction!(pin_address, m)?)?;
     m.add_function(wrap_pyfunction!(pin_buffer, m)?)?;

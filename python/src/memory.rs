@@ -30,6 +30,15 @@ pub(crate) enum Memory {
         /// Bytes.
         len: usize,
     },
+    /// Part of shared pinned memory (`numapin.SharedBuffer`).
+    Shared {
+        /// Keeps it mapped.
+        held: Arc<crate::shared::Held>,
+        /// The first byte.
+        ptr: *mut u8,
+        /// Bytes.
+        len: usize,
+    },
     /// Part of a loader slot a worker writes into (another process frees it).
     Mapped {
         /// Keeps the pool mapped (held, never read).
@@ -61,7 +70,9 @@ impl Memory {
             // through tensors (never through a Rust reference).
             Memory::Pinned { buf, .. } => buf.as_ptr().cast_mut(),
             Memory::Heap(b) => b.as_ptr().cast_mut(),
-            Memory::Slot { ptr, .. } | Memory::Mapped { ptr, .. } => *ptr,
+            Memory::Slot { ptr, .. } | Memory::Mapped { ptr, .. } | Memory::Shared { ptr, .. } => {
+                *ptr
+            }
         }
     }
 
@@ -70,7 +81,9 @@ impl Memory {
         match self {
             Memory::Pinned { len, .. } => *len,
             Memory::Heap(b) => b.len(),
-            Memory::Slot { len, .. } | Memory::Mapped { len, .. } => *len,
+            Memory::Slot { len, .. } | Memory::Mapped { len, .. } | Memory::Shared { len, .. } => {
+                *len
+            }
         }
     }
 
@@ -78,6 +91,8 @@ impl Memory {
     pub(crate) fn node(&self) -> Option<u32> {
         match self {
             Memory::Pinned { buf, .. } => Some(buf.node()),
+            Memory::Shared { held, .. } => Some(held.node()),
+            Memory::Slot { lease, .. } => lease.pool().node(),
             _ => None,
         }
     }
@@ -87,6 +102,7 @@ impl Memory {
         match self {
             Memory::Pinned { buf, .. } => buf.is_registered(),
             Memory::Slot { lease, .. } => lease.pool().registered(),
+            Memory::Shared { held, .. } => held.registered(),
             _ => false,
         }
     }

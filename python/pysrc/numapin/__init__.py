@@ -13,6 +13,8 @@ caller passes its objects or asks for them (``like="numpy"``).
   made by threads on that node: the drop-in for ``tensor.pin_memory()``.
 - :func:`copy_to_device` / :func:`copy_from_device`: staged copies between
   pageable CPU memory and CUDA tensors, ordered on a CUDA stream.
+- :class:`SharedBuffer`: pinned memory several processes of a job map by
+  name (made once, counted once).
 - :func:`place`: the node and CPUs numapin uses for a GPU (the one answer
   every function here, the DataLoader and the storage reader ask).
 - :func:`configure`, :func:`stats`, :func:`trim`: the arenas behind it all.
@@ -34,6 +36,7 @@ from typing import Any
 from numapin import _numapin
 from numapin._errors import BudgetError, Error, InputError, LimitError
 from numapin._numapin import PinnedBuffer
+from numapin._shared import SharedBuffer
 from numapin._topology import Allowed, Gpu, NumaNode, Package, Topology, Warning, cpus
 
 __all__ = [
@@ -47,6 +50,7 @@ __all__ = [
     "Package",
     "PinnedBuffer",
     "RankPlan",
+    "SharedBuffer",
     "Site",
     "Topology",
     "Warning",

@@ -1,0 +1,203 @@
+//! `SharedBuffer`: the Python face of [`numapin::shared`]'s shared pinned
+//! memory (made by one process, attached by name by the others; views are
+//! tensors or arrays over it).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use numapin::shared::{AttachedRegion, SharedError, SharedRegion};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+
+use crate::errors::{input_error, to_py};
+use crate::memory::Memory;
+use crate::{dtype_of, rt, PinnedBuffer};
+
+/// This process's hold on shared memory: the maker's region, or another
+/// process's attached.
+#[derive(Debug)]
+pub(crate) enum Held {
+    /// Made here (counted in this process's budget).
+    Made(SharedRegion),
+    /// Made by another process, mapped here.
+    Attached(AttachedRegion),
+}
+
+impl Held {
+    fn ptr(&self) -> *mut u8 {
+        match self {
+            Held::Made(r) => r.as_ptr(),
+            Held::Attached(a) => a.as_ptr(),
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Held::Made(r) => r.len(),
+            Held::Attached(a) => a.len(),
+        }
+    }
+
+    pub(crate) fn node(&self) -> u32 {
+        match self {
+            Held::Made(r) => r.node(),
+            Held::Attached(a) => a.node(),
+        }
+    }
+
+    pub(crate) fn registered(&self) -> bool {
+        match self {
+            Held::Made(r) => r.registered(),
+            Held::Attached(a) => a.registered(),
+        }
+    }
+}
+
+fn shared_err(py: Python<'_>, e: SharedError) -> PyErr {
+    to_py(py, &numapin::Error::from(e))
+}
+
+/// Pinned memory several processes of a job map (see `numapin.SharedBuffer`).
+#[pyclass(frozen, module = "numapin._numapin", name = "SharedBuffer")]
+pub(crate) struct SharedBuffer {
+    held: Arc<Held>,
+    name: String,
+}
+
+#[pymethods]
+impl SharedBuffer {
+    /// Makes `nbytes` of shared pinned memory called `name` on the node of
+    /// CUDA device `gpu` (or NUMA node `node`, or the calling thread's).
+    #[staticmethod]
+    #[pyo3(signature = (name, nbytes, *, gpu=None, node=None))]
+    fn create(
+        py: Python<'_>,
+        name: &str,
+        nbytes: usize,
+        gpu: Option<u32>,
+        node: Option<u32>,
+    ) -> PyResult<SharedBuffer> {
+        let rt = rt(py)?;
+        let target = crate::place::target(gpu, node);
+        let r = py
+            .detach(|| SharedRegion::create(&rt, target, nbytes, name))
+            .map_err(|e| shared_err(py, e))?;
+        Ok(SharedBuffer {
+            held: Arc::new(Held::Made(r)),
+            name: name.into(),
+        })
+    }
+
+    /// Maps the shared memory called `name` (or at a path from `.path`),
+    /// waiting up to `timeout` seconds for another process to make it.
+    #[staticmethod]
+    #[pyo3(signature = (name, *, timeout=0.0))]
+    fn attach(py: Python<'_>, name: &str, timeout: f64) -> PyResult<SharedBuffer> {
+        if !(0.0..=86_400.0).contains(&timeout) {
+            return Err(PyValueError::new_err(format!(
+                "timeout={timeout}: give 0 to 86400 seconds"
+            )));
+        }
+        let wait = Duration::from_secs_f64(timeout);
+        let a = py
+            .detach(|| AttachedRegion::attach(name, wait))
+            .map_err(|e| shared_err(py, e))?;
+        Ok(SharedBuffer {
+            held: Arc::new(Held::Attached(a)),
+            name: name.into(),
+        })
+    }
+
+    /// The name it was made or attached by.
+    #[getter]
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Bytes.
+    #[getter]
+    fn nbytes(&self) -> usize {
+        self.held.len()
+    }
+
+    /// The NUMA node its pages are on.
+    #[getter]
+    fn node(&self) -> u32 {
+        self.held.node()
+    }
+
+    /// Whether it is registered with CUDA in this process.
+    #[getter]
+    fn registered(&self) -> bool {
+        self.held.registered()
+    }
+
+    /// Whether this process made it (and counts it in its budget).
+    #[getter]
+    fn owner(&self) -> bool {
+        matches!(*self.held, Held::Made(_))
+    }
+
+    /// The path other processes of the same user may attach by.
+    #[getter]
+    fn path(&self) -> Option<String> {
+        match &*self.held {
+            Held::Made(r) => Some(r.path().display().to_string()),
+            Held::Attached(a) => Some(a.path().display().to_string()),
+        }
+    }
+
+    /// A `dtype` view of shape `shape` (default: 1-D, as many elements as
+    /// fit) from byte `offset` on; it keeps the memory mapped while it
+    /// lives.
+    #[pyo3(signature = (dtype, shape=None, *, offset=0))]
+    fn view(
+        &self,
+        py: Python<'_>,
+        dtype: &str,
+        shape: Option<Vec<i64>>,
+        offset: usize,
+    ) -> PyResult<PinnedBuffer> {
+        let len = self.held.len();
+        let dtype = dtype_of(py, dtype)?;
+        let room = len.checked_sub(offset).ok_or_else(|| {
+            input_error(
+                py,
+                format!("offset {offset} is past the {len}-byte shared buffer"),
+                "give an offset inside the buffer",
+            )
+        })?;
+        let shape = match shape {
+            Some(s) => s,
+            None => vec![i64::try_from(room / dtype.itemsize()).unwrap_or(i64::MAX)],
+        };
+        let nbytes = crate::nbytes_of(py, &shape, dtype)?;
+        if nbytes > room {
+            return Err(input_error(
+                py,
+                format!(
+                    "a {shape:?} {} view ({nbytes} bytes) at offset {offset} runs past the {len}-byte shared buffer",
+                    dtype.name
+                ),
+                "view a range inside the buffer (offset + size <= nbytes)",
+            ));
+        }
+        let mem = Memory::Shared {
+            held: self.held.clone(),
+            ptr: self.held.ptr().wrapping_add(offset),
+            len: nbytes,
+        };
+        PinnedBuffer::checked(py, mem, dtype, shape)
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "SharedBuffer(name={:?}, nbytes={}, node={}, owner={}, registered={})",
+            self.name,
+            self.held.len(),
+            self.held.node(),
+            self.owner(),
+            self.held.registered()
+        )
+    }
+}
