@@ -18,7 +18,7 @@ use crate::{dtype_of, rt, PinnedBuffer};
 #[derive(Debug)]
 pub(crate) enum Held {
     /// Made here (counted in this process's budget).
-    Made(SharedRegion),
+    Made(Box<SharedRegion>),
     /// Made by another process, mapped here.
     Attached(AttachedRegion),
 }
@@ -83,7 +83,7 @@ impl SharedBuffer {
             .detach(|| SharedRegion::create(&rt, target, nbytes, name))
             .map_err(|e| shared_err(py, e))?;
         Ok(SharedBuffer {
-            held: Arc::new(Held::Made(r)),
+            held: Arc::new(Held::Made(Box::new(r))),
             name: name.into(),
         })
     }
