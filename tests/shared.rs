@@ -151,3 +151,95 @@ fn shared_memory_over_the_budget_is_refused_with_nothing_made() {
     drop(r);
     assert!(rt.alloc_on_node(node, 4 * MIB).is_ok());
 }
+
+/// The publication `numapin ps` reads: this process's `numapin-stats`
+/// memfd, its header and JSON text, rewritten as regions come and go.
+fn published() -> serde_json::Value {
+    let fd = std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .flatten()
+        .find(|e| {
+            std::fs::read_link(e.path())
+                .is_ok_and(|t| t.as_os_str() == "/memfd:numapin-stats (deleted)")
+        })
+        .expect("a numapin-stats memfd")
+        .path();
+    for _ in 0..100 {
+        let bytes = std::fs::read(&fd).unwrap();
+        assert_eq!(bytes.len(), 64 << 10);
+        let word = |at: usize| u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap());
+        let magic = u64::from_le_bytes(bytes[..8].try_into().unwrap());
+        assert_eq!(magic, 0x6e75_6d61_7073_7431);
+        let (seq, len) = (word(8), word(12) as usize);
+        if seq % 2 == 1 {
+            continue;
+        }
+        if let Ok(v) = serde_json::from_slice(&bytes[16..16 + len]) {
+            return v;
+        }
+    }
+    panic!("no complete text in 100 reads");
+}
+
+fn published_shared(v: &serde_json::Value) -> u64 {
+    v["runtimes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|r| r["nodes"].as_array().unwrap().iter())
+        .map(|n| n["bytes_shared"].as_u64().unwrap())
+        .sum()
+}
+
+/// Set in the child `the_process_publishes_its_arenas_for_other_processes`
+/// starts (alone in its process, so the published figures are its own).
+const PUBLISH_CHILD: &str = "NUMAPIN_TEST_PUBLISH_CHILD";
+
+#[test]
+fn publish_child_side() {
+    if std::env::var_os(PUBLISH_CHILD).is_none() {
+        return;
+    }
+    let rt = runtime();
+    let v = published();
+    assert_eq!(v["version"], 1);
+    assert_eq!(v["pid"], std::process::id());
+    assert_eq!(v["runtimes"].as_array().unwrap().len(), 1, "{v}");
+    assert_eq!(published_shared(&v), 0);
+    let r = SharedRegion::create(&rt, Target::Host, 5 * MIB, &unique("published")).unwrap();
+    assert_eq!(published_shared(&published()), 6 * MIB as u64);
+    let b = rt.alloc_on_node(r.node(), MIB).unwrap();
+    let nodes = &published()["runtimes"][0]["nodes"];
+    let reserved: u64 = nodes
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["bytes_reserved"].as_u64().unwrap())
+        .sum();
+    assert!(reserved >= 2 * MIB as u64, "{nodes}");
+    drop((r, b));
+    assert_eq!(published_shared(&published()), 0);
+    drop(rt);
+    assert_eq!(published()["runtimes"].as_array().unwrap().len(), 0);
+}
+
+#[test]
+fn the_process_publishes_its_arenas_for_other_processes() {
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "publish_child_side",
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ])
+        .env(PUBLISH_CHILD, "1")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "child: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

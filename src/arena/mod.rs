@@ -33,6 +33,7 @@ mod buf;
 pub(crate) mod cache;
 mod error;
 mod huge;
+pub(crate) mod publish;
 pub(crate) mod region;
 pub(crate) mod release;
 
@@ -840,9 +841,12 @@ impl NodeArena {
         st.registration = Some(region.registration().clone());
         st.notes = region.notes().to_vec();
         st.slots[id as usize] = Some(Slot { region, dedicated });
-        Ok(self
+        let buf = self
             .try_alloc(&mut st, bytes)
-            .expect("a region made for this request has room for it"))
+            .expect("a region made for this request has room for it");
+        drop(st);
+        publish::changed();
+        Ok(buf)
     }
 
     /// Decides whether a region of `size` bytes (or, short of room, the
@@ -1179,7 +1183,10 @@ impl NodeArena {
             }
             (released, st.reserved())
         };
-        drop(released);
+        if !released.is_empty() {
+            drop(released);
+            publish::changed();
+        }
         left
     }
 
@@ -1216,6 +1223,8 @@ impl NodeArena {
         st.last_shared += 1;
         let id = st.last_shared;
         st.shared.push((id, region.len() as u64));
+        drop(st);
+        publish::changed();
         Ok(SharedPart {
             region: Some(region),
             arena: self.clone(),
@@ -1330,6 +1339,7 @@ impl Drop for SharedPart {
             .shared
             .retain(|(id, _)| *id != self.id);
         self.arena.notify_waiters();
+        publish::changed();
     }
 }
 
@@ -1348,5 +1358,6 @@ impl Drop for NodeArena {
         // Nothing outlives the arena: its regions in the release thread
         // are gone before this returns.
         self.releasing.wait();
+        publish::changed();
     }
 }

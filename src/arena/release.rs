@@ -70,6 +70,7 @@ fn sender() -> Option<&'static Mutex<Sender<Job>>> {
                     // errors) must not leave the owner waiting.
                     let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(region)));
                     owner.finished(bytes);
+                    super::publish::changed();
                 }
             })
             .ok()
@@ -84,10 +85,12 @@ fn sender() -> Option<&'static Mutex<Sender<Job>>> {
 pub(crate) fn release(region: Region, owner: &Arc<Releasing>) {
     if region.len() < BACKGROUND_MIN {
         drop(region);
+        super::publish::changed();
         return;
     }
     let Some(tx) = sender() else {
         drop(region);
+        super::publish::changed();
         return;
     };
     let bytes = region.len() as u64;

@@ -4,7 +4,7 @@
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::AtomicU32;
+use std::sync::atomic::{AtomicU32, AtomicU64};
 use std::time::Duration;
 
 /// The prefix of every memfd numapin names (`/proc/<pid>/fd/<n>` links read
@@ -115,4 +115,75 @@ pub(crate) fn find_memfd(name: &str) -> Vec<std::path::PathBuf> {
         }
     }
     out
+}
+
+/// A memfd other processes read through `/proc/<pid>/fd/<n>`, rewritten
+/// under a sequence counter: bytes 0..8 `magic`, 8..12 the counter (odd
+/// while a rewrite is under way), 12..16 the length `n` of the data,
+/// then the data. Mapped into this process only (not into forked
+/// children).
+pub(crate) struct SeqFile {
+    _fd: OwnedFd,
+    ptr: *mut u8,
+    len: usize,
+    pid: u32,
+}
+
+// SAFETY: the mapping is owned by the value; writes take `&mut self`.
+unsafe impl Send for SeqFile {}
+
+/// Bytes of a [`SeqFile`] before its data.
+pub(crate) const SEQ_DATA_AT: usize = 16;
+
+impl SeqFile {
+    /// A new file named `name` of `len` bytes (at least [`SEQ_DATA_AT`]).
+    pub(crate) fn new(name: &str, len: usize) -> io::Result<SeqFile> {
+        let fd = memfd(name)?;
+        set_len(fd.as_raw_fd(), len as u64)?;
+        let ptr = crate::platform::numa::map_shared(fd.as_raw_fd(), len, 0)?;
+        // SAFETY: our own fresh mapping; advice changes no data.
+        let _ = unsafe { crate::platform::numa::advise(ptr, len, libc::MADV_DONTFORK) };
+        Ok(SeqFile {
+            _fd: fd,
+            ptr,
+            len,
+            pid: std::process::id(),
+        })
+    }
+
+    /// The process that made it (a forked child holds its parent's, not
+    /// mapped there: it must make its own).
+    pub(crate) fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// Rewrites the data (cut to the file's room) and sets `magic`.
+    pub(crate) fn write(&mut self, magic: u64, data: &[u8]) {
+        debug_assert_eq!(self.pid, std::process::id());
+        // SAFETY: the mapping is `len` >= 16 bytes, page-aligned, this
+        // process's; the header words are naturally aligned atomics.
+        let (m, seq, n) = unsafe {
+            (
+                &*self.ptr.cast::<AtomicU64>(),
+                &*self.ptr.add(8).cast::<AtomicU32>(),
+                &*self.ptr.add(12).cast::<AtomicU32>(),
+            )
+        };
+        let k = data.len().min(self.len - SEQ_DATA_AT);
+        seq.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        // SAFETY: SEQ_DATA_AT + k <= len; `data` is not in the mapping.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.add(SEQ_DATA_AT), k) };
+        n.store(k as u32, std::sync::atomic::Ordering::Release);
+        m.store(magic, std::sync::atomic::Ordering::Release);
+        seq.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+    }
+}
+
+impl Drop for SeqFile {
+    fn drop(&mut self) {
+        if self.pid == std::process::id() {
+            // SAFETY: our own mapping, referenced by nothing else.
+            let _ = unsafe { crate::platform::numa::unmap(self.ptr, self.len) };
+        }
+    }
 }

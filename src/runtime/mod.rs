@@ -262,7 +262,7 @@ impl Runtime {
         } else {
             config.populate_threads
         };
-        let arenas = topology
+        let arenas: Vec<Arc<NodeArena>> = topology
             .numa_nodes
             .iter()
             .filter(|n| n.memory_bytes > 0 && n.kind != NodeKind::GpuMemory)
@@ -301,6 +301,7 @@ impl Runtime {
                 )
             })
             .collect();
+        arena::publish::register(&arenas);
         Ok(Runtime {
             topology,
             config,
