@@ -49,11 +49,14 @@ macro_rules! with_setters {
 pub mod affinity;
 mod arena;
 pub mod cpulist;
+pub mod doctor;
 pub mod error;
 pub mod gpu;
 pub mod loader;
 pub mod runtime;
 pub mod staged;
+pub mod system;
+pub mod text;
 pub mod topology;
 
 mod measure;
