@@ -60,6 +60,7 @@ impl Serialize for PoolRow {
 
 /// The node folders could not be listed.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 #[error("cannot list {}: {source}", path.display())]
 pub struct HugePagesError {
     /// The folder (`sys/devices/system/node` under the root).

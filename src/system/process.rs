@@ -136,6 +136,7 @@ pub enum PolicySource {
 
 /// The calling thread's memory policy.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ThreadPolicy {
     /// The mode.
     pub mode: PolicyMode,
