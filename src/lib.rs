@@ -26,7 +26,10 @@
 //! [`Topology`] converts between them.
 //!
 //! Every error type says what it read, what is wrong, and (through its
-//! `fix()` method) what to do; [`Error`] holds any of them.
+//! `fix()` method) what to do; [`Error`] holds any of them. What is wrong
+//! with the machine itself (memlock limit, cgroup, refused NUMA calls,
+//! hugetlb pools, PCIe links, locality, ...) the [`doctor`] checks say, as
+//! data, from the [`system`] snapshot and the topology.
 
 /// `with_*` setters for a configuration struct's public fields, so that a
 /// `#[non_exhaustive]` config can be built in one expression:
@@ -49,12 +52,15 @@ macro_rules! with_setters {
 pub mod affinity;
 mod arena;
 pub mod cpulist;
+pub mod doctor;
 pub mod error;
 pub mod gpu;
 pub mod loader;
 pub mod runtime;
 pub mod shared;
 pub mod staged;
+pub mod system;
+pub mod text;
 pub mod topology;
 
 mod measure;

@@ -79,14 +79,3 @@ impl CliError {
         }
     }
 }
-
-/// Prints an error the way every command does (the message with its
-/// causes, then the fix), returns its exit code.
-pub(crate) fn report(e: &CliError) -> i32 {
-    let mut text = format!("numapin: error: {}", numapin::error::with_causes(e));
-    if let Some(fix) = e.fix() {
-        text.push_str(&format!("\n  fix: {fix}"));
-    }
-    crate::output::eprintln(&text);
-    e.exit_code()
-}

@@ -20,8 +20,8 @@ use numapin::internals as apply;
 use numapin::topology::Topology;
 use numapin::CudaOrdinal;
 
-use crate::error::{report, CliError, Result};
-use crate::output;
+use crate::error::{CliError, Result};
+use crate::output::{self, report};
 use crate::ModeArg;
 use numapin::topology::limits::{MAX_GPUS, MAX_NODES};
 

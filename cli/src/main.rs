@@ -14,8 +14,9 @@ mod topo;
 
 use clap::{Parser, Subcommand};
 
-use error::{report, Result};
+use error::Result;
 use numapin::topology::{CudaMode, PciId, ProbeOptions, Topology};
+use output::report;
 
 /// numapin: keep GPU data movement on the right side of the socket.
 #[derive(Debug, Parser)]

@@ -82,6 +82,17 @@ pub(crate) fn eprintln(text: &str) {
     let _ = err.lock().write_all(line.as_bytes());
 }
 
+/// Prints an error the way every command does (the message with its
+/// causes, then the fix), returns its exit code.
+pub(crate) fn report(e: &CliError) -> i32 {
+    let mut text = format!("numapin: error: {}", numapin::error::with_causes(e));
+    if let Some(fix) = e.fix() {
+        text.push_str(&format!("\n  fix: {fix}"));
+    }
+    eprintln(&text);
+    e.exit_code()
+}
+
 /// Writes terminal control text (a progress line) to standard error as it
 /// is; errors are ignored.
 pub(crate) fn progress(raw: &str) {
@@ -93,7 +104,7 @@ pub(crate) fn progress(raw: &str) {
 /// in an existing folder, or a character device (`/dev/null`). Used before
 /// any work is done, so a bad target fails first.
 pub(crate) fn check_target(path: &Path, flag: &str) -> Result<()> {
-    let shown = numapin::internals::shorten(&path.display().to_string());
+    let shown = numapin::text::shorten(&path.display().to_string());
     let refuse = |what: &str| CliError::Usage {
         problem: format!("{flag} {shown}: {what}"),
         fix: format!("give {flag} a path to a regular file in an existing, writable folder"),
@@ -128,7 +139,7 @@ pub(crate) fn check_target(path: &Path, flag: &str) -> Result<()> {
 /// (`/dev/null`) is written in place.
 pub(crate) fn write_file(path: &Path, bytes: &[u8], flag: &str) -> Result<()> {
     check_target(path, flag)?;
-    let shown = numapin::internals::shorten(&path.display().to_string());
+    let shown = numapin::text::shorten(&path.display().to_string());
     let fail = |e: std::io::Error| {
         CliError::system(
             format!("{flag} {shown}: cannot write it"),

@@ -11,6 +11,7 @@
 //! GIL released (`Python::detach`).
 
 mod dlpack;
+mod doctor;
 mod dtype;
 mod errors;
 mod loader;
@@ -740,6 +741,7 @@ fn _numapin(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<loader::SlotPool>()?;
     m.add_class::<loader::PyLease>()?;
     m.add_class::<shared::SharedBuffer>()?;
+    m.add_class::<doctor::DoctorCheck>()?;
     m.add_function(wrap_pyfunction!(empty, m)?)?;
     m.add_function(wrap_pyfunction!(pin_address, m)?)?;
     m.add_function(wrap_pyfunction!(pin_buffer, m)?)?;
@@ -747,6 +749,7 @@ fn _numapin(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(copy_from_device, m)?)?;
     m.add_function(wrap_pyfunction!(topology, m)?)?;
     m.add_function(wrap_pyfunction!(bind, m)?)?;
+    m.add_function(wrap_pyfunction!(doctor::doctor, m)?)?;
     m.add_function(wrap_pyfunction!(configure, m)?)?;
     m.add_function(wrap_pyfunction!(stats, m)?)?;
     m.add_function(wrap_pyfunction!(trim, m)?)?;

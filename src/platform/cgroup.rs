@@ -33,6 +33,7 @@ pub const V1_UNLIMITED: u64 = 1 << 62;
 
 /// Which file a limit came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum LimitKind {
     /// cgroup v2 `memory.max` (the OOM killer acts above it).
     V2Max,
@@ -56,6 +57,7 @@ impl LimitKind {
 
 /// One limit found.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Limit {
     /// Bytes.
     pub bytes: u64,
@@ -69,6 +71,7 @@ pub struct Limit {
 
 /// What was found.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct MemoryLimits {
     /// Every finite limit, leaf first (v2 before v1).
     pub limits: Vec<Limit>,

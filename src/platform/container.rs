@@ -24,6 +24,7 @@ const CGROUP_HINTS: [(&str, &str); 9] = [
 
 /// What was seen.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ContainerEvidence {
     /// `/.dockerenv` exists.
     pub dockerenv: bool,

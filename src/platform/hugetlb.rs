@@ -52,6 +52,7 @@ pub fn global_dir(root: &Path, page_bytes: u64) -> PathBuf {
 
 /// Why a pool file could not be read.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum PoolError {
     /// The file does not exist: the kernel has no such pool (no hugetlb
     /// support, a page size the CPU lacks, or a node without memory).
@@ -133,6 +134,7 @@ fn count(path: PathBuf) -> Result<u64, PoolError> {
 
 /// One node's pool of one page size.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
 pub struct PoolCounts {
     /// Pages in the pool (`nr_hugepages`).
     pub total: u64,

@@ -31,6 +31,7 @@ pub const CALLS: [&str; 6] = [
 
 /// What a probe found.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum CallState {
     /// The kernel ran the call: `None` on success, else the error's name
     /// (it failed on its arguments, which is no refusal).

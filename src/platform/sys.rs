@@ -66,6 +66,7 @@ pub const CAP_SYS_NICE: u32 = 23;
 
 /// The fields of `/proc/self/status` that explain refused system calls.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct SecurityStatus {
     /// `Seccomp:` 0 none, 1 strict, 2 filter.
     pub seccomp: Option<u8>,

@@ -18,6 +18,8 @@ caller passes its objects or asks for them (``like="numpy"``).
 - :func:`place`: the node and CPUs numapin uses for a GPU (the one answer
   every function here, the DataLoader and the storage reader ask).
 - :func:`configure`, :func:`stats`, :func:`trim`: the arenas behind it all.
+- :func:`doctor`: what keeps GPU data movement slow or broken here (the
+  checks of ``numapin doctor``, as :class:`DoctorCheck` objects to log).
 
 Errors are :class:`Error` (system failures) and its subclasses
 :class:`InputError`, :class:`BudgetError` and :class:`LimitError`; each
@@ -35,13 +37,14 @@ from typing import Any
 
 from numapin import _numapin
 from numapin._errors import BudgetError, Error, InputError, LimitError
-from numapin._numapin import PinnedBuffer
+from numapin._numapin import DoctorCheck, PinnedBuffer
 from numapin._shared import SharedBuffer
 from numapin._topology import Allowed, Gpu, NumaNode, Package, Topology, Warning, cpus
 
 __all__ = [
     "Allowed",
     "BudgetError",
+    "DoctorCheck",
     "Error",
     "Gpu",
     "InputError",
@@ -58,6 +61,7 @@ __all__ = [
     "configure",
     "copy_from_device",
     "copy_to_device",
+    "doctor",
     "dtypes",
     "empty",
     "pin",
@@ -163,6 +167,32 @@ def place(gpu: int | None = None, *, node: int | None = None) -> Site:
     nodes, ``warnings`` names each fallback taken."""
     n, cpu_list, index, warnings = _numapin.place(gpu, node=node)
     return Site(node=n, cpus=list(cpu_list), gpu=index, warnings=list(warnings))
+
+
+def doctor(
+    input: str | os.PathLike[str] | None = None, *, cuda: bool = True, pin_probe: bool = True
+) -> list[DoctorCheck]:
+    """The checks of ``numapin doctor`` for this machine, as data: memlock
+    limit, memory cgroup, CUDA driver, each GPU's visibility, PCIe link,
+    locality and allowed CPUs and node, NICs, memory policy, refused NUMA
+    system calls, container evidence, huge pages, NUMA balancing, IOMMU, and
+    a small pinned region probed on each NUMA node (``pin_probe``).
+
+    Each :class:`DoctorCheck` has ``name``, ``subject`` (``"GPU 0"``,
+    ``"node 1"``, ... or ``None``), ``verdict`` (``"ok"``, ``"warn"``,
+    ``"fail"`` or ``"skip"``), ``evidence`` and ``fix`` (``None`` when there
+    is nothing to do); ``to_dict()`` gives the keys of ``numapin doctor
+    --json``. With ``input`` (a saved machine, as :func:`topology` reads
+    one) only the checks of its topology run; the others come back as
+    ``"skip"`` with the reason as evidence. ``cuda=False`` does not load the
+    CUDA driver. Log them at start-up::
+
+        for c in numapin.doctor(pin_probe=False):
+            if c.verdict in ("warn", "fail"):
+                log.warning("%s %s: %s (fix: %s)", c.verdict, c.name, c.evidence, c.fix)
+    """
+    path = None if input is None else os.fspath(input)
+    return _numapin.doctor(path, cuda=cuda, pin_probe=pin_probe)
 
 
 def _shape(shape: Any) -> tuple[int, ...]:

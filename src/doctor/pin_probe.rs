@@ -19,22 +19,27 @@
 
 use std::time::Duration;
 
-use super::{Check, DoctorOptions};
-use numapin::internals::{fmt_bytes, Region, RegionOptions, Registration};
-use numapin::runtime::{ArenaError, PinnedBy, PlacedBy, Placement, RegionMethods, Step};
-use numapin::topology::{NumaNode, Topology};
+use super::check::Check;
+use crate::arena::fmt_bytes;
+use crate::arena::region::{Region, RegionOptions, Registration};
+use crate::platform::sys;
+use crate::report::with_causes;
+use crate::runtime::{
+    ArenaError, Backend, PinnedBy, PlacedBy, Placement, RegionMethods, RuntimeConfig, Step,
+};
+use crate::topology::{NumaNode, Topology};
 
 /// The probe region's size: one 2 MiB huge page (the arena's smallest
 /// region), small enough for an 8 MiB memlock limit.
-pub(super) const DEFAULT_PROBE_BYTES: usize = 2 << 20;
+pub(crate) const DEFAULT_PROBE_BYTES: usize = 2 << 20;
 /// How many times placement is read before the probe gives up on pages
 /// that report an error.
-pub(super) const READS: u32 = 5;
+pub(crate) const READS: u32 = 5;
 const NAME: &str = "pin_probe";
 
 /// What a probe found.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct ProbeOutcome {
+pub(crate) struct ProbeOutcome {
     /// The node probed.
     pub(crate) node: u32,
     /// Bytes of the region.
@@ -58,7 +63,9 @@ pub(super) struct ProbeOutcome {
 }
 
 /// One probe per NUMA node of a live topology.
-pub(super) fn probe_all(t: &Topology, opts: &DoctorOptions) -> Vec<Check> {
+/// `bytes` is each region's size; `cuda`: register it with CUDA when the
+/// driver is loaded.
+pub(crate) fn probe_all(t: &Topology, bytes: usize, cuda: bool) -> Vec<Check> {
     if t.numa_nodes.is_empty() {
         return vec![Check::warn(
             NAME,
@@ -68,12 +75,12 @@ pub(super) fn probe_all(t: &Topology, opts: &DoctorOptions) -> Vec<Check> {
     }
     t.numa_nodes
         .iter()
-        .map(|n| probe_node(t, n, opts))
+        .map(|n| probe_node(t, n, bytes, cuda))
         .collect()
 }
 
 /// Whether a node can be probed: `Some(reason)` when it is skipped.
-pub(super) fn skip_reason(t: &Topology, n: &NumaNode) -> Option<String> {
+pub(crate) fn skip_reason(t: &Topology, n: &NumaNode) -> Option<String> {
     if n.memory_bytes == 0 {
         return Some(format!(
             "node {}: no memory (a CPU-only or device node), nothing can be pinned there; skipped",
@@ -90,25 +97,25 @@ pub(super) fn skip_reason(t: &Topology, n: &NumaNode) -> Option<String> {
 }
 
 /// Probes one node (see the module docs) and judges the result.
-pub(super) fn probe_node(t: &Topology, n: &NumaNode, opts: &DoctorOptions) -> Check {
+pub(crate) fn probe_node(t: &Topology, n: &NumaNode, bytes: usize, cuda: bool) -> Check {
     if let Some(why) = skip_reason(t, n) {
         return Check::ok(NAME, why).for_node(n.os_index);
     }
-    judge(n.os_index, run(t, n, opts))
+    judge(n.os_index, run(t, n, bytes, cuda))
 }
 
-fn run(t: &Topology, n: &NumaNode, opts: &DoctorOptions) -> Result<ProbeOutcome, ArenaError> {
+fn run(t: &Topology, n: &NumaNode, bytes: usize, cuda: bool) -> Result<ProbeOutcome, ArenaError> {
     let node = n.os_index;
     let region = Region::create(&RegionOptions {
         node,
-        size: opts.probe_bytes,
+        size: bytes,
         cpus: n.cpus.intersection(&t.allowed.cpus),
         populate_threads: 1,
-        register: opts.cuda,
+        register: cuda,
         placement: Placement::Warn,
-        pin_by_registration: memlock_too_low(opts.probe_bytes),
-        backend: numapin::runtime::Backend::Mapped,
-        huge_pages: numapin::RuntimeConfig::default().huge_pages,
+        pin_by_registration: memlock_too_low(bytes),
+        backend: Backend::Mapped,
+        huge_pages: RuntimeConfig::default().huge_pages,
         register_part_bytes: 0,
         pool_root: None,
         shared: None,
@@ -155,7 +162,6 @@ fn run(t: &Topology, n: &NumaNode, opts: &DoctorOptions) -> Result<ProbeOutcome,
 /// to lock, the reason, as the arena gives it (the probe is then pinned by
 /// CUDA registration when the driver is loaded, as arena regions are).
 fn memlock_too_low(bytes: usize) -> Option<String> {
-    use numapin::internals::sys;
     if sys::has_cap_ipc_lock() {
         return None;
     }
@@ -174,11 +180,11 @@ fn memlock_too_low(bytes: usize) -> Option<String> {
 /// The verdict on a probe: `ok` when every page is on the node; `fail` when
 /// the region could not be made (the arena's error and fix) or a page is
 /// elsewhere or unreadable.
-pub(super) fn judge(node: u32, r: Result<ProbeOutcome, ArenaError>) -> Check {
+pub(crate) fn judge(node: u32, r: Result<ProbeOutcome, ArenaError>) -> Check {
     let o = match r {
         Ok(o) => o,
         Err(e) => {
-            let problem = numapin::error::with_causes(&e);
+            let problem = with_causes(&e);
             return Check::fail(
                 NAME,
                 format!("node {node}: a pinned region could not be made as the arena makes it: {problem}"),
@@ -248,204 +254,4 @@ pub(super) fn judge(node: u32, r: Result<ProbeOutcome, ArenaError>) -> Check {
         },
     )
     .for_node(node)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::doctor::{assert_contains_all, Verdict};
-    use numapin::runtime::{PageKind, VerifiedBy};
-
-    /// In this process: every probe passes on a node with memory, and
-    /// nothing stays locked or mapped afterwards.
-    #[test]
-    fn pin_probe_leaves_nothing_locked() {
-        let t = numapin::Topology::probe(
-            &numapin::topology::ProbeOptions::default().with_cuda(numapin::topology::CudaMode::Off),
-        )
-        .unwrap();
-        let opts = DoctorOptions {
-            cuda: false,
-            ..Default::default()
-        };
-        let before = numapin::internals::sys::locked_bytes();
-        let checks = probe_all(&t, &opts);
-        assert_eq!(checks.len(), t.numa_nodes.len());
-        for c in &checks {
-            assert_eq!(c.verdict, Verdict::Ok, "{c:?}");
-        }
-        assert_eq!(
-            numapin::internals::sys::locked_bytes(),
-            before,
-            "VmLck back where it was"
-        );
-        let last = numapin::internals::last_mapped_addr();
-        assert_ne!(last, 0, "a probe region was mapped");
-        assert!(
-            !numapin::internals::numa::is_mapped(last),
-            "the last probe region is unmapped"
-        );
-    }
-
-    fn outcome(on: u64, elsewhere: Vec<(u32, u64)>, errors: u64) -> ProbeOutcome {
-        ProbeOutcome {
-            node: 1,
-            bytes: 2 << 20,
-            pages: 512,
-            on_node: on,
-            elsewhere,
-            errors,
-            not_registered: Some("no CUDA driver: test".into()),
-            reads: 1,
-            methods: RegionMethods {
-                placed: PlacedBy::Mbind,
-                pinned: PinnedBy::Mlock,
-                verified: VerifiedBy::MovePages,
-                pages: PageKind::Transparent,
-            },
-            notes: vec![],
-        }
-    }
-
-    #[test]
-    fn every_page_on_the_node_is_ok() {
-        let c = judge(1, Ok(outcome(512, vec![], 0)));
-        assert_eq!((c.verdict, c.node), (Verdict::Ok, Some(1)));
-        assert!(
-            c.evidence.contains("all 512 pages on node 1"),
-            "{}",
-            c.evidence
-        );
-        assert!(c
-            .evidence
-            .contains("not registered with CUDA (no CUDA driver"));
-        assert!(c.fix.is_none());
-    }
-
-    #[test]
-    fn pages_elsewhere_or_unreadable_fail() {
-        let c = judge(1, Ok(outcome(500, vec![(0, 10)], 2)));
-        assert_eq!(c.verdict, Verdict::Fail);
-        assert!(
-            c.evidence
-                .contains("500 of 512 pages on node 1, 10 on node 0, 2 unreadable"),
-            "{}",
-            c.evidence
-        );
-        assert!(c.fix.unwrap().contains("numastat -m"));
-        let mut o = outcome(512, vec![], 0);
-        o.errors = 1;
-        o.on_node = 511;
-        o.reads = READS;
-        let c = judge(1, Ok(o));
-        assert_eq!(c.verdict, Verdict::Fail);
-        assert!(c.evidence.contains("after 5 reads"), "{}", c.evidence);
-    }
-
-    /// Under a seccomp profile: the evidence names the methods used and
-    /// why, and a miss points at first touch's needs and at CAP_SYS_NICE.
-    #[test]
-    fn fallback_methods_are_in_the_evidence() {
-        let mut o = outcome(512, vec![], 0);
-        o.methods = RegionMethods {
-            placed: PlacedBy::FirstTouch,
-            pinned: PinnedBy::Registration,
-            verified: VerifiedBy::NumaMaps,
-            pages: PageKind::Base,
-        };
-        o.notes = vec!["mbind refused (EPERM): touched first from CPUs 2".into()];
-        let c = judge(1, Ok(o.clone()));
-        assert_eq!(c.verdict, Verdict::Ok);
-        assert_contains_all(
-            &c.evidence,
-            &[
-                "2 MiB region of 4 KiB pages mapped, placed by first touch",
-                "pinned by CUDA registration (not locked)",
-                "mbind refused (EPERM)",
-                "numa_maps: all 512 pages on node 1",
-            ],
-        );
-        o.on_node = 0;
-        o.elsewhere = vec![(0, 512)];
-        let c = judge(1, Ok(o));
-        assert_eq!(c.verdict, Verdict::Fail);
-        assert!(
-            c.evidence
-                .contains("numa_maps: 0 of 512 pages on node 1, 512 on node 0"),
-            "{}",
-            c.evidence
-        );
-        let fix = c.fix.unwrap();
-        assert!(
-            fix.contains("first touch") && fix.contains("SYS_NICE"),
-            "{fix}"
-        );
-    }
-
-    #[test]
-    fn an_arena_error_fails_with_its_fix() {
-        let e = ArenaError::Memlock {
-            node: 1,
-            size: 2 << 20,
-            limit: 1 << 20,
-            locked: 0,
-            source: Some(std::io::Error::from_raw_os_error(libc::ENOMEM)),
-        };
-        let c = judge(1, Err(e));
-        assert_eq!(c.verdict, Verdict::Fail);
-        assert!(
-            c.evidence.contains("RLIMIT_MEMLOCK is 1 MiB"),
-            "{}",
-            c.evidence
-        );
-        let fix = c.fix.unwrap();
-        assert!(
-            fix.contains("ulimit -l") && fix.contains("LimitMEMLOCK="),
-            "{fix}"
-        );
-        assert!(!c.evidence.contains("fix:"));
-    }
-
-    fn topo(nodes: Vec<NumaNode>, allowed: Vec<u32>) -> Topology {
-        let mut t: Topology = serde_json::from_str(
-            r#"{"schema_version":1,"source":"live","packages":[],"numa_nodes":[],"gpus":[],
-                "allowed":{"cpus":"","numa_nodes":[]},"warnings":[],"cores":[],"caches":[],
-                "cuda":{"driver_version":null,"ordinal_source":"none","visible_devices":null,
-                "device_order":"FASTEST_FIRST","ordinals":[]}}"#,
-        )
-        .unwrap();
-        t.numa_nodes = nodes;
-        t.allowed.numa_nodes = allowed;
-        t
-    }
-
-    fn node(i: u32, mem: u64) -> NumaNode {
-        NumaNode {
-            os_index: i,
-            package: Some(0),
-            cpus: numapin::CpuList::new(),
-            memory_bytes: mem,
-            distances: vec![],
-            kind: numapin::topology::NodeKind::Normal,
-        }
-    }
-
-    #[test]
-    fn nodes_without_memory_or_not_allowed_are_skipped_not_failed() {
-        let t = topo(
-            vec![node(0, 1 << 30), node(1, 0), node(2, 1 << 30)],
-            vec![0, 1],
-        );
-        let opts = DoctorOptions::default();
-        let c = probe_node(&t, &t.numa_nodes[1], &opts);
-        assert_eq!((c.verdict, c.node), (Verdict::Ok, Some(1)));
-        assert!(c.evidence.contains("no memory") && c.evidence.contains("skipped"));
-        let c = probe_node(&t, &t.numa_nodes[2], &opts);
-        assert_eq!(c.verdict, Verdict::Ok);
-        assert!(c.evidence.contains("cpuset.mems"), "{}", c.evidence);
-        assert_eq!(
-            probe_all(&topo(vec![], vec![]), &opts)[0].verdict,
-            Verdict::Warn
-        );
-    }
 }

@@ -1,86 +1,42 @@
-//! Each verdict of each check, from synthetic inputs.
+//! Each verdict of the checks of the topology, the limits and the kernel
+//! settings, from synthetic topologies and live-state values.
 
-use super::*;
-use crate::doctor::Verdict::{self, Fail, Ok as Pass, Warn};
-use numapin::topology::{
-    Allowed, CudaInfo, DeviceKind, IoDevice, NodeKind, NumaNode, PcieLink, Relation, VisibleEntry,
-    Warning,
+use super::{cpus, gpu, machine, verdicts};
+use crate::doctor::gpu::{
+    cuda_driver, gpu_cpus_allowed, gpu_memory_allowed, gpu_visibility, locality, pcie_links,
 };
-
-fn cpus(s: &str) -> CpuList {
-    CpuList::parse(s).unwrap()
-}
-
-/// `nodes` nodes of 4 CPUs and 64 GiB each, everything allowed, no GPU.
-pub(crate) fn machine(nodes: u32) -> Topology {
-    Topology {
-        schema_version: numapin::topology::SCHEMA_VERSION,
-        source: "live".into(),
-        packages: vec![],
-        numa_nodes: (0..nodes)
-            .map(|i| NumaNode {
-                os_index: i,
-                package: Some(i / 2),
-                cpus: CpuList::range(i * 4, i * 4 + 3),
-                memory_bytes: 64 << 30,
-                distances: vec![],
-                kind: NodeKind::Normal,
-            })
-            .collect(),
-        gpus: vec![],
-        allowed: Allowed {
-            cpus: CpuList::range(0, nodes * 4 - 1),
-            numa_nodes: (0..nodes).collect(),
-        },
-        warnings: vec![],
-        cores: vec![],
-        caches: vec![],
-        cuda: CudaInfo {
-            ordinal_source: "none".into(),
-            device_order: "FASTEST_FIRST".into(),
-            ..Default::default()
-        },
-        nics: vec![],
-        storage: vec![],
-    }
-}
-
-/// Adds an NVIDIA GPU on `node` (its CPUs local), CUDA ordinal in order.
-pub(crate) fn gpu(t: &mut Topology, node: Option<u32>) -> &mut Gpu {
-    let i = t.gpus.len() as u32;
-    let local = match node {
-        Some(n) => t.node(n).unwrap().cpus.clone(),
-        None => t.all_cpus(),
-    };
-    t.gpus.push(Gpu {
-        index: numapin::GpuIndex(i),
-        cuda_ordinal: Some(numapin::CudaOrdinal(i)),
-        pci_bus_id: format!("0000:{:02x}:00.0", 0x10 + i),
-        name: None,
-        uuid: None,
-        numa_node: node,
-        package: node.map(|n| n / 2),
-        local_cpus: local,
-        pcie: None,
-        vendor_id: NVIDIA.into(),
-        device_id: "0x2330".into(),
-        class_id: "0x0302".into(),
-    });
-    t.cuda.ordinal_source = "driver".into();
-    t.cuda.ordinals.push(VisibleEntry {
-        ordinal: numapin::CudaOrdinal(i),
-        entry: "*".into(),
-        gpu: Some(numapin::GpuIndex(i)),
-        mig: false,
-    });
-    t.gpus.last_mut().unwrap()
-}
-
-fn verdicts(v: &[Check]) -> Vec<Verdict> {
-    v.iter().map(|c| c.verdict).collect()
-}
+use crate::doctor::kernel::{iommu, memory_policy, numa_balancing, transparent_hugepages};
+use crate::doctor::limits::{memlock, memlock_need};
+use crate::doctor::nic::{nic_locality, nic_pcie_links};
+use crate::doctor::Verdict::{Fail, Ok as Pass, Warn};
+use crate::gpu::{CudaError, GpuIndex};
+use crate::platform::cuda::NoDriver;
+use crate::system::{
+    CudaDriver, Iommu, MemlockError, MemlockLimit, MempolicyError, PolicyMode, PolicySource, Thp,
+    ThreadPolicy,
+};
+use crate::topology::{DeviceKind, IoDevice, PcieLink, Relation, Topology, Warning, WarningKind};
 
 const MIB: u64 = 1 << 20;
+
+fn lim(soft: u64, hard: u64) -> Result<MemlockLimit, MemlockError> {
+    Ok(MemlockLimit { soft, hard })
+}
+
+fn policy(mode: i32, nodes: &[u32]) -> Result<ThreadPolicy, MempolicyError> {
+    Ok(ThreadPolicy {
+        mode: PolicyMode::from_raw(mode),
+        nodes: nodes.to_vec(),
+        source: PolicySource::GetMempolicy,
+    })
+}
+
+fn thp(enabled: Option<&str>, defrag: Option<&str>) -> crate::doctor::Check {
+    transparent_hugepages(&Thp {
+        enabled: enabled.map(String::from),
+        defrag: defrag.map(String::from),
+    })
+}
 
 // ---- memlock ----
 
@@ -116,7 +72,7 @@ fn memlock_need_counts_gpu_nodes_or_memory_nodes() {
 #[test]
 fn memlock_verdicts() {
     let t = machine(1); // needs 256 MiB
-    let c = memlock(&t, &Ok((8 * MIB, 8 * MIB)), false, false);
+    let c = memlock(&t, &lim(8 * MIB, 8 * MIB), false, false);
     assert_eq!(c.verdict, Fail);
     assert!(c.evidence.contains("soft 8 MiB, hard 8 MiB; no CAP_IPC_LOCK; numapin needs 256 MiB: one 256 MiB arena region on each node with memory (node 0; no GPU visible)"), "{}", c.evidence);
     let fix = c.fix.unwrap();
@@ -131,33 +87,41 @@ fn memlock_verdicts() {
         assert!(fix.contains(want), "{want} missing from {fix}");
     }
     // Hard limit high enough: no limits.conf detour.
-    let c = memlock(&t, &Ok((8 * MIB, u64::MAX)), false, false);
+    let c = memlock(&t, &lim(8 * MIB, u64::MAX), false, false);
     assert_eq!(c.verdict, Fail);
     assert!(!c.fix.unwrap().contains("limits.conf"));
     // Exactly enough, unlimited, or CAP_IPC_LOCK.
     assert_eq!(
-        memlock(&t, &Ok((256 * MIB, 256 * MIB)), false, false).verdict,
+        memlock(&t, &lim(256 * MIB, 256 * MIB), false, false).verdict,
         Pass
     );
     assert_eq!(
-        memlock(&t, &Ok((256 * MIB - 1, u64::MAX)), false, false).verdict,
+        memlock(&t, &lim(256 * MIB - 1, u64::MAX), false, false).verdict,
         Fail
     );
-    let c = memlock(&t, &Ok((u64::MAX, u64::MAX)), false, false);
+    let c = memlock(&t, &lim(u64::MAX, u64::MAX), false, false);
     assert_eq!(c.verdict, Pass);
     assert!(c.evidence.contains("soft unlimited"), "{}", c.evidence);
-    let c = memlock(&t, &Ok((0, 0)), true, false);
+    let c = memlock(&t, &lim(0, 0), true, false);
     assert_eq!(c.verdict, Pass);
     assert!(c
         .evidence
         .contains("CAP_IPC_LOCK (the limit does not apply)"));
     assert!(c.fix.is_none());
-    let c = memlock(&t, &Err("EPERM".into()), false, false);
+    let e = MemlockError {
+        source: std::io::Error::from_raw_os_error(libc::EPERM),
+    };
+    let c = memlock(&t, &Err(e), false, false);
     assert_eq!(c.verdict, Warn);
-    assert!(c.evidence.contains("EPERM"));
+    assert!(
+        c.evidence
+            .starts_with("cannot read RLIMIT_MEMLOCK: Operation not permitted"),
+        "{}",
+        c.evidence
+    );
     // With the CUDA driver, registration pins regions the limit cannot
     // lock: a warning with the same fix, not a failure.
-    let c = memlock(&t, &Ok((64 << 10, 64 << 10)), false, true);
+    let c = memlock(&t, &lim(64 << 10, 64 << 10), false, true);
     assert_eq!(c.verdict, Warn);
     assert!(
         c.evidence.contains("CUDA registration pins them"),
@@ -166,7 +130,7 @@ fn memlock_verdicts() {
     );
     assert!(c.fix.unwrap().contains("ulimit -l"));
     assert_eq!(
-        memlock(&t, &Ok((u64::MAX, u64::MAX)), false, true).verdict,
+        memlock(&t, &lim(u64::MAX, u64::MAX), false, true).verdict,
         Pass
     );
 }
@@ -178,7 +142,13 @@ fn cuda_driver_verdicts() {
     let none = machine(1);
     let mut nv = machine(1);
     gpu(&mut nv, Some(0));
-    let c = cuda_driver(&nv, &DriverState::Loaded(12080));
+    let c = cuda_driver(
+        &nv,
+        &CudaDriver::Loaded {
+            version: 12080,
+            devices: Ok(1),
+        },
+    );
     assert_eq!(c.verdict, Pass);
     assert!(
         c.evidence.contains("CUDA driver 12.8 (12080)"),
@@ -186,7 +156,7 @@ fn cuda_driver_verdicts() {
         c.evidence
     );
     assert!(c.evidence.contains("1 NVIDIA GPU(s)"));
-    let missing = DriverState::Unavailable("libcuda.so was not found".into());
+    let missing = CudaDriver::Unavailable(CudaError::NoDriver(NoDriver::NotInstalled));
     let c = cuda_driver(&none, &missing);
     assert_eq!(c.verdict, Pass);
     assert!(
@@ -195,11 +165,11 @@ fn cuda_driver_verdicts() {
     let c = cuda_driver(&nv, &missing);
     assert_eq!(c.verdict, Fail);
     assert!(c.fix.unwrap().contains("nvidia-smi"));
-    let off = DriverState::Unavailable("disabled by NUMAPIN_NO_CUDA".into());
+    let off = CudaDriver::Unavailable(CudaError::NoDriver(NoDriver::Disabled));
     assert_eq!(cuda_driver(&nv, &off).verdict, Warn);
     assert_eq!(cuda_driver(&none, &off).verdict, Pass);
-    assert_eq!(cuda_driver(&nv, &DriverState::NotLoaded).verdict, Warn);
-    let c = cuda_driver(&none, &DriverState::NotLoaded);
+    assert_eq!(cuda_driver(&nv, &CudaDriver::NotLoaded).verdict, Warn);
+    let c = cuda_driver(&none, &CudaDriver::NotLoaded);
     assert_eq!(c.verdict, Pass);
     assert!(c.evidence.contains("--no-cuda"));
     // A stand-in accelerator is not an NVIDIA GPU.
@@ -227,7 +197,7 @@ fn gpu_visibility_verdicts() {
         "{}",
         c[0].evidence
     );
-    assert_eq!(c[1].gpu, Some(numapin::GpuIndex(1)));
+    assert_eq!(c[1].gpu(), Some(GpuIndex(1)));
     assert!(c[1].fix.as_ref().unwrap().contains("dmesg"));
     // ... unless CUDA_VISIBLE_DEVICES hides it.
     t.cuda.visible_devices = Some("0".into());
@@ -264,7 +234,7 @@ fn gpu_visibility_verdicts() {
     });
     t.warnings.push(Warning {
         kind: WarningKind::GpuLocalityUnknown,
-        gpu: Some(numapin::GpuIndex(0)),
+        gpu: Some(GpuIndex(0)),
         message: "reported by gpu_locality instead".into(),
     });
     let c = gpu_visibility(&t);
@@ -324,7 +294,7 @@ fn pcie_link_verdicts() {
     assert!(c[4].evidence.contains("maximum not reported"));
     assert!(c[5].evidence.contains("not reported by sysfs"));
     assert_eq!(
-        c.iter().map(|c| c.gpu.unwrap().get()).collect::<Vec<_>>(),
+        c.iter().map(|c| c.gpu().unwrap().get()).collect::<Vec<_>>(),
         [0, 1, 2, 3, 4, 5, 6]
     );
 }
@@ -418,7 +388,7 @@ fn memory_policy_verdicts() {
     let mut t = machine(4);
     gpu(&mut t, Some(2));
     gpu(&mut t, Some(3));
-    let p = |mode: i32, nodes: &[u32]| memory_policy(&t, &Ok((mode, nodes.to_vec())));
+    let p = |mode: i32, nodes: &[u32]| memory_policy(&t, &policy(mode, nodes));
     assert_eq!(p(0, &[]).verdict, Pass);
     assert_eq!(p(4, &[]).verdict, Pass); // local
     let c = p(2, &[2, 3]);
@@ -443,16 +413,25 @@ fn memory_policy_verdicts() {
     );
     assert_eq!(p(1, &[0]).verdict, Warn); // preferred elsewhere: falls back
     assert_eq!(p(2 | 1 << 15, &[0]).verdict, Fail); // flags do not hide the mode
-    assert_eq!(memory_policy(&t, &Err("ENOSYS".into())).verdict, Warn);
+    assert_eq!(
+        memory_policy(
+            &t,
+            &Err(MempolicyError::Refused {
+                errno: "ENOSYS".into()
+            })
+        )
+        .verdict,
+        Warn
+    );
     // No GPU: nothing to compare with.
-    assert_eq!(memory_policy(&machine(2), &Ok((2, vec![1]))).verdict, Pass);
+    assert_eq!(memory_policy(&machine(2), &policy(2, &[1])).verdict, Pass);
 }
 
 // ---- kernel settings ----
 
 #[test]
 fn thp_verdicts() {
-    let c = transparent_hugepages(
+    let c = thp(
         Some("always [madvise] never\n"),
         Some("always defer defer+madvise [madvise] never\n"),
     );
@@ -461,28 +440,22 @@ fn thp_verdicts() {
         c.evidence,
         "enabled: madvise, defrag: madvise: arena regions get huge pages (MADV_HUGEPAGE)"
     );
-    assert_eq!(
-        transparent_hugepages(Some("[always] madvise never"), None).verdict,
-        Pass
-    );
-    let c = transparent_hugepages(Some("always madvise [never]"), Some("[madvise]"));
+    assert_eq!(thp(Some("[always] madvise never"), None).verdict, Pass);
+    let c = thp(Some("always madvise [never]"), Some("[madvise]"));
     assert_eq!(c.verdict, Warn);
     assert!(c
         .fix
         .as_ref()
         .unwrap()
         .contains("transparent_hugepage=madvise"));
-    let c = transparent_hugepages(
+    let c = thp(
         Some("[always] madvise never"),
         Some("[always] defer madvise never"),
     );
     assert_eq!(c.verdict, Warn);
     assert!(c.evidence.contains("direct compaction"));
-    assert_eq!(transparent_hugepages(None, None).verdict, Warn);
-    assert_eq!(
-        transparent_hugepages(Some("garbage here"), None).verdict,
-        Warn
-    );
+    assert_eq!(thp(None, None).verdict, Warn);
+    assert_eq!(thp(Some("garbage here"), None).verdict, Warn);
 }
 
 #[test]
@@ -509,14 +482,14 @@ fn iommu_verdicts() {
     let mut t = machine(2);
     gpu(&mut t, Some(0));
     gpu(&mut t, Some(1));
-    let view = |cmdline: &str, units: &[&str], domains: [Option<&str>; 2]| IommuView {
+    let view = |cmdline: &str, units: &[&str], domains: [Option<&str>; 2]| Iommu {
         cmdline: Some(cmdline.into()),
         units: Some(units.iter().map(|s| s.to_string()).collect()),
         groups: Some(if units.is_empty() { 0 } else { 40 }),
         gpu_domains: domains
             .iter()
             .enumerate()
-            .map(|(i, d)| (numapin::GpuIndex(i as u32), d.map(String::from)))
+            .map(|(i, d)| (GpuIndex(i as u32), d.map(String::from)))
             .collect(),
     };
     // No IOMMU.
@@ -574,7 +547,7 @@ fn iommu_verdicts() {
         Pass
     );
     // Nothing readable.
-    assert_eq!(iommu(&t, &IommuView::default()).verdict, Pass);
+    assert_eq!(iommu(&t, &Iommu::default()).verdict, Pass);
 }
 
 // ---- NICs ----
@@ -637,7 +610,7 @@ fn nic_locality_verdicts() {
     );
     assert!(c[2].fix.as_ref().unwrap().contains("NCCL_TOPO_FILE"));
     assert_eq!(
-        c.iter().map(|c| c.gpu.unwrap().get()).collect::<Vec<_>>(),
+        c.iter().map(|c| c.gpu().unwrap().get()).collect::<Vec<_>>(),
         [0, 1, 2]
     );
     // A GPU whose only NICs are across the socket link, locality known.
@@ -693,58 +666,8 @@ fn nic_pcie_link_verdicts() {
     assert!(c[3].evidence.contains("maximum not reported"));
     assert!(c[4].evidence.contains("not reported by sysfs"));
     assert_eq!(
-        c.iter().map(|c| c.nic.unwrap()).collect::<Vec<_>>(),
+        c.iter().map(|c| c.nic().unwrap()).collect::<Vec<_>>(),
         [0, 1, 2, 3, 4]
     );
-    assert!(c.iter().all(|c| c.gpu.is_none()));
-}
-
-// ---- all together ----
-
-#[test]
-fn evaluate_gives_every_check_name_once_at_least() {
-    let t = machine(1);
-    let view = crate::doctor::system::SystemView {
-        memlock: Ok((u64::MAX, u64::MAX)),
-        cap_ipc_lock: false,
-        cuda_driver: DriverState::Unavailable("libcuda.so was not found".into()),
-        mempolicy: Ok((0, vec![])),
-        mempolicy_note: None,
-        numa_calls: vec![],
-        security: Default::default(),
-        container: Default::default(),
-        cgroup: Default::default(),
-        thp_enabled: Some("always [madvise] never".into()),
-        thp_defrag: Some("[madvise]".into()),
-        huge_pages: crate::doctor::huge_pages::HugePagesView {
-            thp_enabled: Some("madvise".into()),
-            thp_defrag: Some("madvise".into()),
-            madv_populate_write: true,
-            pools: vec![],
-            error: None,
-        },
-        numa_balancing: Some("0".into()),
-        iommu: IommuView::default(),
-    };
-    let all = crate::doctor::evaluate(&t, Some(&view));
-    let names: Vec<&str> = all.iter().map(|c| c.name).collect();
-    let expected: Vec<&str> = crate::doctor::CHECK_NAMES
-        .iter()
-        .copied()
-        .filter(|n| *n != "pin_probe")
-        .collect();
-    assert_eq!(names, expected);
-    assert!(all
-        .iter()
-        .all(|c| c.verdict == Pass && !c.evidence.is_empty()));
-    assert_eq!(crate::doctor::exit_code(&all), 0);
-    // Without live state, only the topology checks.
-    let saved = crate::doctor::evaluate(&t, None);
-    assert!(saved
-        .iter()
-        .all(|c| !crate::doctor::LIVE_CHECKS.contains(&c.name)));
-    assert_eq!(saved.len(), 7);
-    let mut failing = all.clone();
-    failing[3].verdict = Fail;
-    assert_eq!(crate::doctor::exit_code(&failing), 1);
+    assert!(c.iter().all(|c| c.gpu().is_none()));
 }
