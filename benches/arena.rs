@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use numapin::internals::arena_measure as measure;
+use numapin::measure::arena as measure;
 use numapin::runtime::CacheLimits;
 use numapin::runtime::{Runtime, RuntimeConfig};
 use numapin::topology::{ProbeOptions, Topology};
@@ -103,9 +103,9 @@ fn alloc_free(c: &mut Criterion) {
             }
         }
     }
-    if numapin::internals::cuda::available() && numapin::internals::cuda::set_device(0).is_ok() {
+    if numapin::gpu::available() && numapin::gpu::set_device(0).is_ok() {
         g.bench_function("cuMemAllocHost_1_thread", |b| {
-            b.iter(|| black_box(numapin::internals::cuda::HostAlloc::new(SIZE).unwrap()))
+            b.iter(|| black_box(numapin::gpu::HostAlloc::new(SIZE).unwrap()))
         });
     }
     g.finish();
@@ -146,12 +146,12 @@ fn region_create(c: &mut Criterion) {
             Duration::from_secs_f64(per.median / 1e3 * iters as f64 / 4.0)
         })
     });
-    if numapin::internals::cuda::available() && numapin::internals::cuda::set_device(0).is_ok() {
+    if numapin::gpu::available() && numapin::gpu::set_device(0).is_ok() {
         g.bench_function("cuMemAllocHost", |b| {
             b.iter_custom(|iters| {
                 let t = Instant::now();
                 for _ in 0..iters {
-                    drop(numapin::internals::cuda::HostAlloc::new(bytes).unwrap());
+                    drop(numapin::gpu::HostAlloc::new(bytes).unwrap());
                 }
                 t.elapsed()
             })

@@ -21,9 +21,7 @@
 
 use std::process::ExitCode;
 
-use numapin::internals::loader_measure::{
-    self as measure, Cost, Direction, LoaderBench, Mode, Stats,
-};
+use numapin::measure::loader::{self as measure, Cost, Direction, LoaderBench, Mode, Stats};
 use numapin::runtime::{Runtime, RuntimeConfig};
 use numapin::staged::StagedOptions;
 use numapin::topology::{ProbeOptions, Topology};
@@ -225,7 +223,7 @@ fn run() -> numapin::Result<()> {
         json: Vec::new(),
     };
     let verified = |v: bool| if v { "verified" } else { "NOT VERIFIED" };
-    if !numapin::internals::cuda::available() || all.is_empty() {
+    if !numapin::gpu::available() || all.is_empty() {
         println!("no CUDA GPU here: host mode only");
         let host = measure::loader_gbps(&rt, Mode::Host, &bench)?;
         rep.row(

@@ -12,13 +12,29 @@
 //! [`Topology::gpu_by_ordinal`] and [`Topology::ordinal_of`] convert between
 //! them; a function that takes one does not take the other.
 //!
+//! The CUDA driver API numapin itself uses is here too, in cudarc's three
+//! layers (raw handles, checked calls returning [`CudaError`], owning
+//! types): device memory ([`DeviceBuffer`]), driver-pinned host memory
+//! ([`HostAlloc`], the baseline numapin's arenas are measured against),
+//! streams and events ([`Stream`], [`Event`]) and the asynchronous copies
+//! ([`memcpy_htod_async`], [`memcpy_dtoh_async`]), for programs and tests
+//! that move numapin's pinned buffers themselves. The driver is loaded at
+//! run time: without it every call returns [`CudaError`] (check with
+//! [`available`]), and `NUMAPIN_NO_CUDA=1` makes numapin behave as if it
+//! were not installed.
+//!
 //! [`Topology::gpus`]: crate::Topology::gpus
 //! [`Topology::gpu_by_ordinal`]: crate::Topology::gpu_by_ordinal
 //! [`Topology::ordinal_of`]: crate::Topology::ordinal_of
 
 use serde::{Deserialize, Serialize};
 
-pub use crate::platform::cuda::CudaError;
+pub use crate::platform::cuda::{
+    available, device_count, driver_version, ensure_context, host_device_pointer, host_get_flags,
+    memcpy_dtoh, memcpy_dtoh_async, memcpy_htod, memcpy_htod_async, set_device, ContextGuard,
+    CudaError, CudaResult, DeviceBuffer, Event, HostAlloc, Stream, HOST_REGISTER_DEVICEMAP,
+    HOST_REGISTER_PORTABLE,
+};
 pub use cudarc::driver::sys::{CUdeviceptr, CUevent, CUstream};
 
 /// A CUDA device ordinal as this process sees it (see the module docs).

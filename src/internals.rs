@@ -1,20 +1,21 @@
-//! Not part of numapin's API: the internals numapin's own command-line
-//! tools, tests, benches, examples and fuzz targets use. Nothing here is
-//! stable or documented for other users; it may change in any release.
+//! Not part of numapin's API: the test hooks numapin's own tests use and
+//! the fuzz targets' entry points, compiled only with the `internals`
+//! feature (which the tests and `fuzz/` turn on; the command-line tools and
+//! the Python package never do). Nothing here is stable.
+//!
+//! Each hook either makes the library fail or wait where a test needs it
+//! to, or reads a fact of this process a test checks the library against
+//! (what is mapped, locked, placed); none hands out a platform type.
 
-pub use crate::affinity::apply::{exec, find_program};
-pub use crate::arena::alloc;
-pub use crate::arena::region::{
-    last_mapped_addr, thp_enabled, PageCounts, Region, RegionOptions, Registration, StepTimes,
-    HUGE_PAGE, PAGE, VERIFY_SPLIT_BYTES, VERIFY_THREADS,
-};
-pub use crate::arena::{fmt_bytes, NodeArena};
-pub use crate::measure::{arena as arena_measure, kernels, loader as loader_measure, pinning};
-pub use crate::platform::{cgroup, cleanup, container, cuda, hugetlb, numa, numa_maps, probe, sys};
-pub use crate::report::{quote, shorten, table};
-pub use crate::topology::hwloc::export_live_xml;
-
+use crate::cpulist::CpuList;
 use crate::runtime::{RuntimeConfig, Step};
+
+/// The TLSF bookkeeping, for the allocator's fuzz target and model test.
+pub use crate::arena::alloc;
+/// Test hook: the address of the last region mapped by this process.
+pub use crate::arena::region::last_mapped_addr;
+/// The fuzzing entry points of the topology readers.
+pub use crate::topology::fuzzing;
 
 /// Test hook: region creation fails right after `step`, as if it had.
 pub fn fail_after(config: &mut RuntimeConfig, step: Option<Step>) {
@@ -49,5 +50,113 @@ pub fn pool_root(config: &mut RuntimeConfig, root: Option<std::path::PathBuf>) {
     config.hooks.pool_root = root;
 }
 
-/// The fuzzing entry points of the topology readers.
-pub use crate::topology::fuzzing;
+/// Test hook: whether the page holding `addr` is mapped in this process.
+pub fn is_mapped(addr: usize) -> bool {
+    crate::platform::numa::is_mapped(addr)
+}
+
+/// Test hook: bytes this process has locked (`VmLck`).
+pub fn locked_bytes() -> u64 {
+    crate::platform::sys::locked_bytes()
+}
+
+/// Test hook: the CPUs the calling thread may run on.
+///
+/// # Errors
+///
+/// The system's error from `sched_getaffinity`.
+pub fn thread_cpus() -> std::io::Result<CpuList> {
+    crate::platform::sys::sched_getaffinity_self()
+}
+
+/// Test hook: binds the calling thread to `cpus` (safe between `fork` and
+/// `exec`: one system call, no allocation).
+///
+/// # Errors
+///
+/// The system's error from `sched_setaffinity`.
+pub fn set_thread_cpus(cpus: &CpuList) -> std::io::Result<()> {
+    crate::platform::sys::sched_setaffinity(0, cpus)
+}
+
+/// Test hook: a field of `/proc/self/status` (`Seccomp`, `VmLck`, ...).
+pub fn proc_status_field(name: &str) -> Option<String> {
+    crate::platform::sys::proc_status_field(name)
+}
+
+/// Test hook: whether `MADV_POPULATE_WRITE` works on this kernel.
+pub fn populate_write_supported() -> bool {
+    crate::platform::numa::populate_write_supported()
+}
+
+/// Test hook: the node of each 4 KiB page of `bytes` (`move_pages`
+/// with no target; a negative errno for a page not present).
+///
+/// # Errors
+///
+/// The system's error from `move_pages` (refused under a seccomp profile).
+pub fn page_nodes(bytes: &[u8]) -> std::io::Result<Vec<i32>> {
+    crate::platform::numa::nodes_of(bytes)
+}
+
+/// Fuzz entry point of the `/proc/<pid>/numa_maps` readers: parses `data`
+/// (two address words, then `numa_maps` text, `0xff`, `maps` text) and
+/// panics when what comes back is inconsistent.
+pub fn fuzz_numa_maps(data: &[u8]) {
+    crate::platform::numa_maps::fuzz_one(data);
+}
+
+/// What `/proc/self/numa_maps` says of an address range ([`numa_maps_of`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NumaMapsView {
+    /// VMAs over the range.
+    pub vmas: u32,
+    /// VMAs that reach past either end of it (merged with a neighbour).
+    pub straddling: u32,
+    /// Bytes per node, when every count is exact.
+    pub exact_nodes: Option<Vec<(u32, u64)>>,
+}
+
+/// Test hook: `/proc/self/numa_maps` (and `maps`) read for `start..end`.
+///
+/// # Errors
+///
+/// The system's error reading the files, or the text not parsing.
+pub fn numa_maps_of(start: u64, end: u64) -> std::io::Result<NumaMapsView> {
+    let p = crate::platform::numa_maps::read_self(start..end, 3)?;
+    Ok(NumaMapsView {
+        vmas: p.vmas,
+        straddling: p.straddling,
+        exact_nodes: p.exact_nodes().map(|m| m.into_iter().collect()),
+    })
+}
+
+/// One `/proc/self/numa_maps` line ([`numa_maps_line`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NumaMapsLine {
+    /// The memory policy (`default`, `bind:0`, ...).
+    pub policy: Option<String>,
+    /// Whether the VMA is hugetlb memory.
+    pub hugetlb: bool,
+    /// Its page size (`kernelpagesize_kB`), when the line gives it.
+    pub page_bytes: Option<u64>,
+    /// Pages per node, in its page size.
+    pub nodes: Vec<(u32, u64)>,
+}
+
+/// Test hook: the `/proc/self/numa_maps` line of the VMA starting at
+/// `start`, parsed.
+pub fn numa_maps_line(start: u64) -> Option<NumaMapsLine> {
+    use crate::platform::numa_maps as nm;
+    let text = std::fs::read("/proc/self/numa_maps").ok()?;
+    let line = text
+        .split(|&c| c == b'\n')
+        .find(|l| nm::line_start(l) == Some(start))?;
+    let parsed = nm::parse_line(line).ok()?;
+    Some(NumaMapsLine {
+        policy: nm::line_policy(line),
+        hugetlb: parsed.hugetlb,
+        page_bytes: parsed.page_bytes,
+        nodes: parsed.nodes,
+    })
+}

@@ -56,17 +56,21 @@ pub mod doctor;
 pub mod error;
 pub mod gpu;
 pub mod loader;
+pub mod region;
 pub mod runtime;
 pub mod shared;
+pub mod signals;
 pub mod staged;
 pub mod system;
 pub mod text;
 pub mod topology;
 
-mod measure;
+#[cfg(feature = "measure")]
+pub mod measure;
 mod platform;
 mod report;
 
+#[cfg(feature = "internals")]
 #[doc(hidden)]
 pub mod internals;
 

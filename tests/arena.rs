@@ -13,9 +13,9 @@ mod common;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use numapin::internals::is_mapped;
 use numapin::internals::last_mapped_addr;
-use numapin::internals::numa::is_mapped;
-use numapin::internals::sys::locked_bytes;
+use numapin::internals::locked_bytes;
 use numapin::runtime::{ArenaError, Step};
 use numapin::runtime::{Runtime, RuntimeConfig};
 use numapin::topology::{CudaMode, ProbeOptions, Topology};
@@ -96,7 +96,7 @@ fn region_is_on_its_node_and_locked() {
 #[test]
 fn registration_is_reported_as_skipped_without_a_driver() {
     let _g = serial();
-    if numapin::internals::cuda::available() {
+    if numapin::gpu::available() {
         eprintln!("skipped: a CUDA driver is present (see the GPU tests)");
         return;
     }
@@ -373,7 +373,7 @@ fn concurrent_stress_keeps_buffers_apart() {
         .map(|t| {
             let rt = rt.clone();
             std::thread::spawn(move || {
-                let mut rng = numapin::internals::arena_measure::Rng::new(t + 100);
+                let mut rng = numapin::measure::arena::Rng::new(t + 100);
                 let mut live: Vec<(numapin::PinnedBuf, u8)> = Vec::new();
                 for i in 0..3000u32 {
                     if live.len() > 12 || (!live.is_empty() && rng.next_u64() % 3 == 0) {
@@ -444,8 +444,9 @@ fn in_child_with_memlock(name: &str, memlock: u64) -> bool {
     if !in_child(name) {
         return false;
     }
-    assert!(!numapin::internals::sys::has_cap_ipc_lock());
-    assert_eq!(numapin::internals::sys::memlock_limit().unwrap().0, memlock);
+    let security = numapin::system::SecurityStatus::read_self();
+    assert_ne!(security.has_cap(numapin::system::CAP_IPC_LOCK), Some(true));
+    assert_eq!(numapin::system::MemlockLimit::read().unwrap().soft, memlock);
     true
 }
 
@@ -522,7 +523,7 @@ fn child_unprivileged() {
 
 // ---- Where users run: seccomp filters, low memlock limits, cgroups ----
 
-use numapin::internals::{numa_maps, Region, RegionOptions};
+use numapin::region::{Region, RegionOptions};
 use numapin::runtime::{HugePages, PageKind, PinnedBy, PlacedBy, Placement, VerifiedBy};
 
 fn region_options(node: u32, size: usize, cpus: numapin::CpuList) -> RegionOptions {
@@ -563,13 +564,12 @@ fn regions_are_vmas_of_their_own_and_numa_maps_agrees_with_move_pages() {
     let b = Region::create(&opts).unwrap();
     for r in [&a, &b] {
         let start = r.ptr() as u64;
-        let p = numa_maps::read_self(start..start + r.len() as u64, 3).unwrap();
+        let p = numapin::internals::numa_maps_of(start, start + r.len() as u64).unwrap();
         assert_eq!(p.straddling, 0, "merged with a neighbour: {p:?}");
-        assert!(p.is_exact(), "{p:?}");
         let counts = r.count_pages().unwrap();
         assert_eq!(counts.by, VerifiedBy::MovePages);
         let from_maps: Vec<(u32, u64)> = p
-            .exact_nodes()
+            .exact_nodes
             .unwrap()
             .into_iter()
             .map(|(n, b)| (n, b / 4096))
@@ -582,7 +582,7 @@ fn regions_are_vmas_of_their_own_and_numa_maps_agrees_with_move_pages() {
                 placed: PlacedBy::Mbind,
                 pinned: PinnedBy::Mlock,
                 verified: VerifiedBy::MovePages,
-                pages: if numapin::internals::thp_enabled() {
+                pages: if numapin::region::thp_enabled() {
                     PageKind::Transparent
                 } else {
                     PageKind::Base
@@ -636,7 +636,7 @@ fn child_under_filter() {
     }
     let kind = std::env::var("NUMAPIN_FILTER").unwrap();
     assert_eq!(
-        numapin::internals::sys::proc_status_field("Seccomp").as_deref(),
+        numapin::internals::proc_status_field("Seccomp").as_deref(),
         Some("2")
     );
     let (placed, errno) = match kind.as_str() {
@@ -717,14 +717,12 @@ fn child_under_filter() {
     // placement left (first touch: none of its own).
     let r = Region::create(&region_options(node, 4 * MIB, node_cpus(node))).unwrap();
     let start = r.ptr() as u64;
-    let p = numa_maps::read_self(start..start + r.len() as u64, 3).unwrap();
-    assert_eq!((p.straddling, p.is_exact()), (0, true), "{p:?}");
-    let text = std::fs::read("/proc/self/numa_maps").unwrap();
-    let line = text
-        .split(|&c| c == b'\n')
-        .find(|l| numa_maps::line_start(l) == Some(start))
+    let p = numapin::internals::numa_maps_of(start, start + r.len() as u64).unwrap();
+    assert_eq!((p.straddling, p.exact_nodes.is_some()), (0, true), "{p:?}");
+    let policy = numapin::internals::numa_maps_line(start)
+        .unwrap()
+        .policy
         .unwrap();
-    let policy = numa_maps::line_policy(line).unwrap();
     let expect = if placed == PlacedBy::Mbind {
         format!("bind:{node}")
     } else {
@@ -776,7 +774,7 @@ fn child_nobody_64k() {
     if !in_child_with_memlock("child_nobody_64k", 64 << 10) {
         return;
     }
-    assert!(!numapin::internals::cuda::available());
+    assert!(!numapin::gpu::available());
     let rt = runtime(small());
     let node = first_node(&rt);
     let mapped_before = last_mapped_addr();
@@ -925,7 +923,7 @@ fn child_in_memory_cgroup() {
     }
     let procs = std::env::var("NUMAPIN_CGROUP_PROCS").unwrap();
     std::fs::write(&procs, std::process::id().to_string()).unwrap();
-    let limits = numapin::internals::cgroup::read_self();
+    let limits = numapin::system::memory_limits();
     let t = limits.tightest().expect("the test cgroup's limit");
     assert_eq!(t.bytes, 256 * MIB as u64, "{limits:?}");
     let rt = runtime(RuntimeConfig::default().with_region_bytes(32 * MIB));
@@ -964,13 +962,13 @@ fn child_in_memory_cgroup() {
 // ---- GPU tests: run with --ignored on a machine with a CUDA GPU. ----
 
 fn gpu_runtime() -> Option<(Runtime, numapin::CudaOrdinal)> {
-    if !numapin::internals::cuda::available() {
+    if !numapin::gpu::available() {
         eprintln!("skipped: no CUDA driver");
         return None;
     }
     let t = Topology::probe(&ProbeOptions::from_process()).unwrap();
     let ordinal = t.gpus.iter().find_map(|g| g.cuda_ordinal)?;
-    numapin::internals::cuda::set_device(ordinal.get()).unwrap();
+    numapin::gpu::set_device(ordinal.get()).unwrap();
     Some((Runtime::new(t, RuntimeConfig::default()).unwrap(), ordinal))
 }
 
@@ -983,14 +981,14 @@ fn gpu_registration_agrees_with_the_driver() {
     };
     let buf = rt.alloc_for_gpu(gpu, 8 * MIB).unwrap();
     assert!(buf.is_registered());
-    let flags = numapin::internals::cuda::host_get_flags(buf.as_ptr().cast()).unwrap();
+    let flags = numapin::gpu::host_get_flags(buf.as_ptr().cast()).unwrap();
     assert_ne!(
-        flags & numapin::internals::cuda::HOST_REGISTER_PORTABLE,
+        flags & numapin::gpu::HOST_REGISTER_PORTABLE,
         0,
         "flags {flags:#x}"
     );
     assert_eq!(
-        numapin::internals::cuda::host_device_pointer(buf.as_ptr().cast()).unwrap(),
+        numapin::gpu::host_device_pointer(buf.as_ptr().cast()).unwrap(),
         buf.device_ptr().unwrap()
     );
     let s = rt
@@ -1010,8 +1008,8 @@ fn gpu_async_round_trip() {
         return;
     };
     let n = 16 * MIB;
-    let stream = numapin::internals::cuda::Stream::new().unwrap();
-    let dev = numapin::internals::cuda::DeviceBuffer::new(n).unwrap();
+    let stream = numapin::gpu::Stream::new().unwrap();
+    let dev = numapin::gpu::DeviceBuffer::new(n).unwrap();
     let mut src = rt.alloc_for_gpu(gpu, n).unwrap();
     src.as_mut_slice_of::<u32>()
         .iter_mut()
@@ -1055,12 +1053,12 @@ fn gpu_async_round_trip() {
 /// The best host-to-device rate of 10 copies of `n` bytes from `src` into
 /// `dev` on `stream`, in GB/s (timed with CUDA events).
 fn h2d_gbps(
-    stream: &numapin::internals::cuda::Stream,
-    dev: &numapin::internals::cuda::DeviceBuffer,
+    stream: &numapin::gpu::Stream,
+    dev: &numapin::gpu::DeviceBuffer,
     src: *const std::ffi::c_void,
     n: usize,
 ) -> f64 {
-    use numapin::internals::cuda::{memcpy_htod_async, Event};
+    use numapin::gpu::{memcpy_htod_async, Event};
     let (a, b) = (Event::new(true).unwrap(), Event::new(true).unwrap());
     let mut best = f64::MAX;
     for _ in 0..10 {
@@ -1082,10 +1080,10 @@ fn h2d_gbps(
 /// in clocks or link state): `(arena, driver)` in GB/s.
 fn arena_and_driver_h2d(rt: &Runtime, gpu: numapin::CudaOrdinal) -> (f64, f64) {
     let n = 256 * MIB;
-    let stream = numapin::internals::cuda::Stream::new().unwrap();
-    let dev = numapin::internals::cuda::DeviceBuffer::new(n).unwrap();
+    let stream = numapin::gpu::Stream::new().unwrap();
+    let dev = numapin::gpu::DeviceBuffer::new(n).unwrap();
     let arena = rt.alloc_for_gpu(gpu, n).unwrap();
-    let host = numapin::internals::cuda::HostAlloc::new(n).unwrap();
+    let host = numapin::gpu::HostAlloc::new(n).unwrap();
     let (mut arena_gbs, mut host_gbs) = (0.0f64, 0.0f64);
     for _ in 0..3 {
         arena_gbs = arena_gbs.max(h2d_gbps(&stream, &dev, arena.as_ptr().cast(), n));
@@ -1169,12 +1167,11 @@ fn child_gpu_registration_pinned() {
     // The pages stayed where they were put, after the copies.
     let mut elsewhere = 0usize;
     // SAFETY: the buffer's memory stays mapped for the call.
-    unsafe {
-        numapin::internals::numa::page_nodes(buf.as_ptr(), buf.len(), 4096, |b| {
-            elsewhere += b.iter().filter(|&&n| n != buf.node() as i32).count();
-        })
-    }
-    .unwrap();
+    elsewhere += numapin::internals::page_nodes(&buf)
+        .unwrap()
+        .iter()
+        .filter(|&&n| n != buf.node() as i32)
+        .count();
     assert_eq!(elsewhere, 0, "pages left node {}", buf.node());
     let privileged: f64 = std::env::var("NUMAPIN_PRIVILEGED_GBS")
         .unwrap()
@@ -1196,7 +1193,7 @@ fn child_gpu_registration_pinned() {
 
 // ---- Thread caches -------------------------------------------------------
 
-use numapin::internals::arena_measure::Rng;
+use numapin::measure::arena::Rng;
 use numapin::runtime::{CacheLimits, NodeStats};
 use numapin::PinnedBuf;
 
@@ -1733,22 +1730,17 @@ fn hugetlb_regions_come_from_the_nodes_pool_and_count_exactly() {
     assert_eq!(counts.nodes, [(node, (6 * MIB / 4096) as u64)]);
     assert_eq!(counts.missing, 0);
     let start = r.ptr() as u64;
-    let p = numa_maps::read_self(start..start + r.len() as u64, 3).unwrap();
+    let p = numapin::internals::numa_maps_of(start, start + r.len() as u64).unwrap();
     assert_eq!((p.vmas, p.straddling), (1, 0), "{p:?}");
     let from_maps: Vec<(u32, u64)> = p
-        .exact_nodes()
+        .exact_nodes
         .unwrap()
         .into_iter()
         .map(|(n, b)| (n, b / 4096))
         .collect();
     assert_eq!(from_maps, counts.nodes);
-    let text = std::fs::read("/proc/self/numa_maps").unwrap();
-    let line = text
-        .split(|&c| c == b'\n')
-        .find(|l| numa_maps::line_start(l) == Some(start))
-        .unwrap();
-    let parsed = numa_maps::parse_line(line).unwrap();
-    assert!(parsed.hugetlb, "{}", String::from_utf8_lossy(line));
+    let parsed = numapin::internals::numa_maps_line(start).unwrap();
+    assert!(parsed.hugetlb, "{parsed:?}");
     assert_eq!(parsed.page_bytes, Some(HUGE_2M));
     assert_eq!(parsed.nodes, [(node, 3)], "counted in huge pages");
     let addr = r.ptr() as usize;
@@ -1795,7 +1787,7 @@ fn a_pool_too_small_fails_cleanly_and_auto_falls_back_to_thp() {
     assert_eq!(rt.config().huge_pages, HugePages::Auto, "the default");
     let a = rt.alloc_on_node(node, 6 * MIB).unwrap();
     let s = node_stats(&rt);
-    let thp = if numapin::internals::thp_enabled() {
+    let thp = if numapin::region::thp_enabled() {
         s.regions_thp
     } else {
         s.regions_base_pages
@@ -1810,7 +1802,7 @@ fn a_pool_too_small_fails_cleanly_and_auto_falls_back_to_thp() {
         "{note}"
     );
     assert_eq!(pool.free(), free);
-    if numapin::internals::numa::populate_write_supported() {
+    if numapin::internals::populate_write_supported() {
         let b = rt.alloc_on_node(node, MIB).unwrap();
         let s = node_stats(&rt);
         assert_eq!((s.regions, s.regions_hugetlb_2m), (2, 1), "{s:?}");
@@ -1832,18 +1824,25 @@ fn a_pool_too_small_fails_cleanly_and_auto_falls_back_to_thp() {
 #[test]
 fn hugetlb_pages_the_kernel_refuses_after_the_check_fail_cleanly() {
     let _g = serial();
-    let real = numapin::internals::hugetlb::availability(std::path::Path::new("/"), 0, HUGE_2M);
-    let Ok(real) = real else {
+    let pool = |file: &str| -> Option<u64> {
+        std::fs::read_to_string(format!("/sys/kernel/mm/hugepages/hugepages-2048kB/{file}"))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    };
+    let (Some(free), Some(overcommit)) = (pool("free_hugepages"), pool("nr_overcommit_hugepages"))
+    else {
         eprintln!("skipped: no 2 MiB hugetlb pool on this kernel");
         return;
     };
     let node = 0;
     // More pages than the machine has free, none of which it can overcommit.
-    if real.global.overcommit > 0 {
+    if overcommit > 0 {
         eprintln!("skipped: hugetlb overcommit is on");
         return;
     }
-    let want = real.global.free + 1;
+    let want = free + 1;
     let d = tempfile::tempdir().unwrap();
     for (dir, files) in [
         (

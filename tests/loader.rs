@@ -12,8 +12,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
-use numapin::internals::kernels::{batch_key, fill_pattern, pattern_checksum, pattern_tail_ok};
 use numapin::loader::{Loader, LoaderConfig, LoaderError, Order, Target};
+use numapin::measure::kernels::{batch_key, fill_pattern, pattern_checksum, pattern_tail_ok};
 use numapin::runtime::{Runtime, RuntimeConfig};
 use numapin::topology::{CudaMode, Gpu, ProbeOptions, Topology};
 use numapin::CpuList;
@@ -468,7 +468,7 @@ fn affinity_of(tid: i32) -> CpuList {
 #[test]
 fn every_worker_runs_on_exactly_the_planned_cpus() {
     scenario("affinity", || {
-        let allowed = numapin::internals::sys::sched_getaffinity_self().unwrap();
+        let allowed = numapin::internals::thread_cpus().unwrap();
         let first = CpuList::from_iter_unsorted([allowed.first().unwrap()]);
         let last = CpuList::from_iter_unsorted([*allowed.as_slice().last().unwrap()]);
         let (t, node) = restricted_topology(&first, &last);
@@ -553,7 +553,7 @@ fn many_loaders_run_at_once() {
                         let bytes = b.host_bytes().unwrap();
                         let key = batch_key(b.index() ^ (k << 32));
                         assert_eq!(
-                            numapin::internals::kernels::checksum_host(bytes),
+                            numapin::measure::kernels::checksum_host(bytes),
                             pattern_checksum(key, (bytes.len() / 4) as u64)
                         );
                         assert_eq!(b.index(), n);
@@ -643,9 +643,9 @@ fn staged_copy_refuses_unknown_gpus_without_touching_memory() {
 /// GPU tests: need a CUDA GPU; they skip (pass with a message) without one.
 mod gpu {
     use super::*;
-    use numapin::internals::cuda::{self, ContextGuard, DeviceBuffer, Stream};
-    use numapin::internals::kernels::Kernels;
-    use numapin::internals::loader_measure::{self as measure, Cost, Direction, LoaderBench, Mode};
+    use numapin::gpu::{self as cuda, ContextGuard, DeviceBuffer, Stream};
+    use numapin::measure::kernels::Kernels;
+    use numapin::measure::loader::{self as measure, Cost, Direction, LoaderBench, Mode};
 
     fn gpu_runtime() -> Option<(Arc<Runtime>, Vec<numapin::CudaOrdinal>)> {
         if !cuda::available() {

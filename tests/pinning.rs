@@ -9,7 +9,7 @@ mod common;
 
 use std::sync::{Mutex, MutexGuard};
 
-use numapin::internals::{Region, RegionOptions};
+use numapin::region::{Region, RegionOptions};
 use numapin::runtime::{ArenaError, Backend, Placement, Runtime, RuntimeConfig, VerifiedBy};
 use numapin::topology::{CudaMode, ProbeOptions, Topology};
 
@@ -30,7 +30,7 @@ fn first_node(rt: &Runtime) -> u32 {
 
 /// VmLck of this process, bytes.
 fn locked_bytes() -> u64 {
-    numapin::internals::sys::locked_bytes()
+    numapin::internals::locked_bytes()
 }
 
 fn options(node: u32, size: usize, backend: Backend) -> RegionOptions {
@@ -125,7 +125,7 @@ fn a_region_made_in_parts_is_populated_locked_and_counted_whole() {
     .unwrap_err();
     assert!(e.to_string().contains("failed at Populate"), "{e}");
     assert_eq!(locked_bytes(), before, "a failed region left pages locked");
-    assert!(!numapin::internals::numa::is_mapped(
+    assert!(!numapin::internals::is_mapped(
         numapin::internals::last_mapped_addr()
     ));
 }
@@ -173,7 +173,7 @@ fn large_regions_are_released_in_the_background_and_never_outlive_the_runtime() 
     assert!(t.elapsed() < delay / 2, "the drop took {:?}", t.elapsed());
     let s = stats(&rt);
     assert_eq!(s.bytes_releasing, 96 * MIB as u64, "{s:?}");
-    assert!(numapin::internals::numa::is_mapped(a_addr));
+    assert!(numapin::internals::is_mapped(a_addr));
     // Growing waits for it: its budget, memory and locked bytes are free
     // by the time the next region is made.
     let c = rt.alloc_on_node(node, 200 * MIB).unwrap();
@@ -181,7 +181,7 @@ fn large_regions_are_released_in_the_background_and_never_outlive_the_runtime() 
     assert_eq!(s.bytes_releasing, 0, "{s:?}");
     assert_eq!(s.regions, 2, "the kept region and the new one: {s:?}");
     assert!(
-        !numapin::internals::numa::is_mapped(a_addr),
+        !numapin::internals::is_mapped(a_addr),
         "region a still mapped"
     );
     // Dropping the runtime waits for the release thread: nothing stays
@@ -254,7 +254,7 @@ fn child_driver_backend_without_a_driver() {
 /// This machine's topology and its first GPU's CUDA ordinal, or `None`
 /// (said on stderr) without a driver or a GPU: the test then skips.
 fn gpu_topology() -> Option<(Topology, numapin::CudaOrdinal)> {
-    if !numapin::internals::cuda::available() {
+    if !numapin::gpu::available() {
         eprintln!("skipped: no CUDA driver");
         return None;
     }
@@ -273,7 +273,7 @@ fn gpu_driver_backends_give_placed_memory_that_copies() {
     let Some((t, gpu)) = gpu_topology() else {
         return;
     };
-    numapin::internals::cuda::set_device(gpu.get()).unwrap();
+    numapin::gpu::set_device(gpu.get()).unwrap();
     for backend in Backend::ALL {
         let rt = Runtime::new(t.clone(), RuntimeConfig::default().with_backend(backend)).unwrap();
         let n = 64 * MIB;
@@ -285,8 +285,8 @@ fn gpu_driver_backends_give_placed_memory_that_copies() {
             .for_each(|(i, x)| *x = (i as u32).wrapping_mul(2654435761));
         let mut dst = rt.alloc_for_gpu(gpu, n).unwrap();
         dst.fill(0);
-        let dev = numapin::internals::cuda::DeviceBuffer::new(n).unwrap();
-        let stream = numapin::internals::cuda::Stream::new().unwrap();
+        let dev = numapin::gpu::DeviceBuffer::new(n).unwrap();
+        let stream = numapin::gpu::Stream::new().unwrap();
         // SAFETY: dev holds n bytes in the current context; neither buffer
         // is touched before the stream is synchronised.
         unsafe {
@@ -321,7 +321,7 @@ fn gpu_driver_backends_give_placed_memory_that_copies() {
 #[test]
 #[ignore = "needs a CUDA GPU: run with --ignored on a GPU machine"]
 fn gpu_regions_registered_in_parts_copy_across_parts_and_leave_nothing_registered() {
-    use numapin::internals::cuda;
+    use numapin::gpu as cuda;
     use numapin::runtime::Step;
     let _g = serial();
     let Some((t, gpu)) = gpu_topology() else {
@@ -408,7 +408,7 @@ fn gpu_regions_registered_in_parts_copy_across_parts_and_leave_nothing_registere
 #[test]
 #[ignore = "needs a CUDA GPU: run with --ignored on a GPU machine"]
 fn gpu_buffers_in_both_halves_of_a_region_in_parts_copy_both_ways() {
-    use numapin::internals::cuda;
+    use numapin::gpu as cuda;
     let _g = serial();
     let Some((t, gpu)) = gpu_topology() else {
         return;

@@ -43,7 +43,7 @@ fn thread_binds_to_its_gpus_node() {
         s.spawn(|| {
             let plan = rt.bind_current_thread(numapin::CudaOrdinal(0)).unwrap();
             assert_eq!(plan.cpus, expect);
-            numapin::internals::sys::sched_getaffinity_self().unwrap()
+            numapin::internals::thread_cpus().unwrap()
         })
         .join()
         .unwrap()

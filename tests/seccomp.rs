@@ -12,7 +12,7 @@ use common::seccomp::{
     NUMA_CALLS, RET_ALLOW, RET_ERRNO, X32_SYSCALL_BIT,
 };
 use common::{assert_child_passed, in_child, run_child};
-use numapin::internals::probe::{probe_calls, CallState};
+use numapin::system::{numa_calls as probe_calls, CallState};
 
 /// Every call number below 1024 on both architectures, x32 numbers, and
 /// other architectures: refused exactly when it is one of the six.
@@ -93,16 +93,13 @@ fn child_filtered() {
     if !in_child("child_filtered") {
         return;
     }
-    let status = numapin::internals::sys::SecurityStatus::read_self();
+    let status = numapin::system::SecurityStatus::read_self();
     assert_eq!((status.seccomp, status.no_new_privs), (Some(2), Some(true)));
     for (call, state) in probe_calls() {
         assert_eq!(state, CallState::Refused("EPERM".into()), "{call}");
     }
-    let cpus = numapin::internals::sys::sched_getaffinity_self().unwrap();
+    let cpus = numapin::internals::thread_cpus().unwrap();
     let one = numapin::CpuList::from_iter_unsorted(cpus.first());
     numapin::affinity::bind_current_thread(&one).unwrap();
-    assert_eq!(
-        numapin::internals::sys::sched_getaffinity_self().unwrap(),
-        one
-    );
+    assert_eq!(numapin::internals::thread_cpus().unwrap(), one);
 }

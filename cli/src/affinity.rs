@@ -4,7 +4,7 @@ use numapin::affinity::launcher;
 use numapin::affinity::{
     plan, probe_memory_binding, Binding, MemPolicy, Plan, PlanOptions, RankPlan,
 };
-use numapin::internals::table::Table;
+use numapin::text::Table;
 use numapin::topology::Topology;
 use numapin::{CpuList, CudaOrdinal};
 
@@ -61,7 +61,7 @@ pub(crate) struct AffinityArgs {
 /// Parses `--gpus`: comma-separated ordinals or ranges, order kept; each
 /// device below [`MAX_GPUS`], at most [`MAX_RANKS`] entries.
 fn parse_gpus(text: &str) -> Result<Vec<CudaOrdinal>> {
-    let shown = numapin::internals::quote(text);
+    let shown = numapin::text::quote(text);
     let usage = |problem: String| {
         CliError::Usage {
         problem: format!("--gpus {shown}: {problem}"),

@@ -12,11 +12,11 @@ use std::ffi::OsString;
 
 use crate::affinity::numactl_args;
 use crate::TopoSource;
+use numapin::affinity as apply;
 use numapin::affinity::{
     bind_current_process, launcher, nic_env, plan_node, probe_memory_binding, rank_plan, Binding,
     MemPolicy, Mode, NicEnv, PlanOptions, RankChoice, RankPlan,
 };
-use numapin::internals as apply;
 use numapin::topology::Topology;
 use numapin::CudaOrdinal;
 
@@ -150,7 +150,7 @@ fn exec(a: &ExecArgs) -> Result<i32> {
         return Err(CliError::Usage {
             problem: format!(
                 "--input {} describes a saved machine: its binding cannot be applied to this one",
-                numapin::internals::shorten(&input.display().to_string())
+                numapin::text::shorten(&input.display().to_string())
             ),
             fix: "add --dry-run to print the binding the file gives, or drop --input to bind on this machine".into(),
         });

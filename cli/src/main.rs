@@ -139,10 +139,10 @@ fn clap_exit(e: clap::Error) -> i32 {
 fn main() {
     // A closed pipe ends the process quietly (Rust's runtime ignores
     // SIGPIPE, which would turn `numapin topo | head` into a write error).
-    numapin::internals::cleanup::default_sigpipe();
+    numapin::signals::default_sigpipe();
     // Before any thread starts: SIGINT/SIGTERM/SIGHUP remove temporary
     // folders and reader processes before they end numapin.
-    if let Err(e) = numapin::internals::cleanup::install_signal_cleanup() {
+    if let Err(e) = numapin::signals::install_cleanup() {
         output::eprintln(&format!(
             "numapin: warning: signals will not clean up temporary files: {e}"
         ));

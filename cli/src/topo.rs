@@ -38,7 +38,7 @@ pub(crate) fn run(a: &TopoArgs) -> Result<i32> {
     }
     let t = a.source.topology()?;
     if let Some(path) = &a.export {
-        let xml = numapin::internals::export_live_xml()?;
+        let xml = numapin::topology::export_live_xml()?;
         output::write_file(path, &xml, "--export")?;
         output::eprintln(&format!(
             "numapin: wrote this machine's hwloc XML to {}",

@@ -115,7 +115,7 @@ fn exec_node_respects_a_narrower_starting_set() {
     // SAFETY: between fork and exec the child only calls sched_setaffinity,
     // which is async-signal-safe, on its own pid.
     unsafe {
-        c.pre_exec(move || numapin::internals::sys::sched_setaffinity(0, &one));
+        c.pre_exec(move || numapin::internals::set_thread_cpus(&one));
     }
     let o = out(c);
     assert!(o.status.success(), "{}", stderr(&o));

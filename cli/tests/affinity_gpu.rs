@@ -11,7 +11,7 @@ use numapin::CpuList;
 #[test]
 #[ignore = "needs a CUDA GPU: run with --ignored on a GPU machine"]
 fn every_local_rank_binds_near_its_gpu() {
-    if !numapin::internals::cuda::available() {
+    if !numapin::gpu::available() {
         eprintln!("skipped: no CUDA driver or GPU here");
         return;
     }

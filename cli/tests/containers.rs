@@ -52,7 +52,7 @@ fn json(o: &Output) -> Value {
 /// A one-node machine whose node 0 has only the last CPU this process may
 /// use (for dry runs: `--input` is never bound here).
 fn one_cpu_machine() -> (tempfile::TempPath, u32) {
-    let cpu = numapin::internals::sys::sched_getaffinity_self()
+    let cpu = numapin::internals::thread_cpus()
         .unwrap()
         .iter()
         .last()
@@ -75,7 +75,7 @@ fn one_cpu_machine() -> (tempfile::TempPath, u32) {
 /// on that CPU alone ([`filtered_on`]), a binding to the node shows in
 /// `Cpus_allowed_list` as that one CPU.
 fn last_cpu() -> (u32, String) {
-    let cpu = numapin::internals::sys::sched_getaffinity_self()
+    let cpu = numapin::internals::thread_cpus()
         .unwrap()
         .iter()
         .last()
@@ -94,7 +94,7 @@ fn filtered_on(cpu: u32, args: &[&str]) -> Output {
     // SAFETY: the closure runs in the forked child before exec and makes one
     // system call on a CPU set built before the fork.
     unsafe {
-        c.pre_exec(move || numapin::internals::sys::sched_setaffinity(0, &one));
+        c.pre_exec(move || numapin::internals::set_thread_cpus(&one));
     }
     under_filter(&mut c);
     c.output().unwrap()

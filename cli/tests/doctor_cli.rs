@@ -143,7 +143,7 @@ fn every_check_runs_and_gives_evidence() {
         assert!(!named(&checks, name).is_empty(), "no {name} check");
     }
     let cuda = one(&checks, "cuda_driver");
-    if !numapin::internals::cuda::available() {
+    if !numapin::gpu::available() {
         let ev = cuda["evidence"].as_str().unwrap();
         assert!(ev.contains("no CUDA driver"), "{ev}");
         let gpus = named(&checks, "gpu_visible");
@@ -529,7 +529,7 @@ fn usage_and_input_errors_exit_2() {
 #[test]
 #[ignore = "needs a CUDA GPU: run with --ignored on a GPU machine"]
 fn on_a_gpu_machine_the_driver_and_every_gpu_check_out() {
-    if !numapin::internals::cuda::available() {
+    if !numapin::gpu::available() {
         eprintln!("skipped: no CUDA driver on this machine");
         return;
     }

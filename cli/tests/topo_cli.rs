@@ -60,10 +60,7 @@ fn live_probe_matches_sysfs_and_affinity() {
         ours, sysfs_nodes,
         "node CPUs differ from /sys/devices/system/node/node*/cpulist"
     );
-    assert_eq!(
-        t.allowed.cpus,
-        numapin::internals::sys::sched_getaffinity_self().unwrap()
-    );
+    assert_eq!(t.allowed.cpus, numapin::internals::thread_cpus().unwrap());
     for n in &t.numa_nodes {
         assert!(n.memory_bytes > 0, "node {} memory", n.os_index);
     }

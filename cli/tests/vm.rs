@@ -689,15 +689,14 @@ mod guest {
     #[test]
     #[ignore = "runs inside the emulated machine, in a child under a seccomp filter"]
     fn filtered_arena_child() {
-        use numapin::internals::numa_maps::{read_self, AllOn};
-        use numapin::internals::{Region, RegionOptions};
+        use numapin::region::{Region, RegionOptions};
         use numapin::runtime::{ArenaError, Placement, Runtime, RuntimeConfig};
         use numapin::topology::{CudaMode, PciId, ProbeOptions, Topology};
         if !in_guest() || !crate::common::in_child("guest::filtered_arena_child") {
             return;
         }
         assert_eq!(
-            numapin::internals::sys::proc_status_field("Seccomp").as_deref(),
+            numapin::internals::proc_status_field("Seccomp").as_deref(),
             Some("2")
         );
         let opts = ProbeOptions::default()
@@ -733,8 +732,12 @@ mod guest {
             );
             // numa_maps over the buffer alone says the same.
             let start = b.as_ptr() as u64;
-            let p = read_self(start..start + BUF as u64, 3).unwrap();
-            assert_eq!(p.all_on(node), AllOn::Yes, "node {node}: {p:?}");
+            let p = numapin::internals::numa_maps_of(start, start + BUF as u64).unwrap();
+            assert_eq!(
+                p.exact_nodes,
+                Some(vec![(node, BUF as u64)]),
+                "node {node}: {p:?}"
+            );
             println!(
                 "node {node}: {}; {} pages on the node",
                 s.methods(),
@@ -820,7 +823,7 @@ mod guest {
         // it is off while this runs (bound memory is not scanned).
         let _balancing = NumaBalancingOff::new();
         for &node in online_nodes().as_slice().iter().rev() {
-            numapin::internals::sys::sched_setaffinity(0, &node_cpus(node)).unwrap();
+            numapin::affinity::bind_current_thread(&node_cpus(node)).unwrap();
             let mut r = raw::Region::map(REGION).unwrap();
             r.touch();
             let pages = REGION / r.page_size();
@@ -863,11 +866,8 @@ mod guest {
         }
         let want = node_cpus(2);
         assert!(!want.is_empty());
-        numapin::internals::sys::sched_setaffinity(0, &want).unwrap();
-        assert_eq!(
-            numapin::internals::sys::sched_getaffinity_self().unwrap(),
-            want
-        );
+        numapin::affinity::bind_current_thread(&want).unwrap();
+        assert_eq!(numapin::internals::thread_cpus().unwrap(), want);
         let tid = raw::gettid();
         let status = std::fs::read_to_string(format!("/proc/self/task/{tid}/status")).unwrap();
         let listed = status
@@ -1088,7 +1088,7 @@ mod guest {
             "{msg}"
         );
         assert!(msg.contains("faulting the pages in failed"), "{msg}");
-        assert!(!numapin::internals::numa::is_mapped(
+        assert!(!numapin::internals::is_mapped(
             numapin::internals::last_mapped_addr()
         ));
         assert_eq!(pool.free(), 8, "node 2's pages back in its pool");

@@ -21,8 +21,8 @@ mod plan;
 mod rank;
 
 pub use apply::{
-    bind_current_process, bind_current_process_cpus, bind_current_thread, get_mempolicy,
-    probe_memory_binding, set_mempolicy, Binding, MemPolicy,
+    bind_current_process, bind_current_process_cpus, bind_current_thread, exec, find_program,
+    get_mempolicy, probe_memory_binding, set_mempolicy, Binding, MemPolicy,
 };
 pub use error::AffinityError;
 pub use launcher::{local_rank, LocalRank};

@@ -132,11 +132,13 @@ impl Tlsf {
         self.region_bytes
     }
 
+    #[cfg(any(test, feature = "internals"))]
     /// The number of live regions.
     pub fn region_count(&self) -> usize {
         self.regions.iter().filter(|r| r.is_some()).count()
     }
 
+    #[cfg(any(test, feature = "internals"))]
     /// The size of region `region`, if it is live.
     pub fn region_size(&self, region: u32) -> Option<u64> {
         self.regions
@@ -146,6 +148,7 @@ impl Tlsf {
             .map(|r| r.size)
     }
 
+    #[cfg(any(test, feature = "internals", feature = "measure"))]
     /// Adds a region of `size` bytes (a non-zero multiple of the granule),
     /// wholly free; returns its id. Ids of removed regions are reused.
     pub fn add_region(&mut self, size: u64) -> u32 {
@@ -355,6 +358,7 @@ impl Tlsf {
         self.nodes[id as usize].region
     }
 
+    #[cfg(any(test, feature = "internals"))]
     /// The block in use starting at `offset` in `region`, if any (slow:
     /// walks the region; for checks and tests).
     pub fn block_at(&self, region: u32, offset: u64) -> Option<Block> {
@@ -375,6 +379,7 @@ impl Tlsf {
         None
     }
 
+    #[cfg(any(test, feature = "internals"))]
     /// Checks every invariant (slow; for tests): blocks tile each region
     /// in order, free neighbours are merged, free lists hold exactly the
     /// free blocks in the right class, and the byte counts add up.

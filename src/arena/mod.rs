@@ -28,6 +28,8 @@
 //!   lock; the caches are bounded and drained on thread exit, trim, the
 //!   budget path and when the runtime is dropped.
 
+// Public to the fuzz target and the model test (through `internals`).
+#[cfg_attr(not(feature = "internals"), allow(unreachable_pub))]
 pub mod alloc;
 mod buf;
 pub(crate) mod cache;

@@ -1,8 +1,17 @@
 //! Measurements behind `numapin bench`, the criterion benches and the GPU
-//! examples, each with a baseline taken in the same run. Reached through
-//! [`crate::internals`].
+//! examples, each with a baseline taken in the same run: an expert API,
+//! compiled only with the `measure` feature (the command-line tools turn it
+//! on; a trainer embedding the library does not carry it).
+//!
+//! * [`arena`]: allocation and region creation costs, the [`Stats`](arena::Stats)
+//!   every figure is summarised by;
+//! * [`copy`]: copy rates from pageable, driver-pinned and arena memory;
+//! * [`pinning`]: region creation per step, per backend and per setting;
+//! * [`loader`]: loaders and staged copies against their stages alone;
+//! * [`kernels`]: the small CUDA kernels the GPU checks run.
 
 pub mod arena;
+pub mod copy;
 pub mod kernels;
 pub mod loader;
 pub mod pinning;

@@ -29,7 +29,7 @@
 use std::path::{Path, PathBuf};
 
 /// v1 values at or above this are "unlimited".
-pub const V1_UNLIMITED: u64 = 1 << 62;
+pub(crate) const V1_UNLIMITED: u64 = 1 << 62;
 
 /// Which file a limit came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -192,12 +192,12 @@ fn walk_up(leaf: &Path, top: &Path, mut f: impl FnMut(&Path)) {
 }
 
 /// The limits over this process (`read_limits` of `/`).
-pub fn read_self() -> MemoryLimits {
+pub(crate) fn read_self() -> MemoryLimits {
     read_limits(Path::new("/"))
 }
 
 /// Reads the limits under `root` (see the module docs).
-pub fn read_limits(root: &Path) -> MemoryLimits {
+pub(crate) fn read_limits(root: &Path) -> MemoryLimits {
     let mut out = MemoryLimits::default();
     let Ok(cg) = std::fs::read_to_string(root.join("proc/self/cgroup")) else {
         out.notes.push("proc/self/cgroup is unreadable".into());

@@ -116,7 +116,7 @@ impl Drop for ChildGuard {
 /// Removes `path` and everything below it without following links, with at
 /// most one directory open at a time (the standard library's version keeps
 /// one open per level, and fails near the open-file limit).
-pub fn remove_tree(path: &Path) -> io::Result<()> {
+pub(crate) fn remove_tree(path: &Path) -> io::Result<()> {
     let meta = std::fs::symlink_metadata(path)?;
     if !meta.is_dir() {
         return std::fs::remove_file(path);
@@ -170,7 +170,7 @@ fn is_default(sig: Signal) -> bool {
 /// thing in `main`, before any thread starts: the signals are blocked in the
 /// calling thread and every thread it starts afterwards, and a thread of
 /// its own waits for them. Calling it again does nothing.
-pub fn install_signal_cleanup() -> io::Result<()> {
+pub(crate) fn install_signal_cleanup() -> io::Result<()> {
     if ORIGINAL_MASK.get().is_some() {
         return Ok(());
     }
@@ -204,7 +204,7 @@ pub fn install_signal_cleanup() -> io::Result<()> {
 /// Sets SIGPIPE back to its default action (Rust's runtime ignores it): a
 /// write to a closed pipe then ends the process quietly, as it ends other
 /// command-line tools.
-pub fn default_sigpipe() {
+pub(crate) fn default_sigpipe() {
     // SAFETY: setting a standard signal's disposition to SIG_DFL installs
     // no handler; no Rust code runs in signal context.
     unsafe {
@@ -216,7 +216,7 @@ pub fn default_sigpipe() {
 /// its default action, and the signal mask back to what the process started
 /// with (when [`install_signal_cleanup`] changed it). Dispositions a parent
 /// chose (`nohup`'s ignored SIGHUP) are left alone.
-pub fn restore_for_exec() -> io::Result<()> {
+pub(crate) fn restore_for_exec() -> io::Result<()> {
     default_sigpipe();
     if let Some(mask) = ORIGINAL_MASK.get() {
         nix::sys::signal::pthread_sigmask(SigmaskHow::SIG_SETMASK, Some(mask), None)

@@ -81,7 +81,7 @@ impl ContainerEvidence {
 
 /// Gathers the evidence under `root` (`/` for this machine) with `env`
 /// looking up environment variables.
-pub fn detect(root: &Path, env: impl Fn(&str) -> Option<String>) -> ContainerEvidence {
+pub(crate) fn detect(root: &Path, env: impl Fn(&str) -> Option<String>) -> ContainerEvidence {
     let exists = |p: &str| root.join(p).symlink_metadata().is_ok();
     let mut cgroup_paths: Vec<String> = Vec::new();
     if let Ok(text) = std::fs::read(root.join("proc/self/cgroup")) {
@@ -110,11 +110,6 @@ pub fn detect(root: &Path, env: impl Fn(&str) -> Option<String>) -> ContainerEvi
         cgroup_paths,
         cgroup_runtimes,
     }
-}
-
-/// [`detect`] for this process.
-pub fn detect_self() -> ContainerEvidence {
-    detect(Path::new("/"), |k| std::env::var(k).ok())
 }
 
 #[cfg(test)]

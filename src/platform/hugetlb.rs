@@ -35,7 +35,7 @@ pub const SIZE_2M: u64 = 2 << 20;
 pub const SIZE_1G: u64 = 1 << 30;
 
 /// The folder of one page size's pool on one node, under `root`.
-pub fn node_dir(root: &Path, node: u32, page_bytes: u64) -> PathBuf {
+pub(crate) fn node_dir(root: &Path, node: u32, page_bytes: u64) -> PathBuf {
     root.join(format!(
         "sys/devices/system/node/node{node}/hugepages/hugepages-{}kB",
         page_bytes >> 10
@@ -43,7 +43,7 @@ pub fn node_dir(root: &Path, node: u32, page_bytes: u64) -> PathBuf {
 }
 
 /// The folder of one page size's machine-wide pool, under `root`.
-pub fn global_dir(root: &Path, page_bytes: u64) -> PathBuf {
+pub(crate) fn global_dir(root: &Path, page_bytes: u64) -> PathBuf {
     root.join(format!(
         "sys/kernel/mm/hugepages/hugepages-{}kB",
         page_bytes >> 10
@@ -146,7 +146,7 @@ pub struct PoolCounts {
 }
 
 /// The pool of `page_bytes` pages on `node`.
-pub fn node_pool(root: &Path, node: u32, page_bytes: u64) -> Result<PoolCounts, PoolError> {
+pub(crate) fn node_pool(root: &Path, node: u32, page_bytes: u64) -> Result<PoolCounts, PoolError> {
     let d = node_dir(root, node, page_bytes);
     Ok(PoolCounts {
         total: count(d.join("nr_hugepages"))?,
@@ -157,7 +157,7 @@ pub fn node_pool(root: &Path, node: u32, page_bytes: u64) -> Result<PoolCounts, 
 
 /// The machine-wide pool of one page size.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
-pub struct GlobalPool {
+pub(crate) struct GlobalPool {
     /// Pages in the pools of every node (`nr_hugepages`).
     pub total: u64,
     /// Pages nobody has faulted in (`free_hugepages`).
@@ -172,7 +172,7 @@ pub struct GlobalPool {
 }
 
 /// The machine-wide pool of `page_bytes` pages.
-pub fn global_pool(root: &Path, page_bytes: u64) -> Result<GlobalPool, PoolError> {
+pub(crate) fn global_pool(root: &Path, page_bytes: u64) -> Result<GlobalPool, PoolError> {
     let d = global_dir(root, page_bytes);
     Ok(GlobalPool {
         total: count(d.join("nr_hugepages"))?,
@@ -185,7 +185,7 @@ pub fn global_pool(root: &Path, page_bytes: u64) -> Result<GlobalPool, PoolError
 
 /// What a mapping bound to one node may count on, read now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Availability {
+pub(crate) struct Availability {
     /// The node's pool.
     pub node: PoolCounts,
     /// The machine's pool.
@@ -196,20 +196,24 @@ impl Availability {
     /// Pages a new mapping bound to the node can take from the pool: the
     /// node's free pages, at most the machine's free pages no mapping has
     /// reserved.
-    pub fn usable(&self) -> u64 {
+    pub(crate) fn usable(&self) -> u64 {
         self.node
             .free
             .min(self.global.free.saturating_sub(self.global.reserved))
     }
 
     /// Surplus pages the kernel may still allocate on demand (overcommit).
-    pub fn overcommit_room(&self) -> u64 {
+    pub(crate) fn overcommit_room(&self) -> u64 {
         self.global.overcommit.saturating_sub(self.global.surplus)
     }
 }
 
 /// The node's and the machine's pools of `page_bytes` pages.
-pub fn availability(root: &Path, node: u32, page_bytes: u64) -> Result<Availability, PoolError> {
+pub(crate) fn availability(
+    root: &Path,
+    node: u32,
+    page_bytes: u64,
+) -> Result<Availability, PoolError> {
     Ok(Availability {
         node: node_pool(root, node, page_bytes)?,
         global: global_pool(root, page_bytes)?,
@@ -218,7 +222,7 @@ pub fn availability(root: &Path, node: u32, page_bytes: u64) -> Result<Availabil
 
 /// One node's pool of one size, as [`node_pools`] found it.
 #[derive(Debug)]
-pub struct NodePool {
+pub(crate) struct NodePool {
     /// The node.
     pub node: u32,
     /// Bytes per page.
@@ -250,7 +254,7 @@ fn numbered(dir: &Path, prefix: &str, suffix: &str) -> std::io::Result<Vec<u64>>
 /// sizes the `hugepages-<kB>kB` folders each node has. A node without a
 /// `hugepages` folder (no memory, or a kernel without hugetlb) has no
 /// entry; `Err` only when the node folder itself cannot be listed.
-pub fn node_pools(root: &Path) -> std::io::Result<Vec<NodePool>> {
+pub(crate) fn node_pools(root: &Path) -> std::io::Result<Vec<NodePool>> {
     let nodes_dir = root.join("sys/devices/system/node");
     let mut out = Vec::new();
     for node in numbered(&nodes_dir, "node", "")? {
@@ -277,7 +281,7 @@ pub fn node_pools(root: &Path) -> std::io::Result<Vec<NodePool>> {
 
 /// The transparent huge page settings: `enabled` and `defrag` as the files
 /// hold them (`always [madvise] never`), `None` when unreadable.
-pub fn thp_files(root: &Path) -> (Option<String>, Option<String>) {
+pub(crate) fn thp_files(root: &Path) -> (Option<String>, Option<String>) {
     let d = root.join("sys/kernel/mm/transparent_hugepage");
     let read = |f: &str| std::fs::read_to_string(d.join(f)).ok();
     (read("enabled"), read("defrag"))

@@ -5,19 +5,19 @@
 //! buffer code where `unsafe` appears, each block with a `// SAFETY:`
 //! comment.
 
-pub mod cgroup;
-pub mod cleanup;
-pub mod container;
-pub mod cuda;
-pub mod hugetlb;
+pub(crate) mod cgroup;
+pub(crate) mod cleanup;
+pub(crate) mod container;
+pub(crate) mod cuda;
+pub(crate) mod hugetlb;
 pub(crate) mod isolate;
-pub mod numa;
-pub mod numa_maps;
+pub(crate) mod numa;
+pub(crate) mod numa_maps;
 pub(crate) mod panic_guard;
 pub(crate) mod pci;
-pub mod probe;
+pub(crate) mod probe;
 pub(crate) mod shm;
-pub mod sys;
+pub(crate) mod sys;
 
 /// A temporary filesystem root holding `files` (`(path, contents)`, paths
 /// relative to the root), for the readers that take a root.

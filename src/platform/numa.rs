@@ -30,7 +30,7 @@ const MPOL_MF_STRICT: libc::c_ulong = 1;
 
 /// A memory policy over a set of nodes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Policy {
+pub(crate) enum Policy {
     /// `MPOL_BIND`: only these nodes.
     Bind,
     /// `MPOL_PREFERRED`: this node first (one node).
@@ -79,7 +79,7 @@ fn maxnode(mask: &[libc::c_ulong]) -> libc::c_ulong {
 /// available to this process (`EPERM`/`EACCES`: a seccomp profile or a
 /// security module refused it; `ENOSYS`: no NUMA support, or a filter that
 /// answers so) rather than that it ran and failed.
-pub fn is_refusal(e: &io::Error) -> bool {
+pub(crate) fn is_refusal(e: &io::Error) -> bool {
     matches!(
         e.raw_os_error(),
         Some(libc::EPERM) | Some(libc::EACCES) | Some(libc::ENOSYS)
@@ -88,7 +88,7 @@ pub fn is_refusal(e: &io::Error) -> bool {
 
 /// `EPERM`, `ENOSYS`, ... for the errors the NUMA calls give, else
 /// `errno N`.
-pub fn errno_name(e: &io::Error) -> String {
+pub(crate) fn errno_name(e: &io::Error) -> String {
     match e.raw_os_error() {
         Some(libc::EPERM) => "EPERM".into(),
         Some(libc::EACCES) => "EACCES".into(),
@@ -117,7 +117,7 @@ fn result(r: libc::c_long) -> io::Result<()> {
 /// # Safety
 /// `addr..addr+len` must be a mapping owned by the caller (the policy of
 /// that range changes).
-pub unsafe fn mbind_node(addr: *mut u8, len: usize, node: u32) -> io::Result<()> {
+pub(crate) unsafe fn mbind_node(addr: *mut u8, len: usize, node: u32) -> io::Result<()> {
     let mask = node_mask(&[node])?;
     // SAFETY: the kernel reads maxnode - 1 = mask.len() words of bits from
     // the live mask; the caller owns the range.
@@ -140,7 +140,7 @@ pub unsafe fn mbind_node(addr: *mut u8, len: usize, node: u32) -> io::Result<()>
 ///
 /// # Safety
 /// `addr..addr+len` must be a mapping owned by the caller.
-pub unsafe fn mbind_default(addr: *mut u8, len: usize) -> io::Result<()> {
+pub(crate) unsafe fn mbind_default(addr: *mut u8, len: usize) -> io::Result<()> {
     // SAFETY: MPOL_DEFAULT with a null mask and maxnode 0 reads no memory
     // of ours; the caller owns the range.
     result(unsafe {
@@ -159,7 +159,7 @@ pub unsafe fn mbind_default(addr: *mut u8, len: usize) -> io::Result<()> {
 /// `migrate_pages(0, 0, NULL, NULL)`: from no node to no node, which moves
 /// nothing; it reaches the kernel's permission checks, so it probes whether
 /// the call is allowed.
-pub fn migrate_pages_noop() -> io::Result<()> {
+pub(crate) fn migrate_pages_noop() -> io::Result<()> {
     // SAFETY: maxnode 0 with null masks: the kernel reads no memory of ours
     // and, with empty node sets, moves no page.
     let r = unsafe {
@@ -188,7 +188,11 @@ const SYS_SET_MEMPOLICY_HOME_NODE: libc::c_long = 450;
 ///
 /// # Safety
 /// `addr..addr+len` must be a mapping owned by the caller.
-pub unsafe fn set_mempolicy_home_node(addr: *mut u8, len: usize, node: u32) -> io::Result<()> {
+pub(crate) unsafe fn set_mempolicy_home_node(
+    addr: *mut u8,
+    len: usize,
+    node: u32,
+) -> io::Result<()> {
     // SAFETY: integer arguments only; the caller owns the range.
     result(unsafe {
         libc::syscall(
@@ -202,7 +206,7 @@ pub unsafe fn set_mempolicy_home_node(addr: *mut u8, len: usize, node: u32) -> i
 }
 
 /// Sets the calling thread's memory policy (`set_mempolicy(2)`).
-pub fn set_mempolicy(policy: Policy, nodes: &[u32]) -> io::Result<()> {
+pub(crate) fn set_mempolicy(policy: Policy, nodes: &[u32]) -> io::Result<()> {
     let mask = node_mask(nodes)?;
     // SAFETY: set_mempolicy reads maxnode - 1 = mask.len() words from the
     // live mask; it writes no memory of ours and changes only this
@@ -219,7 +223,7 @@ pub fn set_mempolicy(policy: Policy, nodes: &[u32]) -> io::Result<()> {
 
 /// Restores a policy read with [`get_mempolicy`] (any mode, including
 /// interleave and local) on the calling thread.
-pub fn restore_mempolicy(saved: &(i32, Vec<u32>)) -> io::Result<()> {
+pub(crate) fn restore_mempolicy(saved: &(i32, Vec<u32>)) -> io::Result<()> {
     let (mode, nodes) = saved;
     if *mode == libc::MPOL_DEFAULT {
         return set_default_mempolicy();
@@ -239,7 +243,7 @@ pub fn restore_mempolicy(saved: &(i32, Vec<u32>)) -> io::Result<()> {
 
 /// Resets the calling thread's memory policy to the default (`MPOL_DEFAULT`:
 /// memory comes from the node of the CPU that first touches it).
-pub fn set_default_mempolicy() -> io::Result<()> {
+pub(crate) fn set_default_mempolicy() -> io::Result<()> {
     // SAFETY: MPOL_DEFAULT with a null mask and maxnode 0 reads no memory
     // of ours and changes only this thread's memory policy.
     result(unsafe {
@@ -254,7 +258,7 @@ pub fn set_default_mempolicy() -> io::Result<()> {
 
 /// The calling thread's memory policy mode and nodes (`get_mempolicy(2)`),
 /// as `(mode, nodes)`; mode 0 is `MPOL_DEFAULT`, 1 preferred, 2 bind.
-pub fn get_mempolicy() -> io::Result<(i32, Vec<u32>)> {
+pub(crate) fn get_mempolicy() -> io::Result<(i32, Vec<u32>)> {
     let bits = libc::c_ulong::BITS as usize;
     let words = MAX_NODES as usize / bits;
     let mut mode: libc::c_int = 0;
@@ -280,6 +284,20 @@ pub fn get_mempolicy() -> io::Result<(i32, Vec<u32>)> {
     Ok((mode, nodes))
 }
 
+/// The node of each 4 KiB page of `bytes` (a negative errno for a page not
+/// present), as [`page_nodes`] reads them.
+#[cfg(feature = "internals")]
+pub(crate) fn nodes_of(bytes: &[u8]) -> io::Result<Vec<i32>> {
+    let mut out = Vec::with_capacity(bytes.len() / 4096);
+    // SAFETY: a slice is mapped for as long as it is borrowed.
+    unsafe {
+        page_nodes(bytes.as_ptr(), bytes.len(), 4096, |b| {
+            out.extend_from_slice(b)
+        })
+    }?;
+    Ok(out)
+}
+
 /// Where the pages at `addr..addr+len` (`page`-sized steps) are: the node
 /// of each page, or a negative errno (`-ENOENT` for a page not present),
 /// through `move_pages(0, n, pages, NULL, status, 0)`, which moves
@@ -289,7 +307,7 @@ pub fn get_mempolicy() -> io::Result<(i32, Vec<u32>)> {
 ///
 /// # Safety
 /// `addr..addr+len` must be mapped in this process for the whole call.
-pub unsafe fn page_nodes(
+pub(crate) unsafe fn page_nodes(
     addr: *const u8,
     len: usize,
     page: usize,
@@ -329,7 +347,7 @@ pub unsafe fn page_nodes(
 }
 
 /// The NUMA node of the CPU the calling thread runs on (`getcpu`).
-pub fn current_node() -> io::Result<u32> {
+pub(crate) fn current_node() -> io::Result<u32> {
     let mut cpu: libc::c_uint = 0;
     let mut node: libc::c_uint = 0;
     // SAFETY: both out-pointers are valid; the third argument (a cache) is
@@ -345,10 +363,11 @@ pub fn current_node() -> io::Result<u32> {
     Ok(node)
 }
 
+#[cfg(feature = "internals")]
 /// Whether the page at `addr` (page-aligned) is mapped in this process:
 /// `mincore` fails with `ENOMEM` for an unmapped address. Makes only the
 /// system call, so it may be used in a forked child.
-pub fn is_mapped(addr: usize) -> bool {
+pub(crate) fn is_mapped(addr: usize) -> bool {
     let mut vec = [0u8; 1];
     // SAFETY: mincore reads no memory at `addr`; it writes one byte per
     // page into `vec`, which has room for the single page asked about.
@@ -357,7 +376,7 @@ pub fn is_mapped(addr: usize) -> bool {
 }
 
 /// A fresh anonymous private read-write mapping of `len` bytes.
-pub fn map_anonymous(len: usize) -> io::Result<*mut u8> {
+pub(crate) fn map_anonymous(len: usize) -> io::Result<*mut u8> {
     // SAFETY: an anonymous private mapping at an address of the kernel's
     // choosing touches no existing memory.
     let p = unsafe {
@@ -382,7 +401,7 @@ pub fn map_anonymous(len: usize) -> io::Result<*mut u8> {
 /// choosing; with `populate`, the page table entries of the file's pages
 /// already there are made now (`MAP_POPULATE`) instead of one fault per
 /// page at first touch.
-pub fn map_shared_populated(
+pub(crate) fn map_shared_populated(
     fd: std::os::fd::RawFd,
     len: usize,
     offset: u64,
@@ -411,7 +430,7 @@ pub fn map_shared_populated(
 }
 
 /// [`map_shared_populated`] without populating.
-pub fn map_shared(fd: std::os::fd::RawFd, len: usize, offset: u64) -> io::Result<*mut u8> {
+pub(crate) fn map_shared(fd: std::os::fd::RawFd, len: usize, offset: u64) -> io::Result<*mut u8> {
     map_shared_populated(fd, len, offset, false)
 }
 
@@ -425,7 +444,7 @@ const MAP_HUGE_SHIFT: libc::c_int = 26;
 /// aligns it to the page size and reserves `len / page_bytes` pages of the
 /// machine's pool (not of a node's) for it; `ENOMEM` when the pool cannot
 /// cover that. `len` must be a multiple of `page_bytes`.
-pub fn map_hugetlb(len: usize, page_bytes: usize) -> io::Result<*mut u8> {
+pub(crate) fn map_hugetlb(len: usize, page_bytes: usize) -> io::Result<*mut u8> {
     if !page_bytes.is_power_of_two() || len == 0 || len % page_bytes != 0 {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
@@ -461,14 +480,14 @@ pub fn map_hugetlb(len: usize, page_bytes: usize) -> io::Result<*mut u8> {
 /// # Safety
 /// The range must be a writable mapping owned by the caller (its pages are
 /// allocated and zeroed if not present; present pages are not changed).
-pub unsafe fn populate_write(addr: *mut u8, len: usize) -> io::Result<()> {
+pub(crate) unsafe fn populate_write(addr: *mut u8, len: usize) -> io::Result<()> {
     // SAFETY: per the caller's guarantee; populating changes no data.
     result(unsafe { libc::madvise(addr.cast(), len, libc::MADV_POPULATE_WRITE) }.into())
 }
 
 /// Whether this kernel has `MADV_POPULATE_WRITE` (asked once, on a page
 /// mapped for the question).
-pub fn populate_write_supported() -> bool {
+pub(crate) fn populate_write_supported() -> bool {
     static KNOWN: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *KNOWN.get_or_init(|| {
         let Ok(p) = map_anonymous(4096) else {
@@ -488,7 +507,7 @@ pub fn populate_write_supported() -> bool {
 /// # Safety
 /// The range must be (part of) a mapping owned by the caller that nothing
 /// references any more.
-pub unsafe fn unmap(addr: *mut u8, len: usize) -> io::Result<()> {
+pub(crate) unsafe fn unmap(addr: *mut u8, len: usize) -> io::Result<()> {
     // SAFETY: per the caller's guarantee.
     result(unsafe { libc::munmap(addr.cast(), len) }.into())
 }
@@ -499,7 +518,7 @@ pub unsafe fn unmap(addr: *mut u8, len: usize) -> io::Result<()> {
 /// # Safety
 /// The range must be a mapping owned by the caller holding nothing anyone
 /// reads or writes.
-pub unsafe fn protect_none(addr: *mut u8, len: usize) -> io::Result<()> {
+pub(crate) unsafe fn protect_none(addr: *mut u8, len: usize) -> io::Result<()> {
     // SAFETY: per the caller's guarantee.
     result(unsafe { libc::mprotect(addr.cast(), len, libc::PROT_NONE) }.into())
 }
@@ -508,7 +527,7 @@ pub unsafe fn protect_none(addr: *mut u8, len: usize) -> io::Result<()> {
 ///
 /// # Safety
 /// The range must be a mapping owned by the caller.
-pub unsafe fn lock(addr: *mut u8, len: usize) -> io::Result<()> {
+pub(crate) unsafe fn lock(addr: *mut u8, len: usize) -> io::Result<()> {
     // SAFETY: per the caller's guarantee; mlock changes no data.
     result(unsafe { libc::mlock(addr.cast(), len) }.into())
 }
@@ -519,7 +538,7 @@ pub unsafe fn lock(addr: *mut u8, len: usize) -> io::Result<()> {
 ///
 /// # Safety
 /// The range must be a mapping owned by the caller.
-pub unsafe fn lock_on_fault(addr: *mut u8, len: usize) -> io::Result<()> {
+pub(crate) unsafe fn lock_on_fault(addr: *mut u8, len: usize) -> io::Result<()> {
     // SAFETY: per the caller's guarantee; mlock2 changes no data.
     result(unsafe { libc::mlock2(addr.cast(), len, libc::MLOCK_ONFAULT) }.into())
 }
@@ -528,7 +547,7 @@ pub unsafe fn lock_on_fault(addr: *mut u8, len: usize) -> io::Result<()> {
 ///
 /// # Safety
 /// The range must be a mapping owned by the caller.
-pub unsafe fn unlock(addr: *mut u8, len: usize) -> io::Result<()> {
+pub(crate) unsafe fn unlock(addr: *mut u8, len: usize) -> io::Result<()> {
     // SAFETY: per the caller's guarantee; munlock changes no data.
     result(unsafe { libc::munlock(addr.cast(), len) }.into())
 }
@@ -538,7 +557,7 @@ pub unsafe fn unlock(addr: *mut u8, len: usize) -> io::Result<()> {
 /// # Safety
 /// The range must be a mapping owned by the caller, and the advice one that
 /// changes no data the caller relies on (`MADV_HUGEPAGE`, `MADV_DONTFORK`).
-pub unsafe fn advise(addr: *mut u8, len: usize, advice: libc::c_int) -> io::Result<()> {
+pub(crate) unsafe fn advise(addr: *mut u8, len: usize, advice: libc::c_int) -> io::Result<()> {
     // SAFETY: per the caller's guarantee.
     result(unsafe { libc::madvise(addr.cast(), len, advice) }.into())
 }

@@ -62,7 +62,7 @@ use std::ops::Range;
 
 /// One parsed `numa_maps` line.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NumaMapsLine {
+pub(crate) struct NumaMapsLine {
     /// The VMA's start address.
     pub start: u64,
     /// `kernelpagesize_kB` in bytes (`None` when no page is present, and
@@ -77,7 +77,7 @@ pub struct NumaMapsLine {
 impl NumaMapsLine {
     /// Bytes present on each node, `(node, bytes)`; `None` on overflow or
     /// when counts come without a page size.
-    pub fn node_bytes(&self) -> Option<Vec<(u32, u64)>> {
+    pub(crate) fn node_bytes(&self) -> Option<Vec<(u32, u64)>> {
         if self.nodes.is_empty() {
             return Some(Vec::new());
         }
@@ -91,7 +91,7 @@ impl NumaMapsLine {
 
 /// Why a line could not be read.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum LineError {
+pub(crate) enum LineError {
     /// No hexadecimal start address (`numa_maps`) or `start-end` (`maps`).
     BadAddress,
     /// A value that should be a number is not, or is too large.
@@ -138,7 +138,7 @@ fn dec<T: std::str::FromStr>(t: &[u8]) -> Option<T> {
 }
 
 /// The start address of a `numa_maps` line (its first token).
-pub fn line_start(line: &[u8]) -> Option<u64> {
+pub(crate) fn line_start(line: &[u8]) -> Option<u64> {
     tokens(line).next().and_then(hex)
 }
 
@@ -146,7 +146,7 @@ pub fn line_start(line: &[u8]) -> Option<u64> {
 /// `prefer (many):0-1`, `interleave=static:0-3`, `weighted interleave:0-1`),
 /// or `None` for a line without one. For a VMA without a policy of its own
 /// the kernel prints the task's policy.
-pub fn line_policy(line: &[u8]) -> Option<String> {
+pub(crate) fn line_policy(line: &[u8]) -> Option<String> {
     let mut it = tokens(line);
     it.next().and_then(hex)?;
     let first = it.next()?;
@@ -167,7 +167,7 @@ pub fn line_policy(line: &[u8]) -> Option<String> {
 /// shows it: the policy printed on the `stack` line (the main thread's
 /// stack has no policy of its own, so the task's is printed), else on the
 /// `heap` line.
-pub fn task_policy(numa_maps: &[u8]) -> Option<String> {
+pub(crate) fn task_policy(numa_maps: &[u8]) -> Option<String> {
     let find = |word: &[u8]| {
         numa_maps
             .split(|&b| b == b'\n')
@@ -178,7 +178,7 @@ pub fn task_policy(numa_maps: &[u8]) -> Option<String> {
 }
 
 /// Parses one `numa_maps` line (without its newline).
-pub fn parse_line(line: &[u8]) -> Result<NumaMapsLine, LineError> {
+pub(crate) fn parse_line(line: &[u8]) -> Result<NumaMapsLine, LineError> {
     let mut it = tokens(line);
     let start = it.next().and_then(hex).ok_or(LineError::BadAddress)?;
     let mut out = NumaMapsLine {
@@ -222,7 +222,7 @@ pub fn parse_line(line: &[u8]) -> Result<NumaMapsLine, LineError> {
 
 /// A VMA from `/proc/self/maps`: `[start, end)`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Vma {
+pub(crate) struct Vma {
     /// First address.
     pub start: u64,
     /// One past the last address.
@@ -230,7 +230,7 @@ pub struct Vma {
 }
 
 /// Parses the `start-end` of one `/proc/self/maps` line.
-pub fn parse_maps_line(line: &[u8]) -> Result<Vma, LineError> {
+pub(crate) fn parse_maps_line(line: &[u8]) -> Result<Vma, LineError> {
     let first = tokens(line).next().ok_or(LineError::BadAddress)?;
     let dash = first
         .iter()
@@ -246,7 +246,7 @@ pub fn parse_maps_line(line: &[u8]) -> Result<Vma, LineError> {
 
 /// `[min, max]` bytes.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Bounds {
+pub(crate) struct Bounds {
     /// At least this many bytes.
     pub min: u64,
     /// At most this many bytes.
@@ -254,8 +254,9 @@ pub struct Bounds {
 }
 
 impl Bounds {
+    #[cfg(any(test, feature = "internals"))]
     /// Whether the value is known exactly.
-    pub fn is_exact(&self) -> bool {
+    pub(crate) fn is_exact(&self) -> bool {
         self.min == self.max
     }
 
@@ -267,7 +268,7 @@ impl Bounds {
 
 /// Where a range's bytes are.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct RangePlacement {
+pub(crate) struct RangePlacement {
     /// The range asked about.
     pub start: u64,
     /// Its end (exclusive).
@@ -282,9 +283,10 @@ pub struct RangePlacement {
     pub straddling: u32,
 }
 
+#[cfg(test)]
 /// Whether every byte of a range is on one node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AllOn {
+pub(crate) enum AllOn {
     /// Proven: every byte is present on the node.
     Yes,
     /// Proven: some byte is elsewhere or not present.
@@ -295,17 +297,20 @@ pub enum AllOn {
 
 impl RangePlacement {
     /// Whether every count is exact.
-    pub fn is_exact(&self) -> bool {
+    #[cfg(any(test, feature = "internals"))]
+    pub(crate) fn is_exact(&self) -> bool {
         self.not_present.is_exact() && self.nodes.values().all(Bounds::is_exact)
     }
 
+    #[cfg(test)]
     /// Bytes present on `node`.
-    pub fn on(&self, node: u32) -> Bounds {
+    pub(crate) fn on(&self, node: u32) -> Bounds {
         self.nodes.get(&node).copied().unwrap_or_default()
     }
 
+    #[cfg(test)]
     /// Whether all of the range is present on `node`.
-    pub fn all_on(&self, node: u32) -> AllOn {
+    pub(crate) fn all_on(&self, node: u32) -> AllOn {
         let len = self.end - self.start;
         let b = self.on(node);
         if b.min == len {
@@ -317,9 +322,10 @@ impl RangePlacement {
         }
     }
 
+    #[cfg(any(test, feature = "internals"))]
     /// Exact bytes per node (`None` unless [`Self::is_exact`]), nodes with
     /// zero bytes left out.
-    pub fn exact_nodes(&self) -> Option<BTreeMap<u32, u64>> {
+    pub(crate) fn exact_nodes(&self) -> Option<BTreeMap<u32, u64>> {
         self.is_exact().then(|| {
             self.nodes
                 .iter()
@@ -332,7 +338,7 @@ impl RangePlacement {
 
 /// Why a range's placement could not be computed.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum PlacementError {
+pub(crate) enum PlacementError {
     /// The range is empty or runs backwards.
     EmptyRange,
     /// A `numa_maps` line about the range could not be read (1-based).
@@ -391,7 +397,10 @@ fn lines(text: &[u8]) -> impl Iterator<Item = (usize, &[u8])> {
 }
 
 /// The VMAs of `maps` that overlap `range`, in address order.
-pub fn overlapping_vmas(maps: &[u8], range: &Range<u64>) -> Result<Vec<Vma>, PlacementError> {
+pub(crate) fn overlapping_vmas(
+    maps: &[u8],
+    range: &Range<u64>,
+) -> Result<Vec<Vma>, PlacementError> {
     let mut out = Vec::new();
     for (n, l) in lines(maps) {
         let v = parse_maps_line(l).map_err(|error| PlacementError::Maps { line: n, error })?;
@@ -408,7 +417,7 @@ pub fn overlapping_vmas(maps: &[u8], range: &Range<u64>) -> Result<Vec<Vma>, Pla
 /// exactness). Lines about other VMAs are only looked at for their start
 /// address, so a line this parser does not understand elsewhere in the
 /// file does no harm.
-pub fn placement(
+pub(crate) fn placement(
     numa_maps: &[u8],
     maps: &[u8],
     range: Range<u64>,
@@ -515,7 +524,7 @@ const MIN_LINE: usize = 8;
 /// with the pages mapped); the kernel generates lines until the read's
 /// count is reached, so each read asks for at most [`MIN_LINE`] bytes per
 /// line still missing, and no VMA after the last one needed is walked.
-pub fn read_lines(path: &std::path::Path, lines: usize) -> std::io::Result<Vec<u8>> {
+pub(crate) fn read_lines(path: &std::path::Path, lines: usize) -> std::io::Result<Vec<u8>> {
     use std::io::Read;
     let mut f = std::fs::File::open(path)?;
     let mut out = Vec::new();
@@ -544,7 +553,7 @@ pub fn read_lines(path: &std::path::Path, lines: usize) -> std::io::Result<Vec<u
 /// range are not walked), then `maps` again, and retrying (up to `tries`
 /// times) while the VMAs over the range change between the reads or the
 /// files disagree.
-pub fn read_self(range: Range<u64>, tries: u32) -> std::io::Result<RangePlacement> {
+pub(crate) fn read_self(range: Range<u64>, tries: u32) -> std::io::Result<RangePlacement> {
     let maps_path = std::path::Path::new("/proc/self/maps");
     let numa_path = std::path::Path::new("/proc/self/numa_maps");
     let mut last = None;
@@ -576,3 +585,42 @@ pub fn read_self(range: Range<u64>, tries: u32) -> std::io::Result<RangePlacemen
 
 #[cfg(test)]
 mod tests;
+
+/// The fuzz target's body (see `fuzz/fuzz_targets/numa_maps.rs`): two
+/// little-endian address words, then `numa_maps` text, a `0xff` byte and
+/// `maps` text. Never panics on the parsers' account; panics when what
+/// comes back is inconsistent (bounds out of order, minimums that do not
+/// fit in the range, maximums that do not cover it).
+#[cfg(feature = "internals")]
+pub(crate) fn fuzz_one(data: &[u8]) {
+    if data.len() < 16 {
+        return;
+    }
+    let word = |at: usize| {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(&data[at..at + 8]);
+        u64::from_le_bytes(w)
+    };
+    let (start, end) = (word(0), word(8));
+    let rest = &data[16..];
+    // The first 0xff byte splits numa_maps from maps.
+    let (numa, maps) = match rest.iter().position(|&b| b == 0xff) {
+        Some(i) => (&rest[..i], &rest[i + 1..]),
+        None => (rest, &b""[..]),
+    };
+    let _ = task_policy(numa);
+    for l in numa.split(|&b| b == b'\n') {
+        let _ = line_policy(l);
+    }
+    if let Ok(p) = placement(numa, maps, start..end) {
+        let len = end - start;
+        let (mut min, mut max) = (p.not_present.min, p.not_present.max);
+        assert!(p.not_present.min <= p.not_present.max);
+        for b in p.nodes.values() {
+            assert!(b.min <= b.max && b.max <= len);
+            min += b.min;
+            max = max.saturating_add(b.max);
+        }
+        assert!(min <= len && max >= len);
+    }
+}

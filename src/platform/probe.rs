@@ -74,7 +74,7 @@ impl CallState {
 
 /// `set_mempolicy` probed in a thread of its own (the policy is per
 /// thread; the probe thread exits at once).
-pub fn probe_set_mempolicy() -> CallState {
+pub(crate) fn probe_set_mempolicy() -> CallState {
     std::thread::scope(|s| {
         s.spawn(|| CallState::of(numa::set_default_mempolicy()))
             .join()
@@ -83,7 +83,7 @@ pub fn probe_set_mempolicy() -> CallState {
 }
 
 /// Probes the six calls (see the module docs), in [`CALLS`] order.
-pub fn probe_calls() -> Vec<(&'static str, CallState)> {
+pub(crate) fn probe_calls() -> Vec<(&'static str, CallState)> {
     let page = 4096;
     let scratch = numa::map_anonymous(page);
     let with_page = |f: &dyn Fn(*mut u8) -> io::Result<()>| match &scratch {

@@ -9,7 +9,7 @@ use std::io;
 use crate::cpulist::CpuList;
 
 /// The CPUs the calling thread may run on (`sched_getaffinity(0)`).
-pub fn sched_getaffinity_self() -> io::Result<CpuList> {
+pub(crate) fn sched_getaffinity_self() -> io::Result<CpuList> {
     let set =
         nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0)).map_err(io::Error::from)?;
     let max = nix::sched::CpuSet::count();
@@ -20,7 +20,7 @@ pub fn sched_getaffinity_self() -> io::Result<CpuList> {
 }
 
 /// Restricts the calling thread (`pid` 0) or process to `cpus`.
-pub fn sched_setaffinity(pid: i32, cpus: &CpuList) -> io::Result<()> {
+pub(crate) fn sched_setaffinity(pid: i32, cpus: &CpuList) -> io::Result<()> {
     if cpus.is_empty() {
         return Err(io::Error::new(io::ErrorKind::InvalidInput, "empty CPU set"));
     }
@@ -37,19 +37,19 @@ pub fn sched_setaffinity(pid: i32, cpus: &CpuList) -> io::Result<()> {
 }
 
 /// The `(soft, hard)` RLIMIT_MEMLOCK in bytes (`u64::MAX` = unlimited).
-pub fn memlock_limit() -> io::Result<(u64, u64)> {
+pub(crate) fn memlock_limit() -> io::Result<(u64, u64)> {
     nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_MEMLOCK)
         .map_err(io::Error::from)
 }
 
 /// Whether this process has CAP_IPC_LOCK in its effective set (which lets it
 /// lock memory beyond RLIMIT_MEMLOCK).
-pub fn has_cap_ipc_lock() -> bool {
+pub(crate) fn has_cap_ipc_lock() -> bool {
     SecurityStatus::read_self().has_cap(CAP_IPC_LOCK) == Some(true)
 }
 
 /// A field of `/proc/self/status` (`VmLck`, `Cpus_allowed_list`, ...).
-pub fn proc_status_field(name: &str) -> Option<String> {
+pub(crate) fn proc_status_field(name: &str) -> Option<String> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     status.lines().find_map(|l| {
         let (k, v) = l.split_once(':')?;
@@ -113,7 +113,7 @@ impl SecurityStatus {
 }
 
 /// `VmLck` of this process in bytes.
-pub fn locked_bytes() -> u64 {
+pub(crate) fn locked_bytes() -> u64 {
     proc_status_field("VmLck")
         .and_then(|v| v.trim_end_matches("kB").trim().parse::<u64>().ok())
         .map_or(0, |kb| kb * 1024)
@@ -121,7 +121,7 @@ pub fn locked_bytes() -> u64 {
 
 /// What a person can do about a system error that is this process's or
 /// this machine's (an open-file limit, a full disk, memory), for messages.
-pub fn fix_for_io(e: &io::Error) -> &'static str {
+pub(crate) fn fix_for_io(e: &io::Error) -> &'static str {
     match e.raw_os_error() {
         Some(libc::EMFILE) | Some(libc::ENFILE) => {
             "raise the open-file limit (`ulimit -n`) or close descriptors this process inherits"
@@ -136,7 +136,7 @@ pub fn fix_for_io(e: &io::Error) -> &'static str {
 
 /// Fails with the system's error (`EMFILE`, "Too many open files") unless
 /// this process can open `n` more files at once.
-pub fn check_free_fds(n: usize) -> io::Result<()> {
+pub(crate) fn check_free_fds(n: usize) -> io::Result<()> {
     let mut held = Vec::with_capacity(n);
     for _ in 0..n {
         held.push(std::fs::File::open("/dev/null")?);
@@ -146,7 +146,7 @@ pub fn check_free_fds(n: usize) -> io::Result<()> {
 
 /// Whether `path` is on the kernel's own sysfs or procfs (a live system,
 /// not a copy of one).
-pub fn is_kernel_fs(path: &std::path::Path) -> bool {
+pub(crate) fn is_kernel_fs(path: &std::path::Path) -> bool {
     use nix::sys::statfs::{statfs, PROC_SUPER_MAGIC, SYSFS_MAGIC};
     statfs(path).is_ok_and(|s| {
         let t = s.filesystem_type();

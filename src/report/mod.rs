@@ -2,7 +2,7 @@
 //! [`with_causes`], and plain-text tables ([`table`]). A leaf module: every
 //! domain uses it, and it uses none of them.
 
-pub mod table;
+pub(crate) mod table;
 use std::fmt::Write as _;
 
 /// What kind of failure an error is.

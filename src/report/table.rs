@@ -45,7 +45,7 @@ impl Table {
 }
 
 /// Bytes as a person reads them (`1.5 GiB`).
-pub fn bytes(b: u64) -> String {
+pub(crate) fn bytes(b: u64) -> String {
     const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
     let mut v = b as f64;
     let mut u = 0;

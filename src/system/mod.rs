@@ -120,6 +120,20 @@ pub struct SystemSnapshot {
     pub iommu: Iommu,
 }
 
+/// The memory cgroup limits over this process (v2 `memory.max` and
+/// `memory.high`, v1 `memory.limit_in_bytes`), as
+/// [`SystemSnapshot::cgroup`] holds them.
+pub fn memory_limits() -> MemoryLimits {
+    crate::platform::cgroup::read_self()
+}
+
+/// Which NUMA system calls this process may make, each made once
+/// harmlessly, in [`NUMA_CALLS`] order (what
+/// [`SystemSnapshot::numa_calls`] holds, without reading the rest).
+pub fn numa_calls() -> Vec<(&'static str, CallState)> {
+    crate::platform::probe::probe_calls()
+}
+
 impl SystemSnapshot {
     /// Reads everything (see the module docs); `topo` names the GPUs whose
     /// IOMMU domains are read. Never fails: each part holds its own result.

@@ -39,6 +39,7 @@ use crate::gpu::{CudaOrdinal, GpuIndex};
 pub use crate::platform::numa::MAX_NODES;
 pub use crate::platform::pci::normalize_bus_id;
 pub use error::{Cause, TopologyError};
+pub use hwloc::export_live_xml;
 pub use iodev::{DeviceKind, IoDevice, NicChoice, Relation};
 pub use visible::{DeviceOrder, VisibleDevices, VisibleEntry};
 
@@ -630,6 +631,7 @@ fn is_tar(head: &[u8]) -> bool {
 }
 
 /// Entry points for the fuzz targets in `fuzz/` (not a stable API).
+#[cfg(feature = "internals")]
 #[doc(hidden)]
 pub mod fuzzing {
     use super::*;

@@ -3,9 +3,10 @@
 use std::io::IsTerminal;
 
 use crate::TopoSource;
-use numapin::internals::table::Table;
+use numapin::text::Table;
 mod figures;
 mod pinning;
+mod report;
 
 use crate::error::{CliError, Result};
 use crate::output;

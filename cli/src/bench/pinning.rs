@@ -2,10 +2,11 @@
 //! region backend, with the driver's own `cuMemAllocHost` as the same-run
 //! baseline, and the copy rates from each backend's memory.
 
-use super::figures::{copy_gbps_from, BenchOptions, BenchReport, BenchResult, Source};
+use super::report::{BenchOptions, BenchReport, BenchResult};
 use crate::error::Result;
-use numapin::internals::arena_measure::Stats;
-use numapin::internals::pinning as pm;
+use numapin::measure::arena::Stats;
+use numapin::measure::copy::{copy_gbps_from, host_alloc_ms_per_gib, Source};
+use numapin::measure::pinning as pm;
 use numapin::runtime::{Backend, Runtime};
 use numapin::CudaOrdinal;
 
@@ -36,15 +37,15 @@ pub(super) fn run(
         if bytes as u64 > budget {
             report.notes.push(format!(
                 "pinning: {} regions skipped: over node {node}'s budget of {} pinned bytes",
-                numapin::internals::fmt_bytes(bytes as u64),
-                numapin::internals::fmt_bytes(budget)
+                numapin::text::fmt_bytes(bytes as u64),
+                numapin::text::fmt_bytes(budget)
             ));
             continue;
         }
         for &b in &backends {
             progress(&format!(
                 "pinning: {} regions, {} backend",
-                numapin::internals::fmt_bytes(bytes as u64),
+                numapin::text::fmt_bytes(bytes as u64),
                 b.as_str()
             ));
             let f = match pm::region_create(rt, node, bytes, b, reps) {
@@ -79,11 +80,11 @@ pub(super) fn run(
         if gpu_ok {
             progress(&format!(
                 "pinning: {} regions, registered in parts while populating",
-                numapin::internals::fmt_bytes(bytes as u64)
+                numapin::text::fmt_bytes(bytes as u64)
             ));
             progress(&format!(
                 "pinning: {} regions, placement check on 1, 2 and 4 threads",
-                numapin::internals::fmt_bytes(bytes as u64)
+                numapin::text::fmt_bytes(bytes as u64)
             ));
             for (threads, create, verify) in
                 pm::region_create_verify_threads(rt, node, bytes, &[1, 2, 4], reps)?
@@ -110,9 +111,9 @@ pub(super) fn run(
             }
             progress(&format!(
                 "pinning: {} regions, cuMemAllocHost",
-                numapin::internals::fmt_bytes(bytes as u64)
+                numapin::text::fmt_bytes(bytes as u64)
             ));
-            let s = super::figures::host_alloc_ms_per_gib(bytes, reps)?;
+            let s = host_alloc_ms_per_gib(bytes, reps)?;
             report.results.push(
                 BenchResult::new("pin_create_per_gib", "ms", &s)
                     .with("backend", "cuMemAllocHost")
@@ -214,7 +215,7 @@ pub(super) fn run(
                         ));
                         continue;
                     }
-                    Err(e) => return Err(e),
+                    Err(e) => return Err(e.into()),
                 };
                 for (name, s) in [("h2d", h2d), ("d2h", d2h)] {
                     report.results.push(

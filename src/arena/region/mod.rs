@@ -113,6 +113,7 @@ static VERIFY_THREADS_NOW: AtomicUsize = AtomicUsize::new(0);
 /// Measurement hook: run the `move_pages` placement check of new regions
 /// on `n` threads (0: back to the rule of [`VERIFY_THREADS`]), for
 /// `numapin bench --only pinning` to compare settings in one run.
+#[cfg(feature = "measure")]
 pub(crate) fn set_verify_threads(n: usize) {
     VERIFY_THREADS_NOW.store(n, Ordering::Relaxed);
 }
@@ -365,6 +366,7 @@ static LAST_MAPPED: AtomicUsize = AtomicUsize::new(0);
 
 /// Test hook: the address of the last region mapped by this process (to
 /// check that a failed creation left nothing mapped).
+#[cfg(feature = "internals")]
 #[doc(hidden)]
 pub fn last_mapped_addr() -> usize {
     LAST_MAPPED.load(Ordering::Relaxed)
@@ -525,6 +527,7 @@ impl Drop for Region {
 /// Baseline for measurements: `mmap` + `mlock` of `len` bytes (the kernel
 /// faulting every page in serially, on whatever node the default policy
 /// picks), timed, then unlocked and unmapped outside the timing.
+#[cfg(feature = "measure")]
 pub(crate) fn mmap_mlock_baseline(len: usize) -> std::io::Result<std::time::Duration> {
     let t = std::time::Instant::now();
     let p = numa::map_anonymous(len)?;

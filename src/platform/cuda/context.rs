@@ -5,10 +5,10 @@ use std::sync::OnceLock;
 use cudarc::driver::sys;
 
 use super::{check, driver_version, CudaResult};
-pub use sys::{CUcontext, CUdevice};
+pub(crate) use sys::{CUcontext, CUdevice};
 
 /// The driver handle of ordinal `ordinal`.
-pub fn device(ordinal: u32) -> CudaResult<CUdevice> {
+pub(crate) fn device(ordinal: u32) -> CudaResult<CUdevice> {
     driver_version()?;
     let mut dev = 0;
     // SAFETY: dev is a valid out-pointer; the driver is initialised.
@@ -29,7 +29,7 @@ pub fn set_device(ordinal: u32) -> CudaResult<CUcontext> {
 
 /// Ordinal `ordinal`'s primary context, retained once per process (primary
 /// contexts live until exit); does not make it current.
-pub fn primary_context(ordinal: u32) -> CudaResult<CUcontext> {
+pub(crate) fn primary_context(ordinal: u32) -> CudaResult<CUcontext> {
     static CTXS: OnceLock<std::sync::Mutex<Vec<(u32, usize)>>> = OnceLock::new();
     let ctxs = CTXS.get_or_init(Default::default);
     let mut g = ctxs.lock().unwrap_or_else(|p| p.into_inner());
@@ -93,8 +93,9 @@ pub fn ensure_context() -> CudaResult<()> {
     Ok(())
 }
 
+#[cfg(feature = "measure")]
 /// A device attribute of ordinal `ordinal` (`cuDeviceGetAttribute`).
-pub fn device_attribute(ordinal: u32, attr: sys::CUdevice_attribute) -> CudaResult<i32> {
+pub(crate) fn device_attribute(ordinal: u32, attr: sys::CUdevice_attribute) -> CudaResult<i32> {
     let dev = device(ordinal)?;
     let mut v = 0;
     // SAFETY: v is a valid out-pointer; dev is a valid device.
@@ -104,8 +105,9 @@ pub fn device_attribute(ordinal: u32, attr: sys::CUdevice_attribute) -> CudaResu
     Ok(v)
 }
 
+#[cfg(feature = "measure")]
 /// The number of streaming multiprocessors of ordinal `ordinal`.
-pub fn multiprocessor_count(ordinal: u32) -> CudaResult<u32> {
+pub(crate) fn multiprocessor_count(ordinal: u32) -> CudaResult<u32> {
     device_attribute(
         ordinal,
         sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,

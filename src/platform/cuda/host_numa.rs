@@ -41,7 +41,7 @@ fn prop(node: u32) -> sys::CUmemAllocationProp {
 
 /// The size `cuMemCreate` rounds host-NUMA allocations on `node` to
 /// (`CU_MEM_ALLOC_GRANULARITY_RECOMMENDED`).
-pub fn numa_granularity(node: u32) -> CudaResult<usize> {
+pub(crate) fn numa_granularity(node: u32) -> CudaResult<usize> {
     driver_version()?;
     ensure_context()?;
     let p = prop(node);
@@ -60,7 +60,7 @@ pub fn numa_granularity(node: u32) -> CudaResult<usize> {
 /// Pinned host memory on one NUMA node from `cuMemCreate`, mapped for the
 /// host and for every GPU; unmapped and released on drop.
 #[derive(Debug)]
-pub struct NumaAlloc {
+pub(crate) struct NumaAlloc {
     ptr: CUdeviceptr,
     len: usize,
     handle: CUmemGenericAllocationHandle,
@@ -77,7 +77,7 @@ impl NumaAlloc {
     /// Allocates at least `len` bytes (rounded up to
     /// [`numa_granularity`]) on `node`, readable and writable from the host
     /// and from each of `devices` (CUDA ordinals).
-    pub fn new(node: u32, len: usize, devices: &[u32]) -> CudaResult<NumaAlloc> {
+    pub(crate) fn new(node: u32, len: usize, devices: &[u32]) -> CudaResult<NumaAlloc> {
         let g = numa_granularity(node)?;
         let len = len.max(1).div_ceil(g) * g;
         let p = prop(node);
@@ -126,18 +126,13 @@ impl NumaAlloc {
     }
 
     /// The first byte, as a host pointer.
-    pub fn ptr(&self) -> *mut u8 {
+    pub(crate) fn ptr(&self) -> *mut u8 {
         self.ptr as usize as *mut u8
     }
 
     /// Bytes (a multiple of the granularity).
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.len
-    }
-
-    /// Never true: an allocation holds at least one granule.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
     }
 }
 
@@ -163,7 +158,7 @@ impl Drop for NumaAlloc {
 /// restored after it, also on failure). The second value is why the policy
 /// could not be set (`set_mempolicy` refused by a seccomp profile): the
 /// memory was then placed wherever the kernel chose.
-pub fn host_alloc_on_node(
+pub(crate) fn host_alloc_on_node(
     node: u32,
     len: usize,
 ) -> CudaResult<(HostAlloc, Option<std::io::Error>)> {

@@ -17,7 +17,7 @@ pub const HOST_REGISTER_PORTABLE: u32 = sys::CU_MEMHOSTREGISTER_PORTABLE;
 /// # Safety
 /// `ptr..ptr+len` must be a mapped host range that stays mapped until
 /// [`host_unregister`] is called on `ptr`.
-pub unsafe fn host_register(ptr: *mut c_void, len: usize, flags: u32) -> CudaResult<()> {
+pub(crate) unsafe fn host_register(ptr: *mut c_void, len: usize, flags: u32) -> CudaResult<()> {
     driver_version()?;
     ensure_context()?;
     // SAFETY: the caller guarantees the range is mapped.
@@ -31,7 +31,7 @@ pub unsafe fn host_register(ptr: *mut c_void, len: usize, flags: u32) -> CudaRes
 /// # Safety
 /// `ptr` must be the start of a range registered with [`host_register`], and
 /// no copy may still be reading or writing it.
-pub unsafe fn host_unregister(ptr: *mut c_void) -> CudaResult<()> {
+pub(crate) unsafe fn host_unregister(ptr: *mut c_void) -> CudaResult<()> {
     driver_version()?;
     ensure_context()?;
     // SAFETY: per the caller's guarantee.
@@ -287,7 +287,7 @@ impl DeviceBuffer {
 
 /// Where a device pointer lies, from `cuPointerGetAttribute`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DeviceRange {
+pub(crate) struct DeviceRange {
     /// The CUDA ordinal of the device the memory is on.
     pub ordinal: u32,
     /// First byte of the allocation holding the pointer.
@@ -298,7 +298,7 @@ pub struct DeviceRange {
 
 /// The device allocation holding `ptr`, or an error when `ptr` is not
 /// device memory (host memory, managed memory, an unknown address).
-pub fn device_range(ptr: CUdeviceptr) -> CudaResult<DeviceRange> {
+pub(crate) fn device_range(ptr: CUdeviceptr) -> CudaResult<DeviceRange> {
     driver_version()?;
     ensure_context()?;
     use sys::CUpointer_attribute as A;

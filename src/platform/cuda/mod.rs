@@ -16,29 +16,32 @@
 //! holds. Set `NUMAPIN_NO_CUDA=1` to make numapin behave as if no driver were
 //! installed (tests use it to exercise that path on GPU machines).
 
-pub mod context;
-pub mod host_numa;
-pub mod memory;
-pub mod module;
-pub mod stream;
+pub(crate) mod context;
+pub(crate) mod host_numa;
+pub(crate) mod memory;
+#[cfg(feature = "measure")]
+pub(crate) mod module;
+pub(crate) mod stream;
 
 use std::ffi::CStr;
 use std::sync::OnceLock;
 
 use cudarc::driver::sys;
 
-pub use context::{
-    device, device_attribute, ensure_context, multiprocessor_count, primary_context, set_device,
-    ContextGuard,
-};
+pub(crate) use context::device;
+#[cfg(feature = "measure")]
+pub(crate) use context::{device_attribute, multiprocessor_count};
+pub use context::{ensure_context, set_device, ContextGuard};
+pub(crate) use memory::{device_range, host_register, host_unregister};
 pub use memory::{
-    device_range, host_device_pointer, host_get_flags, host_register, host_unregister, memcpy_dtoh,
-    memcpy_dtoh_async, memcpy_htod, memcpy_htod_async, DeviceBuffer, DeviceRange, HostAlloc,
-    HOST_REGISTER_DEVICEMAP, HOST_REGISTER_PORTABLE,
+    host_device_pointer, host_get_flags, memcpy_dtoh, memcpy_dtoh_async, memcpy_htod,
+    memcpy_htod_async, DeviceBuffer, HostAlloc, HOST_REGISTER_DEVICEMAP, HOST_REGISTER_PORTABLE,
 };
-pub use module::{Function, Module};
-pub use stream::{stream_wait_event, Event, Stream};
-pub use sys::{CUdeviceptr, CUevent, CUstream};
+#[cfg(feature = "measure")]
+pub(crate) use module::{Function, Module};
+pub(crate) use stream::stream_wait_event;
+pub use stream::{Event, Stream};
+pub(crate) use sys::{CUdeviceptr, CUstream};
 
 /// Why the CUDA driver cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -114,7 +117,7 @@ impl CudaError {
 pub type CudaResult<T> = Result<T, CudaError>;
 
 /// Turns a `CUresult` into a [`CudaError`] naming `call`.
-pub fn check(call: &'static str, r: sys::CUresult) -> CudaResult<()> {
+pub(crate) fn check(call: &'static str, r: sys::CUresult) -> CudaResult<()> {
     if r == sys::CUresult::CUDA_SUCCESS {
         return Ok(());
     }
@@ -207,7 +210,7 @@ pub fn available() -> bool {
 
 /// One device as the driver enumerates it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CudaDevice {
+pub(crate) struct CudaDevice {
     /// The CUDA ordinal in this process.
     pub ordinal: u32,
     /// PCI bus id, normalised (`0000:07:00.0`).
@@ -220,7 +223,7 @@ pub struct CudaDevice {
 
 /// What the driver says about the devices.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Enumeration {
+pub(crate) enum Enumeration {
     /// The driver answered.
     Devices {
         /// The driver version.
@@ -233,7 +236,7 @@ pub enum Enumeration {
 }
 
 /// Lists the devices this process sees (after `CUDA_VISIBLE_DEVICES`).
-pub fn enumerate() -> Enumeration {
+pub(crate) fn enumerate() -> Enumeration {
     let version = match driver_version() {
         Ok(v) => v,
         // cuInit says "no device" when CUDA_VISIBLE_DEVICES hides them all:
@@ -310,7 +313,7 @@ fn list_devices() -> CudaResult<Vec<CudaDevice>> {
 }
 
 /// Formats a UUID as `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`.
-pub fn format_uuid(b: &[std::ffi::c_char; 16]) -> String {
+pub(crate) fn format_uuid(b: &[std::ffi::c_char; 16]) -> String {
     let h: Vec<String> = b.iter().map(|x| format!("{:02x}", *x as u8)).collect();
     format!(
         "GPU-{}-{}-{}-{}-{}",

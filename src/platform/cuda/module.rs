@@ -11,7 +11,7 @@ use cudarc::driver::sys::CUstream;
 /// A module loaded from PTX text (`cuModuleLoadData`, JIT-compiled by the
 /// driver for the current device), unloaded on drop.
 #[derive(Debug)]
-pub struct Module {
+pub(crate) struct Module {
     raw: sys::CUmodule,
     ctx: CUcontext,
 }
@@ -24,7 +24,7 @@ unsafe impl Sync for Module {}
 
 impl Module {
     /// Loads `ptx` into ordinal `ordinal`'s primary context.
-    pub fn load_ptx(ordinal: u32, ptx: &str) -> CudaResult<Module> {
+    pub(crate) fn load_ptx(ordinal: u32, ptx: &str) -> CudaResult<Module> {
         let ctx = primary_context(ordinal)?;
         let _g = ContextGuard::push_context(ctx)?;
         let text = std::ffi::CString::new(ptx).map_err(|_| CudaError::Call {
@@ -43,7 +43,7 @@ impl Module {
     }
 
     /// The kernel named `name` (its `.entry` name).
-    pub fn function(&self, name: &str) -> CudaResult<Function> {
+    pub(crate) fn function(&self, name: &str) -> CudaResult<Function> {
         let c = std::ffi::CString::new(name).map_err(|_| CudaError::Call {
             call: "cuModuleGetFunction",
             name: "CUDA_ERROR_NOT_FOUND".into(),
@@ -73,7 +73,7 @@ impl Drop for Module {
 
 /// A kernel of a [`Module`]; valid while the module is loaded.
 #[derive(Debug, Clone, Copy)]
-pub struct Function(sys::CUfunction);
+pub(crate) struct Function(sys::CUfunction);
 
 // SAFETY: a function handle is an address usable from any thread.
 unsafe impl Send for Function {}
@@ -89,7 +89,7 @@ impl Function {
     /// the module's context, and `params` must point to one value of the
     /// type and size of each kernel parameter, in order; whatever memory
     /// the kernel touches through them must stay valid until it completes.
-    pub unsafe fn launch(
+    pub(crate) unsafe fn launch(
         &self,
         grid: u32,
         block: u32,

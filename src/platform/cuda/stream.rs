@@ -149,7 +149,7 @@ impl Drop for Event {
 /// `stream` must be a live stream (or null, the legacy default stream) and
 /// `event` a live event; both must stay alive until the wait is queued
 /// (the call returns after queuing it).
-pub unsafe fn stream_wait_event(stream: CUstream, event: CUevent) -> CudaResult<()> {
+pub(crate) unsafe fn stream_wait_event(stream: CUstream, event: CUevent) -> CudaResult<()> {
     // SAFETY: per the caller's guarantee.
     check("cuStreamWaitEvent", unsafe {
         sys::cuStreamWaitEvent(stream, event, 0)
