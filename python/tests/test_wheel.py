@@ -232,14 +232,16 @@ def test_the_command_without_the_system_libraries(hide, venv):
         ["--version"],
         ["topo", "--help"],
         ["exec", "--gpu", "0"],
+        # A path that is not UTF-8 reaches the tool as the same bytes.
+        [b"topo", b"--input", b"/nonexistent/\xff\xfe.xml"],
     ],
-    ids=lambda a: " ".join(a)[:60] or "no-args",
+    ids=lambda a: " ".join(map(os.fsdecode, a))[:60] or "no-args",
 )
 def test_same_output_and_exit_code_as_the_binary(venv, args):
     rust = binary()
-    ref = subprocess.run([str(rust), *args], capture_output=True, text=True)
+    ref = subprocess.run([os.fsencode(rust), *map(os.fsencode, args)], capture_output=True)
     for run in ([str(venv / "bin" / "numapin")], [str(venv / "bin" / "python"), "-m", "numapin"]):
-        r = subprocess.run([*run, *args], capture_output=True, text=True)
+        r = subprocess.run([*map(os.fsencode, run), *map(os.fsencode, args)], capture_output=True)
         assert (r.returncode, r.stdout, r.stderr) == (ref.returncode, ref.stdout, ref.stderr), run
 
 

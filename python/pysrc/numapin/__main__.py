@@ -41,7 +41,7 @@ def main() -> None:
     for stream in (sys.stdout, sys.stderr):
         if stream is not None:
             stream.flush()
-    args: list[str | bytes] = ["numapin", *sys.argv[1:]]
+    args = ["numapin", *sys.argv[1:]]
     code = _numapin.run_cli(args)
     # numapin flushed everything it wrote; leave without Python's shutdown
     # (it could only add output, such as a failed flush of a closed pipe).
