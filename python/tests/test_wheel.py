@@ -47,7 +47,8 @@ def system_copies() -> list[str]:
     """Every file the dynamic loader could open for the hidden libraries:
     those in its cache and in the usual folders, links resolved."""
     found: set[str] = set()
-    cache = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True).stdout
+    ldconfig = shutil.which("ldconfig") or next((p for p in ("/sbin/ldconfig", "/usr/sbin/ldconfig") if os.path.exists(p)), None)
+    cache = subprocess.run([ldconfig, "-p"], capture_output=True, text=True).stdout if ldconfig else ""
     for line in cache.splitlines():
         m = re.search(r"=>\s*(\S+)$", line)
         if m and any(Path(m.group(1)).name.startswith(h) for h in HIDDEN):
