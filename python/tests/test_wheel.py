@@ -258,7 +258,10 @@ def test_exec_becomes_the_command_with_the_binarys_signals(venv, ignore_sigint):
     do not leak, a SIGINT the parent ignored stays ignored."""
     rust = binary()
     show = "echo $$; grep -E '^Sig(Ign|Blk)' /proc/self/status; exit 7"
-    pre = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if ignore_sigint else None
+    # The parent's action is inherited (a shell's background job starts
+    # with SIGINT ignored): each case sets it.
+    action = signal.SIG_IGN if ignore_sigint else signal.SIG_DFL
+    pre = lambda: signal.signal(signal.SIGINT, action)  # noqa: E731
     seen = {}
     for name, run in (
         ("binary", [str(rust)]),
