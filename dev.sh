@@ -2,6 +2,7 @@
 # Set-up and entry points on a fresh Debian/Ubuntu machine with Rust.
 #   ./dev.sh topo [ARGS...]   install what numapin needs, build it, run `numapin topo`
 #   ./dev.sh test             install what the tests need, run every test (Rust and Python)
+#   ./dev.sh wheel            build the Python wheel (numapin module and command) into dist/
 #   ./dev.sh deps             only install the system packages
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -25,17 +26,41 @@ PY_PKGS=(python3-venv)
 # The emulated multi-node machine used by the VM tests (cli/tests/vm).
 VM_PKGS=(qemu-system-x86 linux-image-amd64 busybox-static cpio)
 
-# The Python package (python/): built into .venv with maturin and tested with
-# pytest, with NumPy and (unless NUMAPIN_NO_TORCH=1) torch.
+# What python/build-wheel.sh needs from apt besides apt itself (hwloc's
+# source package is fetched with a private apt configuration; zig, maturin
+# and auditwheel come from PyPI).
+WHEEL_PKGS=(pkg-config make bzip2 xz-utils binutils)
+
+ensure_venv_module() {
+  if ! python3 -c "import venv, ensurepip" >/dev/null 2>&1; then
+    install_pkgs "${PY_PKGS[@]}" || true
+  fi
+}
+
+# dist/numapin-VERSION-cp311-abi3-manylinux_2_28_ARCH.whl: the extension
+# module (with the command-line tool inside and hwloc linked in), its Python
+# files and the `numapin` script. See python/build-wheel.sh.
+build_wheel() {
+  install_pkgs "${WHEEL_PKGS[@]}"
+  ensure_venv_module
+  python/build-wheel.sh
+}
+
+# The Python package (python/): its wheel installed into .venv and tested
+# with pytest, with NumPy and (unless NUMAPIN_NO_TORCH=1) torch. The wheel's
+# own test (python/tests/test_wheel.py) installs it again into a fresh venv
+# with the system's libhwloc and libudev hidden.
 python_tests() {
+  build_wheel
   if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
   fi
-  local want=(maturin==1.16.0 numpy pytest)
+  local want=(numpy pytest)
   if [ "${NUMAPIN_NO_TORCH:-0}" != 1 ]; then want+=(torch==2.11.0); fi
   .venv/bin/pip install -q --disable-pip-version-check "${want[@]}"
-  .venv/bin/pip install -q --disable-pip-version-check ./python
-  .venv/bin/python -m pytest -q python/tests
+  .venv/bin/pip install -q --disable-pip-version-check --force-reinstall --no-deps dist/numapin-*.whl
+  NUMAPIN_WHEEL="$(ls dist/numapin-*.whl)" NUMAPIN_AUDITWHEEL="$PWD/target/wheel-tools/bin/auditwheel" \
+    NUMAPIN_BIN="$PWD/target/release/numapin" .venv/bin/python -m pytest -q python/tests
 }
 
 cmd=${1:-}
@@ -54,15 +79,16 @@ case "$cmd" in
     if [ -f cli/tests/vm/harness.sh ] && grep -qi debian /etc/os-release; then
       install_pkgs "${VM_PKGS[@]}" || echo "dev.sh: VM packages unavailable; the VM tests will skip" >&2
     fi
-    if ! python3 -c "import venv, ensurepip" >/dev/null 2>&1; then
-      install_pkgs "${PY_PKGS[@]}" || true
-    fi
+    ensure_venv_module
     cargo build --release --quiet --workspace --bins
     cargo test --release --workspace "$@"
     python_tests
     ;;
+  wheel)
+    build_wheel
+    ;;
   *)
-    echo "usage: ./dev.sh topo [ARGS...] | ./dev.sh test [CARGO TEST ARGS...] | ./dev.sh deps" >&2
+    echo "usage: ./dev.sh topo [ARGS...] | ./dev.sh test [CARGO TEST ARGS...] | ./dev.sh wheel | ./dev.sh deps" >&2
     exit 2
     ;;
 esac

@@ -10,6 +10,7 @@
 //! Every call that allocates a region, copies, binds or waits runs with the
 //! GIL released (`Python::detach`).
 
+mod cli;
 mod dlpack;
 mod doctor;
 mod dtype;
@@ -755,6 +756,7 @@ fn _numapin(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(trim, m)?)?;
     m.add_function(wrap_pyfunction!(place::place, m)?)?;
     m.add_function(wrap_pyfunction!(dtypes, m)?)?;
+    m.add_function(wrap_pyfunction!(cli::run_cli, m)?)?;
     m.add_function(wrap_pyfunction!(_delete_export_on_foreign_thread, m)?)?;
     m.add(
         "DLPACK_VERSION",
