@@ -20,8 +20,8 @@ mod topo;
 use clap::{Parser, Subcommand};
 
 use error::Result;
-use output::report;
 use numapin::topology::{CudaMode, PciId, ProbeOptions, Topology};
+use output::report;
 
 /// numapin: keep GPU data movement on the right side of the socket.
 #[derive(Debug, Parser)]
