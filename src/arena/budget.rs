@@ -1,0 +1,231 @@
+//! What may be pinned: the node's budget, the memory cgroup's budget over
+//! every node ([`SharedBudget`]) and the memlock limit, decided for each new
+//! region before anything is mapped.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::{fmt_bytes, huge, Admitted, ArenaError, Backend, HugePages, NodeArena, Region};
+
+/// A budget of pinned bytes shared by every node of a runtime: the share of
+/// the process's memory cgroup limit that may be pinned (pinned pages are
+/// charged to the cgroup whatever their node, and above `memory.max` the
+/// OOM killer ends the process).
+#[derive(Debug)]
+pub struct SharedBudget {
+    limit: u64,
+    used: AtomicU64,
+    source: String,
+}
+
+impl SharedBudget {
+    /// A budget of `limit` bytes; `source` says where it comes from (for
+    /// messages: `half of memory.max = 2 GiB (sys/fs/cgroup/memory.max)`).
+    pub fn new(limit: u64, source: String) -> SharedBudget {
+        SharedBudget {
+            limit,
+            used: AtomicU64::new(0),
+            source,
+        }
+    }
+
+    /// The limit in bytes.
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    /// Bytes charged now.
+    pub fn used(&self) -> u64 {
+        self.used.load(Ordering::SeqCst)
+    }
+
+    /// Where the limit comes from.
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    /// Charges `bytes` if they fit; whether they did.
+    pub(super) fn try_reserve(&self, bytes: u64) -> bool {
+        self.used
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |u| {
+                u.checked_add(bytes).filter(|&n| n <= self.limit)
+            })
+            .is_ok()
+    }
+
+    /// The error for `requested` bytes on `node` that do not fit.
+    pub(super) fn exceeded(&self, node: u32, requested: u64) -> ArenaError {
+        ArenaError::CgroupBudget {
+            node,
+            requested,
+            in_use: self.used(),
+            limit: self.limit,
+            cgroup: self.source.clone(),
+        }
+    }
+
+    /// Gives back `bytes` charged before.
+    pub(super) fn release(&self, bytes: u64) {
+        self.used.fetch_sub(bytes, Ordering::SeqCst);
+    }
+}
+
+impl NodeArena {
+    /// Decides whether a region of `size` bytes (or, short of room, the
+    /// `fitted` size that would still serve a request of `bytes`) may be
+    /// made with `reserved` bytes held on the node already: the node's
+    /// budget (after giving back empty regions), the memlock limit (too
+    /// low: registration pins the region, or, without CUDA, an error) and
+    /// the memory cgroup's budget over all nodes, which it reserves (the
+    /// region's charge, or [`NodeArena::charged`], gives it back).
+    pub(super) fn admit(
+        &self,
+        bytes: u64,
+        (size, fitted): (u64, u64),
+        reserved: u64,
+    ) -> Result<Admitted, ArenaError> {
+        let mut size = size;
+        let mut reserved = reserved;
+        if reserved + size > self.cfg.budget {
+            // Empty regions held for reuse make room first.
+            reserved = self.trim();
+            if reserved + size > self.cfg.budget && reserved + fitted <= self.cfg.budget {
+                size = fitted;
+            }
+            if reserved + size > self.cfg.budget {
+                // A budget the memory cgroup set says so, with its fix.
+                if let Some(shared) = self
+                    .cfg
+                    .shared
+                    .as_ref()
+                    .filter(|s| s.limit() == self.cfg.budget)
+                {
+                    return Err(shared.exceeded(self.node, bytes));
+                }
+                return Err(ArenaError::BudgetExceeded {
+                    node: self.node,
+                    requested: bytes,
+                    in_use: reserved,
+                    limit: self.cfg.budget,
+                });
+            }
+        }
+        let (size, pin_by_registration) = self.memlock_room(size, fitted)?;
+        let size = self.reserve_cgroup(bytes, size, fitted)?;
+        Ok(Admitted {
+            size,
+            pin_by_registration,
+        })
+    }
+
+    /// The memlock limit's say on a region of `size` bytes (or `fitted`):
+    /// the size to make, and why registration pins it when the limit is too
+    /// low and CUDA will register it. Driver backends' memory is pinned by
+    /// the driver, outside RLIMIT_MEMLOCK (as registration is); hugetlb
+    /// pages are not locked (never swapped): the limit does not apply.
+    pub(super) fn memlock_room(
+        &self,
+        size: u64,
+        fitted: u64,
+    ) -> Result<(u64, Option<String>), ArenaError> {
+        if !self.cfg.memlock_applies
+            || self.cfg.backend != Backend::Mapped
+            || self.will_use_hugetlb(size)
+        {
+            return Ok((size, None));
+        }
+        let soft = crate::platform::sys::memlock_limit().map_or(0, |(s, _)| s);
+        let locked = crate::platform::sys::locked_bytes();
+        let room = soft.saturating_sub(locked);
+        let size = if size > room && fitted <= room {
+            fitted
+        } else {
+            size
+        };
+        if size <= room {
+            return Ok((size, None));
+        }
+        // Without CUDA registration nothing else would pin the pages: then
+        // the limit is an error, as before.
+        if !(self.cfg.register && crate::platform::cuda::driver_version().is_ok()) {
+            return Err(ArenaError::lock_failed(self.node, size, None));
+        }
+        Ok((
+            size,
+            Some(format!(
+                "RLIMIT_MEMLOCK is {} with {} locked, too low for {}",
+                fmt_bytes(soft),
+                fmt_bytes(locked),
+                fmt_bytes(size)
+            )),
+        ))
+    }
+
+    /// Reserves `size` bytes (or `fitted`) of the memory cgroup's budget
+    /// over all nodes, if there is one; the size reserved.
+    pub(super) fn reserve_cgroup(
+        &self,
+        bytes: u64,
+        size: u64,
+        fitted: u64,
+    ) -> Result<u64, ArenaError> {
+        let Some(shared) = &self.cfg.shared else {
+            return Ok(size);
+        };
+        if shared.try_reserve(size) {
+            return Ok(size);
+        }
+        // Empty regions of this node make room (other nodes keep theirs
+        // until their own trim).
+        self.trim();
+        if size > fitted && shared.try_reserve(fitted) {
+            Ok(fitted)
+        } else if shared.try_reserve(size) {
+            Ok(size)
+        } else {
+            Err(shared.exceeded(self.node, bytes))
+        }
+    }
+
+    /// The region `created` (of `size` bytes reserved by [`admit`](Self::admit)),
+    /// charged to the cgroup's budget until dropped; on failure the
+    /// reservation is given back.
+    pub(super) fn charged(
+        &self,
+        created: Result<Region, ArenaError>,
+        size: u64,
+    ) -> Result<Region, ArenaError> {
+        match created {
+            Ok(mut region) => {
+                if let Some(shared) = &self.cfg.shared {
+                    region.charge(shared.clone(), size);
+                }
+                Ok(region)
+            }
+            Err(e) => {
+                if let Some(shared) = &self.cfg.shared {
+                    shared.release(size);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Whether a region of `size` bytes made now would be of hugetlb pages
+    /// (a preview of the choice region creation makes; an explicit hugetlb
+    /// choice always is, or fails).
+    pub(super) fn will_use_hugetlb(&self, size: u64) -> bool {
+        match self.cfg.huge_pages {
+            HugePages::Hugetlb2M | HugePages::Hugetlb1G => true,
+            HugePages::Auto => {
+                let root = self
+                    .cfg
+                    .pool_root
+                    .as_deref()
+                    .unwrap_or(std::path::Path::new("/"));
+                huge::choose(HugePages::Auto, self.node, size as usize, root)
+                    .is_ok_and(|c| c.kind.hugetlb_bytes().is_some())
+            }
+            HugePages::Transparent | HugePages::None => false,
+        }
+    }
+}
