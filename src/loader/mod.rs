@@ -251,37 +251,8 @@ impl Loader {
         }
         let slot_bytes = slots.first().map_or(0, |s| s.capacity() as u64);
         let mut warnings = place.warnings.clone();
-        let gpu = match place.ordinal() {
-            None => None,
-            Some(ordinal) => {
-                if slots.iter().any(|s| !s.is_registered()) {
-                    warnings.push(format!(
-                        "the pinned slots on node {} are not registered with CUDA (RuntimeConfig::register is off, or registration was skipped: see Runtime::stats), so every copy is synchronous and slow",
-                        place.node
-                    ));
-                }
-                Some(engine::gpu_side(ordinal, &cfg)?)
-            }
-        };
-        let state = State {
-            free_slots: slots,
-            free_ring: (0..gpu.as_ref().map_or(0, |g| g.ring.len()))
-                .rev()
-                .map(|i| (i, 0))
-                .collect(),
-            workers_running: cfg.workers,
-            ..State::default()
-        };
-        let shared = Arc::new(Shared {
-            state: Mutex::new(state),
-            slot_free: Condvar::new(),
-            engine_wake: Condvar::new(),
-            delivered: Condvar::new(),
-            next_index: AtomicU64::new(0),
-            producer: Box::new(move |i, s| producer(i, s).map_err(Into::into)),
-            cfg,
-            gpu,
-        });
+        let gpu = Self::gpu_side(&place, &slots, &cfg, &mut warnings)?;
+        let shared = Self::shared(slots, gpu, cfg, producer);
         let mut loader = Loader {
             shared: shared.clone(),
             threads: Vec::new(),
@@ -292,12 +263,72 @@ impl Loader {
             warnings,
             slot_bytes,
         };
-        // Each thread binds itself first and reports; a failure stops the
-        // others (through Drop) and comes back from here.
+        loader.start_threads(&place.cpus)?;
+        Ok(loader)
+    }
+
+    /// The copy engine's side on the GPU (GPU targets only), with a warning
+    /// when the slots are not registered with CUDA.
+    fn gpu_side(
+        place: &crate::runtime::Site,
+        slots: &[PinnedBuf],
+        cfg: &LoaderConfig,
+        warnings: &mut Vec<String>,
+    ) -> Result<Option<GpuSide>> {
+        let Some(ordinal) = place.ordinal() else {
+            return Ok(None);
+        };
+        if slots.iter().any(|s| !s.is_registered()) {
+            warnings.push(format!(
+                "the pinned slots on node {} are not registered with CUDA (RuntimeConfig::register is off, or registration was skipped: see Runtime::stats), so every copy is synchronous and slow",
+                place.node
+            ));
+        }
+        Ok(Some(engine::gpu_side(ordinal, cfg)?))
+    }
+
+    /// The state the workers and the engine share: every slot free, every
+    /// device buffer of the ring free, the workers counted as running.
+    fn shared<P, E>(
+        slots: Vec<PinnedBuf>,
+        gpu: Option<GpuSide>,
+        cfg: LoaderConfig,
+        producer: P,
+    ) -> Arc<Shared>
+    where
+        P: Fn(u64, &mut [u8]) -> std::result::Result<usize, E> + Send + Sync + 'static,
+        E: Into<BoxError>,
+    {
+        let state = State {
+            free_slots: slots,
+            free_ring: (0..gpu.as_ref().map_or(0, |g| g.ring.len()))
+                .rev()
+                .map(|i| (i, 0))
+                .collect(),
+            workers_running: cfg.workers,
+            ..State::default()
+        };
+        Arc::new(Shared {
+            state: Mutex::new(state),
+            slot_free: Condvar::new(),
+            engine_wake: Condvar::new(),
+            delivered: Condvar::new(),
+            next_index: AtomicU64::new(0),
+            producer: Box::new(move |i, s| producer(i, s).map_err(Into::into)),
+            cfg,
+            gpu,
+        })
+    }
+
+    /// Starts the workers and the engine, each bound to `cpus`. Each thread
+    /// binds itself first and reports; a failure stops the others (through
+    /// Drop) and comes back from here.
+    fn start_threads(&mut self, cpus: &CpuList) -> Result<()> {
+        let shared = self.shared.clone();
         let (tx, rx) = mpsc::channel::<(bool, Result<i32>)>();
         let threads = shared.cfg.workers + 1;
         for i in 0..threads {
-            let (thread_shared, tx, cpus) = (shared.clone(), tx.clone(), place.cpus.clone());
+            let (thread_shared, tx, cpus) = (shared.clone(), tx.clone(), cpus.clone());
             let engine = i == shared.cfg.workers;
             let name = if engine {
                 "numapin-copy".to_string()
@@ -317,7 +348,7 @@ impl Loader {
                 }
             });
             match spawned {
-                Ok(h) => loader.threads.push(h),
+                Ok(h) => self.threads.push(h),
                 Err(e) => {
                     // Threads never started do not count as running.
                     let mut st = shared.lock();
@@ -333,12 +364,18 @@ impl Loader {
             }
         }
         drop(tx);
+        self.await_threads(&rx, threads)
+    }
+
+    /// Collects the threads' reports: the workers' thread ids, or the first
+    /// failure.
+    fn await_threads(&mut self, rx: &mpsc::Receiver<(bool, Result<i32>)>, n: usize) -> Result<()> {
         let mut first_error = None;
-        for _ in 0..threads {
+        for _ in 0..n {
             match rx.recv() {
                 Ok((engine, Ok(tid))) => {
                     if !engine {
-                        loader.worker_tids.push(tid);
+                        self.worker_tids.push(tid);
                     }
                 }
                 Ok((_, Err(e))) => {
@@ -347,10 +384,10 @@ impl Loader {
                 Err(_) => break,
             }
         }
-        if let Some(e) = first_error {
-            return Err(e); // Drop stops and joins the threads.
+        match first_error {
+            Some(e) => Err(e), // Drop stops and joins the threads.
+            None => Ok(()),
         }
-        Ok(loader)
     }
 
     /// The next batch, waiting for it; `None` at the end of the stream

@@ -196,54 +196,126 @@ fn cgroup_budget(config: &RuntimeConfig) -> Option<Arc<arena::SharedBudget>> {
     )))
 }
 
+/// Refuses a configuration setting out of range.
+fn check_config(config: &RuntimeConfig) -> Result<(), ArenaError> {
+    let a = config.alignment;
+    if !a.is_power_of_two() || !(arena::DEFAULT_ALIGNMENT..=arena::MAX_ALIGNMENT).contains(&a) {
+        return Err(config_error(
+            "alignment",
+            a.to_string(),
+            "not a power of two from 4096 to 2097152",
+            "use 4096 (4 KiB) up to 2097152 (2 MiB)",
+        ));
+    }
+    if config.region_bytes == 0 || config.region_bytes > isize::MAX as usize / 4 {
+        return Err(config_error(
+            "region_bytes",
+            config.region_bytes.to_string(),
+            "out of range",
+            "use a size such as 268435456 (256 MiB)",
+        ));
+    }
+    let f = config.budget_fraction;
+    if !(f > 0.0 && f <= 1.0) {
+        return Err(config_error(
+            "budget_fraction",
+            f.to_string(),
+            "not in (0, 1]",
+            "use a fraction such as 0.5",
+        ));
+    }
+    if config.backend != Backend::Mapped
+        && matches!(
+            config.huge_pages,
+            HugePages::Hugetlb2M | HugePages::Hugetlb1G
+        )
+    {
+        return Err(config_error(
+        "huge_pages",
+        config.huge_pages.to_string(),
+        &format!(
+            "hugetlb pages are for the mapped backend, and backend is {}",
+            config.backend.as_str()
+        ),
+        "use HugePages::Auto (or Transparent) with a driver backend, or Backend::Mapped with hugetlb pages",
+        ));
+    }
+    Ok(())
+}
+
+/// One arena per node of `topology` that can hold pinned memory, each with
+/// its budget (the node's share, capped by the cgroup's `shared` budget),
+/// its allowed CPUs and its populate threads.
+fn make_arenas(
+    topology: &Topology,
+    config: &RuntimeConfig,
+    region_bytes: u64,
+    shared: Option<Arc<arena::SharedBudget>>,
+) -> Vec<Arc<NodeArena>> {
+    let (a, f) = (config.alignment, config.budget_fraction);
+    let memlock_applies =
+        !crate::platform::sys::has_cap_ipc_lock() && !config.hooks.skip_memlock_check;
+    // 0: every allowed CPU of the node, up to MAX_POPULATE_THREADS
+    // (faulting a region in is bound by the kernel zeroing pages, which
+    // scales with threads: 1 GiB in 119 ms with 16 on an H100 VM).
+    let threads = if config.populate_threads == 0 {
+        MAX_POPULATE_THREADS
+    } else {
+        config.populate_threads
+    };
+    topology
+        .numa_nodes
+        .iter()
+        .filter(|n| n.memory_bytes > 0 && n.kind != NodeKind::GpuMemory)
+        .map(|n| {
+            let mut budget = config
+                .budget_bytes
+                .unwrap_or((n.memory_bytes as f64 * f) as u64);
+            if let Some(s) = &shared {
+                budget = budget.min(s.limit());
+            }
+            let allowed = &topology.allowed.cpus;
+            let cpus = if allowed.is_empty() {
+                n.cpus.clone()
+            } else {
+                n.cpus.intersection(allowed)
+            };
+            NodeArena::new(
+                n.os_index,
+                ArenaConfig {
+                    region_bytes,
+                    alignment: a as u64,
+                    budget,
+                    populate_threads: threads.min(cpus.len().max(1)),
+                    cpus,
+                    register: config.register,
+                    placement: config.placement,
+                    backend: config.backend,
+                    cache: config.thread_cache,
+                    memlock_applies,
+                    shared: shared.clone(),
+                    huge_pages: config.huge_pages,
+                    register_in_parts: config.register_in_parts,
+                    pool_root: config.hooks.pool_root.clone(),
+                    fail_after: config.hooks.fail_after,
+                },
+            )
+        })
+        .collect()
+}
+
 impl Runtime {
     /// A runtime over `topology` (normally [`Topology::probe`] of this
     /// machine). Makes no region yet: the first allocation on a node does.
     /// Reads the process's memory cgroup limit (see
     /// [`RuntimeConfig::budget_fraction`]).
+    ///
+    /// # Errors
+    ///
+    /// [`ArenaError::Config`] for a setting out of range (alignment,
+    /// region size, budget fraction, hugetlb pages with a driver backend).
     pub fn new(topology: Topology, config: RuntimeConfig) -> Result<Runtime, ArenaError> {
-        let a = config.alignment;
-        if !a.is_power_of_two() || !(arena::DEFAULT_ALIGNMENT..=arena::MAX_ALIGNMENT).contains(&a) {
-            return Err(config_error(
-                "alignment",
-                a.to_string(),
-                "not a power of two from 4096 to 2097152",
-                "use 4096 (4 KiB) up to 2097152 (2 MiB)",
-            ));
-        }
-        if config.region_bytes == 0 || config.region_bytes > isize::MAX as usize / 4 {
-            return Err(config_error(
-                "region_bytes",
-                config.region_bytes.to_string(),
-                "out of range",
-                "use a size such as 268435456 (256 MiB)",
-            ));
-        }
-        let f = config.budget_fraction;
-        if !(f > 0.0 && f <= 1.0) {
-            return Err(config_error(
-                "budget_fraction",
-                f.to_string(),
-                "not in (0, 1]",
-                "use a fraction such as 0.5",
-            ));
-        }
-        if config.backend != Backend::Mapped
-            && matches!(
-                config.huge_pages,
-                HugePages::Hugetlb2M | HugePages::Hugetlb1G
-            )
-        {
-            return Err(config_error(
-                "huge_pages",
-                config.huge_pages.to_string(),
-                &format!(
-                    "hugetlb pages are for the mapped backend, and backend is {}",
-                    config.backend.as_str()
-                ),
-                "use HugePages::Auto (or Transparent) with a driver backend, or Backend::Mapped with hugetlb pages",
-            ));
-        }
+        check_config(&config)?;
         let region_bytes = arena::alloc::round_up(
             config.region_bytes as u64,
             config.huge_pages.granule() as u64,
@@ -252,55 +324,7 @@ impl Runtime {
             Some(_) => None,
             None => cgroup_budget(&config),
         };
-        let memlock_applies =
-            !crate::platform::sys::has_cap_ipc_lock() && !config.hooks.skip_memlock_check;
-        // 0: every allowed CPU of the node, up to MAX_POPULATE_THREADS
-        // (faulting a region in is bound by the kernel zeroing pages, which
-        // scales with threads: 1 GiB in 119 ms with 16 on an H100 VM).
-        let threads = if config.populate_threads == 0 {
-            MAX_POPULATE_THREADS
-        } else {
-            config.populate_threads
-        };
-        let arenas: Vec<Arc<NodeArena>> = topology
-            .numa_nodes
-            .iter()
-            .filter(|n| n.memory_bytes > 0 && n.kind != NodeKind::GpuMemory)
-            .map(|n| {
-                let mut budget = config
-                    .budget_bytes
-                    .unwrap_or((n.memory_bytes as f64 * f) as u64);
-                if let Some(s) = &shared {
-                    budget = budget.min(s.limit());
-                }
-                let allowed = &topology.allowed.cpus;
-                let cpus = if allowed.is_empty() {
-                    n.cpus.clone()
-                } else {
-                    n.cpus.intersection(allowed)
-                };
-                NodeArena::new(
-                    n.os_index,
-                    ArenaConfig {
-                        region_bytes,
-                        alignment: a as u64,
-                        budget,
-                        populate_threads: threads.min(cpus.len().max(1)),
-                        cpus,
-                        register: config.register,
-                        placement: config.placement,
-                        backend: config.backend,
-                        cache: config.thread_cache,
-                        memlock_applies,
-                        shared: shared.clone(),
-                        huge_pages: config.huge_pages,
-                        register_in_parts: config.register_in_parts,
-                        pool_root: config.hooks.pool_root.clone(),
-                        fail_after: config.hooks.fail_after,
-                    },
-                )
-            })
-            .collect();
+        let arenas = make_arenas(&topology, &config, region_bytes, shared);
         arena::publish::register(&arenas);
         Ok(Runtime {
             topology,
