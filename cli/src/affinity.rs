@@ -10,7 +10,7 @@ use numapin::{CpuList, CudaOrdinal};
 
 use crate::error::{CliError, Result};
 use crate::output;
-use crate::{ModeArg, TopoSource};
+use crate::source::{ModeArg, TopoSource};
 use numapin::topology::limits::{MAX_GPUS, MAX_RANKS};
 
 /// How the plan is printed.
@@ -56,6 +56,21 @@ pub(crate) struct AffinityArgs {
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Table)]
     pub(crate) format: Format,
+    /// Print JSON (the same as `--format json`, as `topo`, `bench` and
+    /// `doctor` take it).
+    #[arg(long, conflicts_with = "format")]
+    pub(crate) json: bool,
+}
+
+impl AffinityArgs {
+    /// The output format asked for (`--json` or `--format`).
+    fn output_format(&self) -> Format {
+        if self.json {
+            Format::Json
+        } else {
+            self.format
+        }
+    }
 }
 
 /// Parses `--gpus`: comma-separated ordinals or ranges, order kept; each
@@ -142,7 +157,7 @@ pub(crate) fn run(a: &AffinityArgs) -> Result<i32> {
     } else {
         MemPolicy::Bind
     };
-    if a.format != Format::Table && a.format != Format::Json {
+    if a.output_format() != Format::Table && a.output_format() != Format::Json {
         for r in &plan.ranks {
             for w in &r.warnings {
                 output::eprintln(&format!("numapin: warning: rank {}: {w}", r.local_rank));
@@ -153,11 +168,11 @@ pub(crate) fn run(a: &AffinityArgs) -> Result<i32> {
     let mems: Vec<u32> = plan.ranks.iter().flat_map(|r| r.mems.clone()).collect();
     let binding = probe_memory_binding(&mems);
     if let (Binding::CpusOnly { reason }, Format::Shell | Format::Numactl | Format::Taskset) =
-        (&binding, a.format)
+        (&binding, a.output_format())
     {
         output::eprintln(&format!("numapin: warning: {reason}"));
     }
-    output::print(&render(&t, &plan, a.format, policy, &binding))?;
+    output::print(&render(&t, &plan, a.output_format(), policy, &binding))?;
     Ok(0)
 }
 

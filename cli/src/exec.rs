@@ -11,7 +11,7 @@
 use std::ffi::OsString;
 
 use crate::affinity::numactl_args;
-use crate::TopoSource;
+use crate::source::TopoSource;
 use numapin::affinity as apply;
 use numapin::affinity::{
     bind_current_process, launcher, nic_env, plan_node, probe_memory_binding, rank_plan, Binding,
@@ -22,7 +22,7 @@ use numapin::CudaOrdinal;
 
 use crate::error::{CliError, Result};
 use crate::output::{self, report};
-use crate::ModeArg;
+use crate::source::ModeArg;
 use numapin::topology::limits::{MAX_GPUS, MAX_NODES};
 
 /// Which variable `--nic-env` sets: the library's [`NicEnv`].

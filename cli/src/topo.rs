@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use crate::error::{CliError, Result};
 use crate::output;
-use crate::TopoSource;
+use crate::source::TopoSource;
 
 /// Arguments of `numapin topo`.
 #[derive(Debug, clap::Args)]

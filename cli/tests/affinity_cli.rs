@@ -479,8 +479,12 @@ fn affinity_formats() {
         assert!(o.status.success(), "{extra:?}: {}", stderr(&o));
         stdout(&o)
     };
-    let v: Value =
-        serde_json::from_str(&run(&["--format", "json", "--mode", "exclusive"])).unwrap();
+    let text = run(&["--format", "json", "--mode", "exclusive"]);
+    // `--json`, as the other commands take it, is the same output.
+    assert_eq!(run(&["--json", "--mode", "exclusive"]), text);
+    let both = out(numapin(&["affinity", "--input", f, "--json", "--format", "shell"]));
+    assert_eq!(both.status.code(), Some(2), "--json and --format conflict");
+    let v: Value = serde_json::from_str(&text).unwrap();
     assert_eq!(v["mode"], "exclusive");
     let got: Vec<&str> = v["ranks"]
         .as_array()

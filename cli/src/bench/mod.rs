@@ -2,7 +2,7 @@
 
 use std::io::IsTerminal;
 
-use crate::TopoSource;
+use crate::source::TopoSource;
 use numapin::text::Table;
 mod figures;
 mod pinning;

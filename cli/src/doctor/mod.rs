@@ -6,7 +6,7 @@ mod report;
 mod text;
 
 use crate::error::Result;
-use crate::TopoSource;
+use crate::source::TopoSource;
 use numapin::doctor::DoctorOptions;
 
 /// Arguments of `numapin doctor`.
