@@ -1,7 +1,7 @@
 //! Errors for code and for people.
 //!
 //! Each domain has its own error enum ([`TopologyError`], [`AffinityError`],
-//! [`ArenaError`], [`LoaderError`]). Every one of them:
+//! [`ArenaError`], [`LoaderError`], [`StorageError`]). Every one of them:
 //!
 //! * says in its message what it read (a file, an environment variable, a
 //!   node, a GPU) and what is wrong with it;
@@ -19,6 +19,7 @@ pub use crate::report::{with_causes, ErrorKind};
 pub use crate::affinity::AffinityError;
 pub use crate::arena::ArenaError;
 pub use crate::loader::LoaderError;
+pub use crate::storage::StorageError;
 pub use crate::topology::TopologyError;
 
 /// Any numapin error.
@@ -37,6 +38,9 @@ pub enum Error {
     /// A loader or a staged copy failed.
     #[error(transparent)]
     Loader(#[from] LoaderError),
+    /// Reading files (a checkpoint, a dataset) failed.
+    #[error(transparent)]
+    Storage(#[from] StorageError),
 }
 
 /// `Result` with numapin's [`Error`].
@@ -50,6 +54,7 @@ impl Error {
             Error::Affinity(e) => e.kind(),
             Error::Arena(e) => e.kind(),
             Error::Loader(e) => e.kind(),
+            Error::Storage(e) => e.kind(),
         }
     }
 
@@ -60,6 +65,7 @@ impl Error {
             Error::Affinity(e) => e.fix(),
             Error::Arena(e) => e.fix(),
             Error::Loader(e) => e.fix(),
+            Error::Storage(e) => e.fix(),
         }
     }
 }

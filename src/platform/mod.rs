@@ -5,10 +5,12 @@
 //! buffer code where `unsafe` appears, each block with a `// SAFETY:`
 //! comment.
 
+pub(crate) mod block;
 pub mod cgroup;
 pub mod cleanup;
 pub mod container;
 pub mod cuda;
+pub(crate) mod file;
 pub mod hugetlb;
 pub(crate) mod isolate;
 pub mod numa;
