@@ -18,7 +18,7 @@
 //! once first, then measures buffered reads from the page cache. Each figure
 //! reads `--bytes` (default: the whole file) from the start. `--reader`
 //! adds numapin's reader (into pinned host memory, and to GPU `--gpu` when
-//! a CUDA driver is present).
+//! a CUDA driver is present); `--reader-only` measures only that.
 #![allow(clippy::unwrap_used)] // tests and examples fail loudly
 
 use std::fs::File;
@@ -41,6 +41,7 @@ struct Args {
     block: Vec<usize>,
     bytes: Option<u64>,
     reader: bool,
+    reader_only: bool,
     gpu: u32,
     reps: usize,
     json: bool,
@@ -75,6 +76,7 @@ fn parse() -> Result<Args, String> {
         block: vec![1 << 20, 4 << 20, 16 << 20],
         bytes: None,
         reader: false,
+        reader_only: false,
         gpu: 0,
         reps: 3,
         json: false,
@@ -94,11 +96,15 @@ fn parse() -> Result<Args, String> {
             "--depth" => a.depth = list(&val()?, num)?,
             "--block" => a.block = list(&val()?, |v| size(v).map(|b| b as usize))?,
             "--reader" => a.reader = true,
+            "--reader-only" => {
+                a.reader = true;
+                a.reader_only = true;
+            }
             "--gpu" => a.gpu = num(&val()?)? as u32,
             "--reps" => a.reps = num(&val()?)?.max(1),
             "--json" => a.json = true,
             "--help" | "-h" => {
-                return Err("usage: storage_io --file PATH [--size 4G] [--create] [--cold] [--hot] [--threads 1,4,16,64] [--depth 1,4,16,64] [--block 1M,4M,16M] [--bytes N] [--reps 3] [--reader] [--gpu N] [--json]".into())
+                return Err("usage: storage_io --file PATH [--size 4G] [--create] [--cold] [--hot] [--threads 1,4,16,64] [--depth 1,4,16,64] [--block 1M,4M,16M] [--bytes N] [--reps 3] [--reader] [--reader-only] [--gpu N] [--json]".into())
             }
             other => return Err(format!("unknown argument {other}")),
         }
@@ -197,6 +203,41 @@ fn threads_read(f: &File, total: u64, threads: usize, block: usize) -> u64 {
         }
     });
     done.load(Ordering::Relaxed).min(total)
+}
+
+/// `threads_read` into one destination of `total` bytes (each block to its
+/// place, as a loader writes a checkpoint into memory) instead of a reused
+/// buffer per thread.
+fn threads_read_into(f: &File, dst: &mut [u8], threads: usize, block: usize) -> u64 {
+    let total = dst.len() as u64;
+    let base = dst.as_mut_ptr() as usize;
+    let next = AtomicU64::new(0);
+    let done = AtomicU64::new(0);
+    std::thread::scope(|s| {
+        for _ in 0..threads {
+            s.spawn(|| loop {
+                let off = next.fetch_add(block as u64, Ordering::Relaxed);
+                if off >= total {
+                    break;
+                }
+                let want = (total - off).min(block as u64) as usize;
+                // SAFETY: each block of dst is read by one thread (the
+                // atomic counter hands it out once) and dst outlives the
+                // scope.
+                let n = unsafe {
+                    libc::pread(
+                        f.as_raw_fd(),
+                        (base + off as usize) as *mut libc::c_void,
+                        want,
+                        off as i64,
+                    )
+                };
+                assert!(n >= 0, "pread: {}", std::io::Error::last_os_error());
+                done.fetch_add(n as u64, Ordering::Relaxed);
+            });
+        }
+    });
+    done.load(Ordering::Relaxed)
 }
 
 /// One thread keeping `depth` reads of `block` bytes in flight with
@@ -328,46 +369,135 @@ fn sweep(a: &Args, total: u64, cold: bool, direct: bool) -> Result<Vec<Figure>, 
     Ok(figs)
 }
 
+/// The reader's default thread count on `node`.
+fn r_threads(rt: &numapin::Runtime, node: u32) -> usize {
+    let cpus = rt.topology().node(node).map_or(1, |n| n.cpus.len());
+    cpus.clamp(
+        numapin::storage::MIN_READ_THREADS,
+        numapin::storage::MAX_READ_THREADS,
+    )
+}
+
+/// Adds a sample to the figure called `name`, made on first use.
+fn sample(out: &mut Vec<Figure>, name: String, params: String, gbps: f64) {
+    match out.iter_mut().find(|f| f.name == name) {
+        Some(f) => f.samples.push(gbps),
+        None => out.push(Figure {
+            name,
+            params,
+            samples: vec![gbps],
+        }),
+    }
+}
+
+/// What numapin's reader figures use, made once (a runtime made per
+/// figure would put its region's making and the last one's release inside
+/// the timings).
+struct Reader {
+    rt: numapin::Runtime,
+    node: u32,
+    buf: numapin::PinnedBuf,
+    src: numapin::storage::Source,
+    dev: Option<numapin::storage::DeviceMemory>,
+}
+
+impl Reader {
+    fn new(a: &Args, total: u64) -> Result<Reader, String> {
+        use numapin::topology::{ProbeOptions, Topology};
+        let e = |e: numapin::Error| e.to_string();
+        let topo = Topology::probe(&ProbeOptions::from_process()).map_err(|x| e(x.into()))?;
+        let rt = numapin::Runtime::new(topo, numapin::RuntimeConfig::default())
+            .map_err(|x| e(x.into()))?;
+        let gpu = numapin::CudaOrdinal(a.gpu);
+        let node = if numapin::internals::cuda::available() {
+            rt.node_for_gpu(gpu).map_err(|x| e(x.into()))?
+        } else {
+            rt.calling_thread_node()
+        };
+        let buf = rt
+            .alloc_on_node(node, total as usize)
+            .map_err(|x| e(x.into()))?;
+        // The standard region the slots come from, made before any timing.
+        drop(rt.alloc_on_node(node, 4096).map_err(|x| e(x.into()))?);
+        let src = numapin::storage::Source::open(&a.file).map_err(|x| e(x.into()))?;
+        let dev = if numapin::internals::cuda::available() {
+            Some(
+                numapin::storage::DeviceMemory::new(gpu, total as usize)
+                    .map_err(|x| e(x.into()))?,
+            )
+        } else {
+            None
+        };
+        Ok(Reader {
+            rt,
+            node,
+            buf,
+            src,
+            dev,
+        })
+    }
+}
+
 /// numapin's reader over the whole range into pinned host memory (and to
-/// GPU `gpu` when CUDA is there).
-fn numapin_reader(a: &Args, total: u64, out: &mut Vec<Figure>, temp: &str) -> Result<(), String> {
-    use numapin::runtime::{Runtime, RuntimeConfig};
-    use numapin::storage::{self, Source};
-    use numapin::topology::{ProbeOptions, Topology};
-    let topo = Topology::probe(&ProbeOptions::from_process()).map_err(|e| e.to_string())?;
-    let rt = Runtime::new(topo, RuntimeConfig::default()).map_err(|e| e.to_string())?;
-    let src = Source::open(&a.file).map_err(|e| e.to_string())?;
-    let opts = storage::ReadOptions::default();
-    let node = rt.calling_thread_node();
-    let mut buf = rt
-        .alloc_on_node(node, total as usize)
-        .map_err(|e| e.to_string())?;
-    if temp == "cold" {
+/// GPU `--gpu` when CUDA is there), beside as many plain threads reading
+/// into the same memory.
+fn numapin_reader(
+    a: &Args,
+    rd: &mut Reader,
+    total: u64,
+    out: &mut Vec<Figure>,
+    temp: &str,
+) -> Result<(), String> {
+    use numapin::storage::{self, ReadOptions};
+    use numapin::Target;
+    let opts = ReadOptions::default();
+    let cold = temp == "cold";
+    let threads = r_threads(&rd.rt, rd.node);
+    if cold {
         drop_caches()?;
     }
-    let t = Instant::now();
-    let r = storage::read_to_host(&rt, &src, 0, &mut buf[..total as usize], &opts)
-        .map_err(|e| e.to_string())?;
-    out.push(Figure {
-        name: format!("{temp} numapin reader to pinned host"),
-        params: format!("threads={} {}", r.threads, r.summary()),
-        gbps: total as f64 / t.elapsed().as_secs_f64() / 1e9,
-    });
-    drop(buf);
-    let gpu = numapin::CudaOrdinal(a.gpu);
-    if numapin::internals::cuda::available() {
-        let dev = storage::DeviceAlloc::new(gpu, total as usize).map_err(|e| e.to_string())?;
-        if temp == "cold" {
+    // The baseline: as many threads, reads of the reader's size, O_DIRECT
+    // cold and buffered hot, into the same memory.
+    let f = open(a, cold);
+    let g =
+        time(|| threads_read_into(&f, &mut rd.buf[..total as usize], threads, opts.chunk_bytes));
+    sample(
+        out,
+        format!("{temp} threads into pinned host"),
+        format!("threads={threads} block={}K", opts.chunk_bytes >> 10),
+        g,
+    );
+    if cold {
+        drop_caches()?;
+    }
+    let r = storage::read_to_host(
+        &rd.rt,
+        &rd.src,
+        0,
+        &mut rd.buf[..total as usize],
+        Target::HostNode(rd.node),
+        &opts,
+    )
+    .map_err(|e| e.to_string())?;
+    sample(
+        out,
+        format!("{temp} numapin reader to pinned host"),
+        format!("threads={} {}", r.threads, r.summary()),
+        r.gbps(),
+    );
+    if let Some(dev) = &rd.dev {
+        let gpu = dev.gpu();
+        if cold {
             drop_caches()?;
         }
-        let t = Instant::now();
-        let r = storage::read_to_device(&rt, &src, 0, dev.ptr(), total as usize, gpu, &opts)
+        let r = storage::read_to_device(&rd.rt, &rd.src, 0, dev.ptr(), total as usize, gpu, &opts)
             .map_err(|e| e.to_string())?;
-        out.push(Figure {
-            name: format!("{temp} numapin reader to GPU {}", a.gpu),
-            params: format!("threads={} {}", r.threads, r.summary()),
-            gbps: total as f64 / t.elapsed().as_secs_f64() / 1e9,
-        });
+        sample(
+            out,
+            format!("{temp} numapin reader to GPU {gpu}"),
+            format!("threads={} {}", r.threads, r.summary()),
+            r.gbps(),
+        );
     }
     Ok(())
 }
@@ -381,15 +511,22 @@ fn run(a: &Args) -> Result<Vec<Figure>, String> {
         .len();
     let total = a.bytes.unwrap_or(len).min(len) / 4096 * 4096;
     let mut out = Vec::new();
+    let mut rd = if a.reader {
+        Some(Reader::new(a, total)?)
+    } else {
+        None
+    };
     if a.cold {
         match drop_caches() {
             Err(e) => eprintln!("storage_io: cold figures skipped: {e}"),
             Ok(()) => {
-                out.extend(sweep(a, total, true, true)?);
-                out.extend(sweep(a, total, true, false)?);
-                if a.reader {
+                if !a.reader_only {
+                    out.extend(sweep(a, total, true, true)?);
+                    out.extend(sweep(a, total, true, false)?);
+                }
+                if let Some(rd) = rd.as_mut() {
                     for _ in 0..a.reps {
-                        numapin_reader(a, total, &mut out, "cold")?;
+                        numapin_reader(a, rd, total, &mut out, "cold")?;
                     }
                 }
             }
@@ -399,10 +536,12 @@ fn run(a: &Args) -> Result<Vec<Figure>, String> {
         // Bring the file into the page cache.
         let f = open(a, false);
         threads_read(&f, len.div_ceil(4096) * 4096, 4, 16 << 20);
-        out.extend(sweep(a, total, false, false)?);
-        if a.reader {
+        if !a.reader_only {
+            out.extend(sweep(a, total, false, false)?);
+        }
+        if let Some(rd) = rd.as_mut() {
             for _ in 0..a.reps {
-                numapin_reader(a, total, &mut out, "hot")?;
+                numapin_reader(a, rd, total, &mut out, "hot")?;
             }
         }
     }

@@ -1,8 +1,15 @@
-//! Reading one range of a file into memory, whatever the kernel does: the
-//! page cache first (`preadv2(RWF_NOWAIT)`: what is cached is copied, and
-//! nothing waits for the drive), then `O_DIRECT` for the rest where the
-//! file allows it and the memory lines up with the file, then plain
-//! buffered reads. Every loop retries `EINTR`, advances over short reads,
+//! Reading one range of a file into memory, whatever the kernel does. With
+//! [`IoMode::Auto`], a range the page cache holds whole (`cachestat`, which
+//! reads nothing) is copied from it (`preadv2(RWF_NOWAIT)`, which never
+//! waits for the drive); any other range is read with `O_DIRECT` where the
+//! file allows it and the memory lines up with the file (no copy through
+//! the page cache, no readahead of what is read anyway), the rest with
+//! plain buffered reads. A file whose page cache state the kernel will not
+//! give (`cachestat` before Linux 6.5, or refused for another user's file)
+//! is read buffered: a probe with `RWF_NOWAIT` alone would not do, since
+//! on the kernels measured a refused `RWF_NOWAIT` read still starts
+//! readahead of what it was refused, which then competes with the direct
+//! read of the same bytes. Every loop retries `EINTR`, advances over short reads,
 //! and turns an early end of file into [`StorageError::Truncated`]; every
 //! system error names the file and the offset.
 
@@ -98,10 +105,18 @@ pub(crate) fn read_exact_at(
     debug_assert!(need <= room.len());
     let mut c = Counts::default();
     let mut got = 0;
-    if mode == IoMode::Auto && src.nowait() {
-        got = cached(src, offset, &mut room[..need], &mut c)?;
+    let mut use_direct = mode != IoMode::Buffered;
+    if mode == IoMode::Auto {
+        match all_cached(src, offset, need) {
+            Some(true) if src.nowait() => got = cached(src, offset, &mut room[..need], &mut c)?,
+            Some(_) => {}
+            // Hot or cold cannot be told apart: the page cache serves both
+            // (at memory speed when hot, with the kernel's readahead when
+            // cold).
+            None => use_direct = false,
+        }
     }
-    if got < need && mode != IoMode::Buffered {
+    if got < need && use_direct {
         got = direct(src, offset, room, need, got, bounce, &mut c)?;
     }
     if got < need {
@@ -121,7 +136,27 @@ pub(crate) fn read_exact_at(
     Ok(c)
 }
 
-/// What the page cache holds from `offset` on; returns the bytes read.
+/// Whether the page cache holds every page of `need` bytes at `offset`
+/// (`cachestat`); `None` when the kernel will not say.
+fn all_cached(src: &Source, offset: u64, need: usize) -> Option<bool> {
+    if !src.residency_known() {
+        return None;
+    }
+    let page = sys::page_size();
+    let first = offset / page * page;
+    let span = (offset + need as u64).div_ceil(page) * page - first;
+    match sys::cached_pages(src.buffered(), first, span) {
+        Ok(n) => Some(n >= span / page),
+        Err(e) => {
+            src.refuse_residency(&e);
+            None
+        }
+    }
+}
+
+/// What the page cache holds from `offset` on, read without waiting
+/// (`RWF_NOWAIT`: pages evicted since `all_cached` looked end it); returns
+/// the bytes read.
 fn cached(
     src: &Source,
     offset: u64,

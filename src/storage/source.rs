@@ -37,6 +37,10 @@ pub struct Source {
     direct_ok: AtomicBool,
     /// Cleared when the file or kernel refuses `RWF_NOWAIT`.
     nowait_ok: AtomicBool,
+    /// Cleared when the kernel will not say what the page cache holds of
+    /// the file (`cachestat`); why, for the report.
+    residency_ok: AtomicBool,
+    why_no_residency: OnceLock<String>,
     backing: OnceLock<Backing>,
 }
 
@@ -98,6 +102,8 @@ impl Source {
             len: o.len,
             dev: o.dev,
             nowait_ok: AtomicBool::new(true),
+            residency_ok: AtomicBool::new(true),
+            why_no_residency: OnceLock::new(),
             backing: OnceLock::new(),
         })
     }
@@ -161,6 +167,31 @@ impl Source {
 
     pub(crate) fn refuse_nowait(&self) {
         self.nowait_ok.store(false, Ordering::Relaxed);
+    }
+
+    /// Why [`IoMode::Auto`](super::IoMode::Auto) reads this file through
+    /// the page cache: the kernel would not say which parts of it the page
+    /// cache holds (`cachestat` needs Linux 6.5, and newer kernels answer
+    /// it only for files this user owns or may write).
+    pub fn page_cache_unknown(&self) -> Option<&str> {
+        self.why_no_residency.get().map(String::as_str)
+    }
+
+    pub(crate) fn residency_known(&self) -> bool {
+        self.residency_ok.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn refuse_residency(&self, e: &std::io::Error) {
+        self.residency_ok.store(false, Ordering::Relaxed);
+        let why = match e.raw_os_error() {
+            Some(libc::ENOSYS) => "the kernel has no cachestat (Linux 6.5+)".to_string(),
+            Some(libc::EPERM) => {
+                "the kernel answers cachestat only for files this user owns or may write"
+                    .to_string()
+            }
+            _ => format!("cachestat failed: {e}"),
+        };
+        let _ = self.why_no_residency.set(why);
     }
 
     /// Where its bytes come from (found once, from sysfs and mountinfo).
