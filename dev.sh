@@ -26,12 +26,13 @@ PY_PKGS=(python3-venv)
 VM_PKGS=(qemu-system-x86 linux-image-amd64 busybox-static cpio)
 
 # The Python package (python/): built into .venv with maturin and tested with
-# pytest, with NumPy and (unless NUMAPIN_NO_TORCH=1) torch.
+# pytest, with NumPy, safetensors (the storage tests compare numapin's
+# loader with its own) and (unless NUMAPIN_NO_TORCH=1) torch.
 python_tests() {
   if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
   fi
-  local want=(maturin==1.16.0 numpy pytest)
+  local want=(maturin==1.16.0 numpy pytest safetensors==0.8.0)
   if [ "${NUMAPIN_NO_TORCH:-0}" != 1 ]; then want+=(torch==2.11.0); fi
   .venv/bin/pip install -q --disable-pip-version-check "${want[@]}"
   .venv/bin/pip install -q --disable-pip-version-check ./python

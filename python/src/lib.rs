@@ -16,6 +16,7 @@ mod errors;
 mod loader;
 mod memory;
 mod slots;
+mod storage;
 
 use std::sync::{Arc, Mutex};
 
@@ -765,6 +766,11 @@ fn _numapin(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(trim, m)?)?;
     m.add_function(wrap_pyfunction!(dtypes, m)?)?;
     m.add_function(wrap_pyfunction!(_delete_export_on_foreign_thread, m)?)?;
+    m.add_class::<storage::PyCheckpoint>()?;
+    m.add_function(wrap_pyfunction!(storage::open_safetensors, m)?)?;
+    m.add_function(wrap_pyfunction!(storage::read_to_device, m)?)?;
+    m.add_function(wrap_pyfunction!(storage::read_to_host, m)?)?;
+    m.add_function(wrap_pyfunction!(storage::locate, m)?)?;
     m.add(
         "DLPACK_VERSION",
         (dlpack::DLPACK_VERSION.major, dlpack::DLPACK_VERSION.minor),

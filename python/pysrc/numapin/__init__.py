@@ -13,6 +13,9 @@ caller passes its objects or asks for them (``like="numpy"``).
   made by threads on that node: the drop-in for ``tensor.pin_memory()``.
 - :func:`copy_to_device` / :func:`copy_from_device`: staged copies between
   pageable CPU memory and CUDA tensors, ordered on a CUDA stream.
+- :func:`load_safetensors` / :func:`read_to_device`: checkpoints and file
+  ranges to a GPU through pinned memory on its node (or to pinned CPU
+  tensors); :func:`safetensors_shards`, :func:`locate`.
 - :func:`configure`, :func:`stats`, :func:`trim`: the arenas behind it all.
 
 Errors are :class:`Error` (system failures) and its subclasses
@@ -32,6 +35,7 @@ from typing import Any
 from numapin import _numapin
 from numapin._errors import BudgetError, Error, InputError, LimitError
 from numapin._numapin import PinnedBuffer
+from numapin._storage import load_safetensors, locate, read_to_device, safetensors_shards
 from numapin._topology import Allowed, Gpu, NumaNode, Package, Topology, Warning, cpus
 
 __all__ = [
@@ -53,7 +57,11 @@ __all__ = [
     "copy_to_device",
     "dtypes",
     "empty",
+    "load_safetensors",
+    "locate",
     "pin",
+    "read_to_device",
+    "safetensors_shards",
     "stats",
     "topology",
     "trim",
