@@ -198,6 +198,35 @@ fn mount_of(dev: (u32, u32), root: &Path) -> Option<Mount> {
     })
 }
 
+/// The filesystems on block devices (their source a `/dev/` path) in
+/// `/proc/self/mountinfo` under `root`: each device once, with its first
+/// mount point.
+pub(crate) fn block_mounts(root: &Path) -> Vec<(PathBuf, (u32, u32))> {
+    let Ok(text) = std::fs::read_to_string(root.join("proc/self/mountinfo")) else {
+        return Vec::new();
+    };
+    let mut out: Vec<(PathBuf, (u32, u32))> = Vec::new();
+    for l in text.lines() {
+        let f: Vec<&str> = l.split(' ').collect();
+        let Some(dash) = f.iter().position(|x| *x == "-") else {
+            continue;
+        };
+        let (Some(dev), Some(point), Some(source)) = (f.get(2), f.get(4), f.get(dash + 2)) else {
+            continue;
+        };
+        let Some((a, b)) = dev.split_once(':') else {
+            continue;
+        };
+        let (Ok(a), Ok(b)) = (a.parse(), b.parse()) else {
+            continue;
+        };
+        if source.starts_with("/dev/") && !out.iter().any(|m| m.1 == (a, b)) {
+            out.push((PathBuf::from(super::cgroup::unescape(point)), (a, b)));
+        }
+    }
+    out
+}
+
 /// A device without a block device of its own: its mount's source may
 /// name one (btrfs: `/dev/nvme0n1p2`; LVM: `/dev/mapper/vg-root`).
 fn anonymous(dev: (u32, u32), root: &Path) -> Backing {
@@ -382,6 +411,19 @@ mod tests {
         );
         assert!(matches!(locate((0, 99), d.path()), Backing::Unknown(_)));
         assert!(matches!(locate((8, 1), d.path()), Backing::Unknown(_)));
+    }
+
+    #[test]
+    fn block_mounts_are_listed_once_each() {
+        let d = fake();
+        let m = block_mounts(d.path());
+        assert_eq!(
+            m,
+            vec![
+                (PathBuf::from("/"), (0, 31)),
+                (PathBuf::from("/mapped"), (0, 61))
+            ]
+        );
     }
 
     #[test]

@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::gpu::{CudaOrdinal, GpuIndex};
-use crate::platform::block::Backing;
+use crate::platform::block::{self, Backing};
 use crate::runtime::Runtime;
 use crate::topology::{DeviceKind, Relation, Topology};
 
@@ -32,6 +32,24 @@ pub struct Drive {
 }
 
 impl Drive {
+    /// A drive called `name` on PCI function `pci_bus_id` and NUMA node
+    /// `numa_node`, not placed in a topology (no package, kind or
+    /// relations): to describe a machine's drives by hand.
+    pub fn new(
+        name: impl Into<String>,
+        pci_bus_id: Option<String>,
+        numa_node: Option<u32>,
+    ) -> Drive {
+        Drive {
+            name: name.into(),
+            pci_bus_id,
+            numa_node,
+            package: None,
+            kind: None,
+            gpu_relations: Vec::new(),
+        }
+    }
+
     /// `nvme0n1 (0000:41:00.0, node 1)`.
     pub fn describe(&self) -> String {
         let mut parts = Vec::new();
@@ -65,6 +83,21 @@ pub struct FileLocation {
 }
 
 impl FileLocation {
+    /// `path` on block device `device`, held by `drives`.
+    pub fn on_drives(
+        path: impl Into<PathBuf>,
+        device: impl Into<String>,
+        drives: Vec<Drive>,
+    ) -> FileLocation {
+        FileLocation {
+            path: path.into(),
+            device: Some(device.into()),
+            drives,
+            filesystem: None,
+            note: None,
+        }
+    }
+
     /// `nvme0n1p2 on nvme0n1 (0000:41:00.0, node 1)`, `nfs4 server:/export`.
     pub fn describe(&self) -> String {
         if let Some((t, s)) = &self.filesystem {
@@ -123,26 +156,47 @@ impl FileLocation {
     }
 }
 
-/// Where the file at `path` lives: its filesystem's block device, the
-/// drives below it and their NUMA nodes, placed in `topo`'s storage
-/// devices.
+/// Where the file (or folder) at `path` lives: its filesystem's block
+/// device, the drives below it and their NUMA nodes, placed in `topo`'s
+/// storage devices.
 ///
 /// # Errors
-/// As [`Source::open`].
+/// [`StorageError::Input`] when the path does not exist or cannot be
+/// read.
 pub fn locate(path: impl AsRef<Path>, topo: &Topology) -> Result<FileLocation, StorageError> {
-    Ok(of_source(&Source::open(path)?, topo))
+    use std::os::unix::fs::MetadataExt;
+    let path = path.as_ref();
+    let m = std::fs::metadata(path)
+        .map_err(|e| StorageError::input_from(path, "cannot be read", "check the path", e))?;
+    let dev = (libc::major(m.dev()), libc::minor(m.dev()));
+    Ok(place(path, &block::locate(dev, Path::new("/")), topo))
+}
+
+/// The local filesystems mounted in this process's view (those on a block
+/// device), each once with its first mount point as the path, and where
+/// they live: what `numapin doctor` checks against the GPUs.
+pub fn mounted(topo: &Topology) -> Vec<FileLocation> {
+    block::block_mounts(Path::new("/"))
+        .into_iter()
+        .map(|(point, dev)| place(&point, &block::locate(dev, Path::new("/")), topo))
+        .collect()
 }
 
 /// Where `src` lives, placed in `topo`.
 pub(crate) fn of_source(src: &Source, topo: &Topology) -> FileLocation {
+    place(src.path(), src.backing(), topo)
+}
+
+/// The location of `path` backed by `backing`, placed in `topo`.
+fn place(path: &Path, backing: &Backing, topo: &Topology) -> FileLocation {
     let mut loc = FileLocation {
-        path: src.path().to_path_buf(),
+        path: path.to_path_buf(),
         device: None,
         drives: Vec::new(),
         filesystem: None,
         note: None,
     };
-    match src.backing() {
+    match backing {
         Backing::Block { device, disks } => {
             loc.device = Some(device.clone());
             loc.drives = disks

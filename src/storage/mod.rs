@@ -40,7 +40,7 @@ pub mod safetensors;
 mod source;
 
 pub use device::{read_ranges_to_device, read_ranges_to_device_on, DeviceMemory};
-pub use drive::{locate, Drive, FileLocation};
+pub use drive::{locate, mounted, Drive, FileLocation};
 pub use error::StorageError;
 pub use source::Source;
 

@@ -8,6 +8,7 @@ mod containers;
 mod huge_pages;
 mod pin_probe;
 mod report;
+mod storage;
 pub(crate) mod system;
 
 pub(crate) use report::*;

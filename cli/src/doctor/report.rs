@@ -153,6 +153,7 @@ pub(crate) const LIVE_CHECKS: &[&str] = &[
     "numa_balancing",
     "iommu",
     "pin_probe",
+    "storage_locality",
 ];
 
 /// What `numapin doctor` runs.
@@ -189,6 +190,10 @@ pub(crate) fn run_checks(
 ) -> (Vec<Check>, Option<SystemView>) {
     let view = opts.live.then(|| SystemView::read(topo, opts.cuda));
     let mut out = evaluate(topo, view.as_ref());
+    if opts.live {
+        let mounts = numapin::storage::mounted(topo);
+        out.extend(super::storage::storage_locality(topo, &mounts));
+    }
     if opts.live && opts.pin_probe {
         out.extend(pin_probe::probe_all(topo, opts));
     }

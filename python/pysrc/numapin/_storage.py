@@ -83,6 +83,7 @@ def load_safetensors(
     threads: int = 0,
     chunk_bytes: int = 4 << 20,
     io: str = "auto",
+    stats: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Loads a safetensors checkpoint: a ``.safetensors`` file, or a
     ``model.safetensors.index.json`` and the shard files it names. Returns
@@ -106,7 +107,8 @@ def load_safetensors(
     :func:`safetensors_shards` for every rank's names). ``threads``,
     ``chunk_bytes``, ``io`` (``"auto"``, ``"buffered"``, ``"direct"``): how
     the files are read. A file on a drive behind another NUMA node or
-    socket than the GPU gives a ``RuntimeWarning``.
+    socket than the GPU gives a ``RuntimeWarning``. ``stats``: a dict to
+    fill with what the read did (as :func:`read_to_device` returns).
 
     Bad files (truncated, a header that lies, a directory, a FIFO) raise
     :class:`numapin.InputError`; nothing stays allocated.
@@ -125,6 +127,8 @@ def load_safetensors(
     if device is None or (isinstance(device, str) and device == "cpu"):
         bufs, report = ck.load_to_host(sel, gpu=_default_gpu(gpu, node), node=node, **opts)
         _warn(report)
+        if stats is not None:
+            stats.update(report)
         from numapin import _wrap
 
         loaded = {infos[i][0]: _wrap(b, "torch") for i, b in zip(sel, bufs)}
@@ -142,6 +146,8 @@ def load_safetensors(
     stream = torch.cuda.current_stream(dev)
     report = ck.load_to_device(sel, ptrs, dev.index, int(stream.cuda_stream), **opts)
     _warn(report)
+    if stats is not None:
+        stats.update(report)
     return {k: out[k] for k in sorted(out)}
 
 
