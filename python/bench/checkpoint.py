@@ -156,7 +156,7 @@ torch.cuda.synchronize(dev)
 dt = time.perf_counter() - t0
 n = sum(v.numel() * v.element_size() for v in out.values())
 print(json.dumps({"seconds": dt, "bytes": n, "peak_bytes": rss("VmHWM") - base,
-                  "staging_bytes": extra.get("staging_bytes"), "summary": {k: extra.get(k) for k in ("cached_bytes", "direct_bytes", "buffered_bytes", "threads")}}))
+                  "staging_bytes": extra.get("staging_bytes"), "warnings": extra.get("warnings") or [], "summary": {k: extra.get(k) for k in ("cached_bytes", "direct_bytes", "buffered_bytes", "threads")}}))
 """
 
 
@@ -238,6 +238,8 @@ def main() -> int:
             note = m.get("error") or (json.dumps(m.get("summary")) if name == "numapin" else "")
             print(f"{name:<12} {temp:<5} {g:>7.2f} {(peak or 0) / (1 << 20):>8.0f}MiB  {note}")
             rows.append({"loader": name, "temp": temp, "gbps": g, **{k: v for k, v in m.items() if k != "summary"}, "summary": m.get("summary")})
+    for w in med("numapin", "hot")[1].get("warnings") or []:
+        print(f"\nnumapin warns: {w}")
     print(f"\npinned H2D (numapin arena, 1 GiB): {h2d:.2f} GB/s")
     print(f"drive, best O_DIRECT sequential: {drive[0]:.2f} GB/s ({drive[1]})")
     hot = {n: med(n, "hot")[0] for n, _ in loaders}

@@ -240,10 +240,12 @@ fn anonymous(dev: (u32, u32), root: &Path) -> Backing {
     };
     if let Some(rel) = m.source.strip_prefix("/dev/") {
         let node: PathBuf = root.join("dev").join(rel);
+        // /dev/mapper/vg-root links to ../dm-0: the device's name is the
+        // link's last component.
         let name = std::fs::canonicalize(&node)
-            .ok()
+            .or_else(|_| std::fs::read_link(&node))
             .map(|p| name_of(&p))
-            .unwrap_or_else(|| name_of(Path::new(rel)));
+            .unwrap_or_else(|_| name_of(Path::new(rel)));
         if let Ok(dir) = std::fs::canonicalize(root.join("sys/class/block").join(&name)) {
             return block(&dir, root);
         }
