@@ -7,6 +7,7 @@ arena.
 
     sudo python3 python/bench/checkpoint.py [--dir /tmp/numapin-ckpt]
         [--gib 8] [--reps 3] [--device cuda:0] [--json] [--keep]
+        [--temps hot,cold] [--loaders numapin,st_cuda,st_cpu_to,torch_mmap]
 
 Loaders (each in a fresh child process, so that its peak resident memory is
 its own and no CUDA state is shared):
@@ -196,6 +197,8 @@ def main() -> int:
     ap.add_argument("--device", default="cuda:0")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--keep", action="store_true")
+    ap.add_argument("--temps", default="hot,cold", help="hot, cold or both (default)")
+    ap.add_argument("--loaders", default="numapin,st_cuda,st_cpu_to,torch_mmap")
     a = ap.parse_args()
 
     st_path, pt_path = make(a.dir, a.gib)
@@ -207,10 +210,14 @@ def main() -> int:
     text, _ = numapin.locate(st_path)
     print(f"file on: {text}", file=sys.stderr)
     h2d = pinned_h2d(a.device)
-    drive = drive_rate(st_path, 4 * GIB) if can_drop else (0.0, "not measured (not root)")
-    loaders = [("numapin", st_path), ("st_cuda", st_path), ("st_cpu_to", st_path), ("torch_mmap", pt_path)]
+    want_temps = [t.strip() for t in a.temps.split(",")]
+    temps = [t for t in ("hot", "cold") if t in want_temps and (t == "hot" or can_drop)]
+    if "cold" in want_temps and not can_drop:
+        print("cold figures skipped: dropping the page cache needs root", file=sys.stderr)
+    drive = drive_rate(st_path, 4 * GIB) if "cold" in temps else (0.0, "not measured (no cold figures)")
+    paths = {"numapin": st_path, "st_cuda": st_path, "st_cpu_to": st_path, "torch_mmap": pt_path}
+    loaders = [(n, paths[n]) for n in a.loaders.split(",") if n in paths]
     results: dict[tuple[str, str], list[dict]] = {}
-    temps = ["hot"] + (["cold"] if can_drop else [])
     for _ in range(a.reps):
         for temp in temps:
             for name, path in loaders:
@@ -238,22 +245,26 @@ def main() -> int:
             note = m.get("error") or (json.dumps(m.get("summary")) if name == "numapin" else "")
             print(f"{name:<12} {temp:<5} {g:>7.2f} {(peak or 0) / (1 << 20):>8.0f}MiB  {note}")
             rows.append({"loader": name, "temp": temp, "gbps": g, **{k: v for k, v in m.items() if k != "summary"}, "summary": m.get("summary")})
-    for w in med("numapin", "hot")[1].get("warnings") or []:
+    for w in (med("numapin", temps[0])[1].get("warnings") or []) if temps else []:
         print(f"\nnumapin warns: {w}")
     print(f"\npinned H2D (numapin arena, 1 GiB): {h2d:.2f} GB/s")
     print(f"drive, best O_DIRECT sequential: {drive[0]:.2f} GB/s ({drive[1]})")
-    hot = {n: med(n, "hot")[0] for n, _ in loaders}
-    peers_hot = max(v for k, v in hot.items() if k != "numapin") or float("nan")
     print("\nRatios (medians) against the goals:")
-    print(f"  hot numapin / pinned H2D: {hot['numapin'] / h2d:.2f}x (goal >= 0.8)")
-    print(f"  hot numapin / best peer: {hot['numapin'] / peers_hot:.2f}x (goal >= 3)")
-    if "cold" in temps:
-        cold = {n: med(n, "cold")[0] for n, _ in loaders}
-        buffered = max(cold["st_cuda"], cold["st_cpu_to"], cold["torch_mmap"])
+    names = [n for n, _ in loaders]
+    if "hot" in temps and "numapin" in names:
+        hot = {n: med(n, "hot")[0] for n in names}
+        print(f"  hot numapin / pinned H2D: {hot['numapin'] / h2d:.2f}x (goal >= 0.8)")
+        peers = [v for k, v in hot.items() if k != "numapin"]
+        if peers and max(peers) > 0:
+            print(f"  hot numapin / best peer: {hot['numapin'] / max(peers):.2f}x (goal >= 3)")
+    if "cold" in temps and "numapin" in names:
+        cold = {n: med(n, "cold")[0] for n in names}
         if drive[0]:
             print(f"  cold numapin / drive: {cold['numapin'] / drive[0]:.2f}x (goal >= 0.9)")
-        print(f"  cold numapin / best buffered peer: {cold['numapin'] / buffered:.2f}x (goal >= 1)")
-    m = med("numapin", "hot")[1]
+        peers = [v for k, v in cold.items() if k != "numapin"]
+        if peers and max(peers) > 0:
+            print(f"  cold numapin / best buffered peer: {cold['numapin'] / max(peers):.2f}x (goal >= 1)")
+    m = med("numapin", temps[0])[1] if temps else {}
     if m.get("staging_bytes"):
         print(f"  numapin peak RSS / slots: {m['peak_bytes'] / m['staging_bytes']:.2f}x "
               f"(slots {m['staging_bytes'] / (1 << 20):.0f} MiB; goal: no more than the slots; "
