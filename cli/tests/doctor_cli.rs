@@ -49,6 +49,7 @@ const LIVE_CHECKS: &[&str] = &[
     "numa_balancing",
     "iommu",
     "pin_probe",
+    "storage_locality",
 ];
 
 fn numapin(args: &[&str]) -> Command {

@@ -289,6 +289,9 @@ unsafe fn read(
 /// slots go back, whatever happened.
 fn worker(job: &Job<'_>, mut slots: Vec<PinnedBuf>) -> Result<io::Counts> {
     let gpu = job.gpu;
+    if slots.is_empty() {
+        return Ok(io::Counts::default());
+    }
     cuda::set_device(gpu.0).map_err(cuda_error(gpu, "making the context current"))?;
     let stream = Stream::new().map_err(cuda_error(gpu, "creating a stream"))?;
     if let Some(after) = &job.after {
