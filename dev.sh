@@ -49,13 +49,14 @@ build_wheel() {
 # The Python package (python/): its wheel installed into .venv and tested
 # with pytest, with NumPy and (unless NUMAPIN_NO_TORCH=1) torch. The wheel's
 # own test (python/tests/test_wheel.py) installs it again into a fresh venv
-# with the system's libhwloc and libudev hidden.
+# with the system's libhwloc and libudev hidden. safetensors: the storage
+# tests compare numapin's loader with its own.
 python_tests() {
   build_wheel
   if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
   fi
-  local want=(numpy pytest)
+  local want=(numpy pytest safetensors==0.8.0)
   if [ "${NUMAPIN_NO_TORCH:-0}" != 1 ]; then want+=(torch==2.11.0); fi
   .venv/bin/pip install -q --disable-pip-version-check "${want[@]}"
   .venv/bin/pip install -q --disable-pip-version-check --force-reinstall --no-deps dist/numapin-*.whl

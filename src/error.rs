@@ -1,7 +1,7 @@
 //! Errors for code and for people.
 //!
 //! Each domain has its own error enum ([`TopologyError`], [`AffinityError`],
-//! [`ArenaError`], [`LoaderError`]). Every one of them:
+//! [`ArenaError`], [`LoaderError`], [`StorageError`]). Every one of them:
 //!
 //! * says in its message what it read (a file, an environment variable, a
 //!   node, a GPU) and what is wrong with it;
@@ -20,6 +20,7 @@ pub use crate::affinity::AffinityError;
 pub use crate::arena::ArenaError;
 pub use crate::loader::LoaderError;
 pub use crate::shared::SharedError;
+pub use crate::storage::StorageError;
 pub use crate::topology::TopologyError;
 
 /// Any numapin error.
@@ -41,6 +42,9 @@ pub enum Error {
     /// Shared pinned memory ([`crate::shared`]).
     #[error(transparent)]
     Shared(#[from] SharedError),
+    /// Reading files (a checkpoint, a dataset) failed.
+    #[error(transparent)]
+    Storage(#[from] StorageError),
 }
 
 /// `Result` with numapin's [`Error`].
@@ -55,6 +59,7 @@ impl Error {
             Error::Arena(e) => e.kind(),
             Error::Loader(e) => e.kind(),
             Error::Shared(e) => e.kind(),
+            Error::Storage(e) => e.kind(),
         }
     }
 
@@ -66,6 +71,7 @@ impl Error {
             Error::Arena(e) => e.fix(),
             Error::Loader(e) => e.fix(),
             Error::Shared(e) => e.fix(),
+            Error::Storage(e) => e.fix(),
         }
     }
 }

@@ -5,7 +5,8 @@
 //! the GPU's own NUMA node ([`Runtime`], [`PinnedBuf`]), feeds each GPU from
 //! threads on that node ([`Loader`], [`staged`] copies), and binds the
 //! threads and processes that feed each GPU to that node's CPUs
-//! ([`affinity`]).
+//! ([`affinity`]), and reads checkpoints and datasets from drives to the
+//! GPU through the same node ([`storage`]).
 //!
 //! ```no_run
 //! use numapin::{CudaOrdinal, Runtime, RuntimeConfig, Topology};
@@ -61,6 +62,7 @@ pub mod runtime;
 pub mod shared;
 pub mod signals;
 pub mod staged;
+pub mod storage;
 pub mod system;
 pub mod text;
 pub mod topology;

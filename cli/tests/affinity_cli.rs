@@ -482,7 +482,9 @@ fn affinity_formats() {
     let text = run(&["--format", "json", "--mode", "exclusive"]);
     // `--json`, as the other commands take it, is the same output.
     assert_eq!(run(&["--json", "--mode", "exclusive"]), text);
-    let both = out(numapin(&["affinity", "--input", f, "--json", "--format", "shell"]));
+    let both = out(numapin(&[
+        "affinity", "--input", f, "--json", "--format", "shell",
+    ]));
     assert_eq!(both.status.code(), Some(2), "--json and --format conflict");
     let v: Value = serde_json::from_str(&text).unwrap();
     assert_eq!(v["mode"], "exclusive");

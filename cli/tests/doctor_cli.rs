@@ -32,6 +32,7 @@ const NAMES: &[&str] = &[
     "huge_pages",
     "numa_balancing",
     "iommu",
+    "storage_locality",
     "pin_probe",
 ];
 
@@ -48,6 +49,7 @@ const LIVE_CHECKS: &[&str] = &[
     "huge_pages",
     "numa_balancing",
     "iommu",
+    "storage_locality",
     "pin_probe",
 ];
 

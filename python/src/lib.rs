@@ -19,6 +19,7 @@ mod loader;
 mod memory;
 mod place;
 mod shared;
+mod storage;
 
 use std::sync::{Arc, Mutex};
 
@@ -758,6 +759,11 @@ fn _numapin(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(dtypes, m)?)?;
     m.add_function(wrap_pyfunction!(cli::run_cli, m)?)?;
     m.add_function(wrap_pyfunction!(_delete_export_on_foreign_thread, m)?)?;
+    m.add_class::<storage::PyCheckpoint>()?;
+    m.add_function(wrap_pyfunction!(storage::open_safetensors, m)?)?;
+    m.add_function(wrap_pyfunction!(storage::read_to_device, m)?)?;
+    m.add_function(wrap_pyfunction!(storage::read_to_host, m)?)?;
+    m.add_function(wrap_pyfunction!(storage::locate, m)?)?;
     m.add(
         "DLPACK_VERSION",
         (dlpack::DLPACK_VERSION.major, dlpack::DLPACK_VERSION.minor),

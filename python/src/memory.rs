@@ -19,6 +19,16 @@ pub(crate) enum Memory {
         /// Bytes the tensor uses (`0` for an empty tensor).
         len: usize,
     },
+    /// From the arena, the tensor starting `offset` bytes in (a tensor
+    /// read from a file lies where the file's byte lies modulo a page).
+    PinnedAt {
+        /// The buffer (at least `offset + len` bytes, at least one).
+        buf: PinnedBuf,
+        /// Where the tensor starts in it.
+        offset: usize,
+        /// Bytes the tensor uses.
+        len: usize,
+    },
     /// Ordinary heap memory.
     Heap(Box<[u8]>),
     /// Part of a loader slot this process is responsible for giving back.
@@ -69,6 +79,7 @@ impl Memory {
             // The arena's memory is handed out as raw bytes; writes go
             // through tensors (never through a Rust reference).
             Memory::Pinned { buf, .. } => buf.as_ptr().cast_mut(),
+            Memory::PinnedAt { buf, offset, .. } => buf.as_ptr().wrapping_add(*offset).cast_mut(),
             Memory::Heap(b) => b.as_ptr().cast_mut(),
             Memory::Slot { ptr, .. } | Memory::Mapped { ptr, .. } | Memory::Shared { ptr, .. } => {
                 *ptr
@@ -79,7 +90,7 @@ impl Memory {
     /// Bytes the tensor uses.
     pub(crate) fn len(&self) -> usize {
         match self {
-            Memory::Pinned { len, .. } => *len,
+            Memory::Pinned { len, .. } | Memory::PinnedAt { len, .. } => *len,
             Memory::Heap(b) => b.len(),
             Memory::Slot { len, .. } | Memory::Mapped { len, .. } | Memory::Shared { len, .. } => {
                 *len
@@ -90,7 +101,7 @@ impl Memory {
     /// The NUMA node of arena memory.
     pub(crate) fn node(&self) -> Option<u32> {
         match self {
-            Memory::Pinned { buf, .. } => Some(buf.node()),
+            Memory::Pinned { buf, .. } | Memory::PinnedAt { buf, .. } => Some(buf.node()),
             Memory::Shared { held, .. } => Some(held.node()),
             Memory::Slot { lease, .. } => lease.pool().node(),
             _ => None,
@@ -100,7 +111,7 @@ impl Memory {
     /// Whether the memory is registered with CUDA (pinned for DMA).
     pub(crate) fn registered(&self) -> bool {
         match self {
-            Memory::Pinned { buf, .. } => buf.is_registered(),
+            Memory::Pinned { buf, .. } | Memory::PinnedAt { buf, .. } => buf.is_registered(),
             Memory::Slot { lease, .. } => lease.pool().registered(),
             Memory::Shared { held, .. } => held.registered(),
             _ => false,

@@ -38,6 +38,7 @@ mod kernel;
 mod limits;
 mod nic;
 mod pin_probe;
+mod storage;
 mod words;
 
 use std::path::PathBuf;
@@ -69,6 +70,7 @@ pub const CHECKS: &[&str] = &[
     "huge_pages",
     "numa_balancing",
     "iommu",
+    "storage_locality",
     "pin_probe",
 ];
 
@@ -85,6 +87,7 @@ pub const LIVE_CHECKS: &[&str] = &[
     "huge_pages",
     "numa_balancing",
     "iommu",
+    "storage_locality",
     "pin_probe",
 ];
 
@@ -231,6 +234,7 @@ pub fn evaluate(topo: &Topology, system: Option<&SystemSnapshot>) -> Vec<Check> 
         out.push(huge_pages::huge_pages(topo, &s.huge_pages));
         out.push(kernel::numa_balancing(topo, s.numa_balancing.as_deref()));
         out.push(kernel::iommu(topo, &s.iommu));
+        out.extend(storage::storage_locality(topo, &s.mounts));
     }
     out
 }

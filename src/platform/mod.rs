@@ -5,10 +5,12 @@
 //! buffer code where `unsafe` appears, each block with a `// SAFETY:`
 //! comment.
 
+pub(crate) mod block;
 pub(crate) mod cgroup;
 pub(crate) mod cleanup;
 pub(crate) mod container;
 pub(crate) mod cuda;
+pub(crate) mod file;
 pub(crate) mod hugetlb;
 pub(crate) mod isolate;
 pub(crate) mod numa;

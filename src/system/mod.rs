@@ -118,6 +118,9 @@ pub struct SystemSnapshot {
     pub numa_balancing: Option<String>,
     /// The IOMMU, as far as it can be read.
     pub iommu: Iommu,
+    /// The mounted local filesystems and the drives behind each, placed in
+    /// the topology (always read under `/`).
+    pub mounts: Vec<crate::storage::FileLocation>,
 }
 
 /// The memory cgroup limits over this process (v2 `memory.max` and
@@ -160,6 +163,7 @@ impl SystemSnapshot {
             thp,
             numa_balancing: kernel::read_text(&root.join("proc/sys/kernel/numa_balancing")),
             iommu: Iommu::read_under(root, topo),
+            mounts: crate::storage::mounted(topo),
         }
     }
 

@@ -17,6 +17,9 @@ caller passes its objects or asks for them (``like="numpy"``).
   name (made once, counted once).
 - :func:`place`: the node and CPUs numapin uses for a GPU (the one answer
   every function here, the DataLoader and the storage reader ask).
+- :func:`load_safetensors` / :func:`read_to_device`: checkpoints and file
+  ranges to a GPU through pinned memory on its node (or to pinned CPU
+  tensors); :func:`safetensors_shards`, :func:`locate`.
 - :func:`configure`, :func:`stats`, :func:`trim`: the arenas behind it all.
 - :func:`doctor`: what keeps GPU data movement slow or broken here (the
   checks of ``numapin doctor``, as :class:`DoctorCheck` objects to log).
@@ -39,6 +42,7 @@ from numapin import _numapin
 from numapin._errors import BudgetError, Error, InputError, LimitError
 from numapin._numapin import DoctorCheck, PinnedBuffer
 from numapin._shared import SharedBuffer
+from numapin._storage import load_safetensors, locate, read_to_device, safetensors_shards
 from numapin._topology import Allowed, Gpu, NumaNode, Package, Topology, Warning, cpus
 
 __all__ = [
@@ -64,8 +68,12 @@ __all__ = [
     "doctor",
     "dtypes",
     "empty",
+    "load_safetensors",
+    "locate",
     "pin",
     "place",
+    "read_to_device",
+    "safetensors_shards",
     "stats",
     "topology",
     "trim",

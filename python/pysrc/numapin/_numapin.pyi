@@ -177,3 +177,62 @@ class SharedBuffer:
     @property
     def path(self) -> str | None: ...
     def view(self, dtype: str, shape: list[int] | None = None, *, offset: int = 0) -> PinnedBuffer: ...
+
+class Checkpoint:
+    """A safetensors checkpoint (a file, or an index and its shards), opened and checked."""
+
+    def tensors(self) -> list[tuple[str, str | None, list[int], int, str]]: ...
+    def files(self) -> list[str]: ...
+    def locations(self) -> list[str]: ...
+    def select(
+        self, names: list[str] | None = None, rank: int | None = None, world: int | None = None
+    ) -> list[int]: ...
+    def shards(self, world: int, names: list[str] | None = None) -> list[list[str]]: ...
+    def load_to_host(
+        self,
+        selection: list[int],
+        *,
+        gpu: int | None = None,
+        node: int | None = None,
+        threads: int = 0,
+        chunk_bytes: int = 4194304,
+        io: str = "auto",
+    ) -> tuple[list[PinnedBuffer], dict[str, Any]]: ...
+    def load_to_device(
+        self,
+        selection: list[int],
+        ptrs: list[int],
+        gpu: int,
+        stream: int,
+        *,
+        threads: int = 0,
+        chunk_bytes: int = 4194304,
+        io: str = "auto",
+    ) -> dict[str, Any]: ...
+
+def open_safetensors(path: str) -> Checkpoint: ...
+def read_to_device(
+    path: str,
+    offset: int,
+    nbytes: int,
+    device_ptr: int,
+    gpu: int,
+    stream: int,
+    *,
+    threads: int = 0,
+    chunk_bytes: int = 4194304,
+    io: str = "auto",
+) -> dict[str, Any]: ...
+def read_to_host(
+    path: str,
+    offset: int,
+    nbytes: int,
+    address: int,
+    *,
+    gpu: int | None = None,
+    node: int | None = None,
+    threads: int = 0,
+    chunk_bytes: int = 4194304,
+    io: str = "auto",
+) -> dict[str, Any]: ...
+def locate(path: str) -> tuple[str, list[dict[str, Any]]]: ...

@@ -129,6 +129,7 @@ pub(super) fn healthy() -> SystemSnapshot {
         },
         numa_balancing: Some("0".into()),
         iommu: Iommu::default(),
+        mounts: Vec::new(),
     }
 }
 

@@ -1,0 +1,218 @@
+"""Checkpoints and file ranges to a GPU, or to pinned CPU tensors, through
+pinned memory on the GPU's own NUMA node (``numapin::storage``)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+from typing import Any, Iterable
+
+from numapin import _numapin
+from numapin._errors import InputError
+
+__all__ = ["load_safetensors", "locate", "read_to_device", "safetensors_shards"]
+
+
+def _shard(shard: Any) -> tuple[int | None, int | None]:
+    """``(rank, world)`` of ``shard``: ``None``, ``(rank, world)`` or
+    ``"local"`` (``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE``, as torchrun sets)."""
+    if shard is None:
+        return None, None
+    if shard == "local":
+        try:
+            return int(os.environ["LOCAL_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"])
+        except (KeyError, ValueError) as e:
+            raise InputError(
+                f'shard="local" needs LOCAL_RANK and LOCAL_WORLD_SIZE in the environment ({e!r})\n'
+                "  fix: run under torchrun (or set both), or pass shard=(rank, world_size)"
+            ) from None
+    try:
+        rank, world = shard
+        return int(rank), int(world)
+    except (TypeError, ValueError):
+        raise InputError(
+            f"shard={shard!r} is not (rank, world_size)\n  fix: pass shard=(rank, world_size) or shard=\"local\""
+        ) from None
+
+
+def _names(names: Iterable[str] | None) -> list[str] | None:
+    if names is None:
+        return None
+    if isinstance(names, str):
+        return [names]
+    return [str(n) for n in names]
+
+
+def _warn(report: dict[str, Any]) -> None:
+    for w in report.get("warnings", []):
+        warnings.warn(w, RuntimeWarning, stacklevel=3)
+
+
+def _cuda_device(device: Any) -> Any:
+    """``device`` as a ``torch.device`` of CUDA with an index."""
+    import torch
+
+    d = torch.device(device) if not isinstance(device, int) else torch.device("cuda", device)
+    if d.type != "cuda":
+        raise InputError(
+            f"device={device!r} is not a CUDA device\n  fix: pass device=None for pinned CPU tensors, or a CUDA device"
+        )
+    if d.index is None:
+        d = torch.device("cuda", torch.cuda.current_device())
+    return d
+
+
+def _default_gpu(gpu: int | None, node: int | None) -> int | None:
+    if gpu is not None or node is not None:
+        return gpu
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        return int(torch.cuda.current_device())
+    return None
+
+
+def load_safetensors(
+    path_or_index: str | os.PathLike[str],
+    device: Any = "cuda",
+    names: Iterable[str] | None = None,
+    *,
+    shard: Any = None,
+    gpu: int | None = None,
+    node: int | None = None,
+    threads: int = 0,
+    chunk_bytes: int = 4 << 20,
+    io: str = "auto",
+    stats: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Loads a safetensors checkpoint: a ``.safetensors`` file, or a
+    ``model.safetensors.index.json`` and the shard files it names. Returns
+    ``{name: torch.Tensor}`` equal to ``safetensors.torch.load_file``'s
+    (same names, dtypes, shapes and values; sorted by name).
+
+    ``device``: a CUDA device (``"cuda"``, the current one; ``"cuda:1"``;
+    an ordinal; a ``torch.device``): each tensor is read from the file
+    into pinned slots on that GPU's NUMA node by threads on its CPUs and
+    copied to its place, the copy of each slot overlapping the next read;
+    what the page cache holds is copied from it, the rest read with
+    ``O_DIRECT``. ``None`` (or ``"cpu"``): pinned CPU tensors from numapin's
+    arena, on the node of ``gpu`` (default: torch's current device when
+    CUDA is up), or ``node``, or the calling thread's, read straight into
+    place.
+
+    ``names``: load only these tensors. ``shard``: ``(rank, world_size)``
+    or ``"local"`` (``LOCAL_RANK``/``LOCAL_WORLD_SIZE``): this rank's share
+    of the (selected) tensors: the tensors in file order, cut into
+    ``world_size`` contiguous runs of nearly equal bytes (see
+    :func:`safetensors_shards` for every rank's names). ``threads``,
+    ``chunk_bytes``, ``io`` (``"auto"``, ``"buffered"``, ``"direct"``): how
+    the files are read. A file on a drive behind another NUMA node or
+    socket than the GPU gives a ``RuntimeWarning``. ``stats``: a dict to
+    fill with what the read did (as :func:`read_to_device` returns).
+
+    Bad files (truncated, a header that lies, a directory, a FIFO) raise
+    :class:`numapin.InputError`; nothing stays allocated.
+    """
+    ck = _numapin.open_safetensors(os.fspath(path_or_index))
+    rank, world = _shard(shard)
+    sel = ck.select(_names(names), rank, world)
+    infos = ck.tensors()
+    for i in sel:
+        if infos[i][1] is None:
+            raise InputError(
+                f"tensor {infos[i][0]!r} has dtype {infos[i][4]}, which numapin makes no tensors of\n"
+                "  fix: load the other tensors (names=...), or this one with safetensors"
+            )
+    opts = dict(threads=threads, chunk_bytes=chunk_bytes, io=io)
+    if device is None or (isinstance(device, str) and device == "cpu"):
+        bufs, report = ck.load_to_host(sel, gpu=_default_gpu(gpu, node), node=node, **opts)
+        _warn(report)
+        if stats is not None:
+            stats.update(report)
+        from numapin import _wrap
+
+        loaded = {infos[i][0]: _wrap(b, "torch") for i, b in zip(sel, bufs)}
+        return {k: loaded[k] for k in sorted(loaded)}
+    import torch
+
+    dev = _cuda_device(device)
+    out: dict[str, Any] = {}
+    ptrs = []
+    for i in sel:
+        name, dtype, shape, _, _ = infos[i]
+        t = torch.empty(shape, dtype=getattr(torch, dtype), device=dev)
+        out[name] = t
+        ptrs.append(t.data_ptr())
+    stream = torch.cuda.current_stream(dev)
+    report = ck.load_to_device(sel, ptrs, dev.index, int(stream.cuda_stream), **opts)
+    _warn(report)
+    if stats is not None:
+        stats.update(report)
+    return {k: out[k] for k in sorted(out)}
+
+
+def safetensors_shards(
+    path_or_index: str | os.PathLike[str], world_size: int, names: Iterable[str] | None = None
+) -> list[list[str]]:
+    """The names each of ``world_size`` ranks loads with
+    ``load_safetensors(..., shard=(rank, world_size))``: disjoint, together
+    every (selected) tensor, each a contiguous run of the files."""
+    ck = _numapin.open_safetensors(os.fspath(path_or_index))
+    return ck.shards(int(world_size), _names(names))
+
+
+def read_to_device(
+    path: str | os.PathLike[str],
+    offset: int,
+    nbytes: int,
+    out: Any,
+    *,
+    stream: Any = None,
+    threads: int = 0,
+    chunk_bytes: int = 4 << 20,
+    io: str = "auto",
+) -> dict[str, Any]:
+    """Reads ``nbytes`` bytes of the file at ``path`` from byte ``offset``
+    into the first ``nbytes`` bytes of contiguous tensor ``out``.
+
+    For a CUDA tensor, through pinned slots on its GPU's node (as
+    :func:`load_safetensors`), ordered after the work queued on ``stream``
+    (default: torch's current stream on that device); for a CPU tensor,
+    straight into it by threads on the calling thread's node. Returns when
+    the bytes are there, with what the read did (``bytes``, ``seconds``,
+    ``gbps``, ``cached_bytes``, ``direct_bytes``, ``buffered_bytes``,
+    ``threads``, ``node``, ``warnings``).
+    """
+    torch = sys.modules.get("torch")
+    if torch is None or not isinstance(out, torch.Tensor):
+        raise InputError(f"out must be a torch tensor, not {type(out).__name__}\n  fix: pass a tensor")
+    if not out.is_contiguous():
+        raise InputError("out is not contiguous\n  fix: pass a contiguous tensor")
+    room = out.numel() * out.element_size()
+    offset, nbytes = int(offset), int(nbytes)
+    if offset < 0 or nbytes < 0 or nbytes > room:
+        raise InputError(
+            f"offset {offset}, nbytes {nbytes} into a tensor of {room} bytes\n"
+            "  fix: pass a non-negative offset and at most the tensor's bytes"
+        )
+    opts = dict(threads=threads, chunk_bytes=chunk_bytes, io=io)
+    p = os.fspath(path)
+    if out.is_cuda:
+        s = stream if stream is not None else torch.cuda.current_stream(out.device)
+        report = _numapin.read_to_device(
+            p, offset, nbytes, out.data_ptr(), int(out.device.index), int(s.cuda_stream), **opts
+        )
+    elif out.device.type == "cpu":
+        report = _numapin.read_to_host(p, offset, nbytes, out.data_ptr(), **opts)
+    else:
+        raise InputError(f"out is on {out.device}\n  fix: pass a CUDA or CPU tensor")
+    _warn(report)
+    return report
+
+
+def locate(path: str | os.PathLike[str]) -> tuple[str, list[dict[str, Any]]]:
+    """Where the file at ``path`` lives: a sentence (``nvme0n1p2 on nvme0n1
+    (0000:41:00.0, node 1)``, ``nfs4 server:/export (no local drive)``) and
+    its drives (``name``, ``pci_bus_id``, ``numa_node``, ``package``,
+    ``kind``)."""
+    return _numapin.locate(os.fspath(path))

@@ -1,0 +1,367 @@
+//! Reads to a GPU: each worker reads into one of its pinned slots while the
+//! DMA of the other runs on its own stream.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::Instant;
+
+use crate::gpu::{CUdeviceptr, CUstream, CudaError, CudaOrdinal};
+use crate::loader::Target;
+use crate::platform::cuda::{self, DeviceBuffer, Event, Stream};
+use crate::runtime::{PinnedBuf, Runtime};
+
+use super::plan::{self, Plan, Req};
+use super::{io, DeviceRange, ReadOptions, ReadReport, Result, Source, StorageError};
+
+/// Device memory numapin allocated (`cuMemAlloc` in the GPU's primary
+/// context), freed on drop: what [`Checkpoint::load_to_device`](super::safetensors::Checkpoint::load_to_device)
+/// loads into.
+#[derive(Debug)]
+pub struct DeviceMemory {
+    buf: DeviceBuffer,
+    gpu: CudaOrdinal,
+}
+
+impl DeviceMemory {
+    /// `len` bytes (at least one is allocated) on CUDA device `gpu`.
+    ///
+    /// # Errors
+    /// [`StorageError::Cuda`] without a driver, for an unknown device, or
+    /// when the GPU's memory is short.
+    pub fn new(gpu: CudaOrdinal, len: usize) -> Result<DeviceMemory> {
+        let _ctx = cuda::ContextGuard::push(gpu.0)
+            .map_err(cuda_error(gpu, "making the context current"))?;
+        let buf = DeviceBuffer::new(len).map_err(cuda_error(gpu, "allocating device memory"))?;
+        Ok(DeviceMemory { buf, gpu })
+    }
+
+    /// The device address of the first byte.
+    pub fn ptr(&self) -> CUdeviceptr {
+        self.buf.ptr()
+    }
+
+    /// Bytes.
+    pub fn len(&self) -> usize {
+        self.buf.len()
+    }
+
+    /// Whether it holds no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.buf.is_empty()
+    }
+
+    /// The GPU it is on.
+    pub fn gpu(&self) -> CudaOrdinal {
+        self.gpu
+    }
+
+    /// Copies `dst.len()` bytes at `offset` back to the host (synchronous;
+    /// for tests and checks).
+    ///
+    /// # Errors
+    /// [`StorageError::Request`] past the end, [`StorageError::Cuda`] when
+    /// the copy fails.
+    pub fn read_back(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
+        if offset.checked_add(dst.len()).is_none_or(|e| e > self.len()) {
+            return Err(StorageError::request(
+                format!(
+                    "reading back {} bytes at {offset} of {} bytes of device memory",
+                    dst.len(),
+                    self.len()
+                ),
+                "read back within the allocation",
+            ));
+        }
+        let _ctx = cuda::ContextGuard::push(self.gpu.0)
+            .map_err(cuda_error(self.gpu, "making the context current"))?;
+        // SAFETY: the device range lies in our allocation (checked above);
+        // dst is host memory borrowed mutably for the synchronous copy.
+        unsafe {
+            cuda::memcpy_dtoh(
+                dst.as_mut_ptr().cast(),
+                self.ptr() + offset as u64,
+                dst.len(),
+            )
+        }
+        .map_err(cuda_error(self.gpu, "copying device memory back"))
+    }
+}
+
+fn cuda_error(gpu: CudaOrdinal, what: &'static str) -> impl Fn(CudaError) -> StorageError {
+    move |source| StorageError::Cuda { gpu, what, source }
+}
+
+/// Reads every range of `ranges` (of files `sources`) to device memory on
+/// CUDA device `gpu` (see [`read_to_device`](super::read_to_device)); ranges may be in any order.
+///
+/// # Errors
+/// As [`read_to_device`](super::read_to_device); a `source` index out of range is a
+/// [`StorageError::Request`].
+pub fn read_ranges_to_device(
+    rt: &Runtime,
+    sources: &[Source],
+    ranges: &[DeviceRange],
+    gpu: CudaOrdinal,
+    opts: &ReadOptions,
+) -> Result<ReadReport> {
+    // SAFETY: no stream to order after.
+    unsafe { read(rt, sources, ranges, gpu, None, opts) }
+}
+
+/// [`read_ranges_to_device`], ordered after the work already queued on
+/// `stream` (a stream of `gpu`'s primary context, such as a framework's
+/// current stream, whose allocator may hand out memory still in use by that
+/// work): the copies start only once that work is done. Returns when the
+/// bytes are on the device.
+///
+/// # Errors
+/// As [`read_ranges_to_device`].
+///
+/// # Safety
+/// `stream` must be a live stream of `gpu`'s primary context (or null, the
+/// legacy default stream) for the whole call.
+pub unsafe fn read_ranges_to_device_on(
+    rt: &Runtime,
+    sources: &[Source],
+    ranges: &[DeviceRange],
+    gpu: CudaOrdinal,
+    stream: CUstream,
+    opts: &ReadOptions,
+) -> Result<ReadReport> {
+    // SAFETY: the caller vouches for the stream.
+    unsafe { read(rt, sources, ranges, gpu, Some(stream), opts) }
+}
+
+/// Checks that every range's destination lies in one device allocation of
+/// `gpu`.
+fn check_destinations(gpu: CudaOrdinal, ranges: &[DeviceRange]) -> Result<()> {
+    for r in ranges.iter().filter(|r| r.len > 0) {
+        let a = cuda::device_range(r.dst).map_err(|e| {
+            StorageError::request(
+                format!(
+                    "the destination {:#x} of a read to GPU {gpu} is not device memory: {e}",
+                    r.dst
+                ),
+                "pass a pointer from cuMemAlloc (or a framework's device tensor) on that GPU",
+            )
+        })?;
+        if a.ordinal != gpu.0 {
+            return Err(StorageError::request(
+                format!(
+                    "the destination {:#x} is on GPU {}, not GPU {gpu}",
+                    r.dst, a.ordinal
+                ),
+                format!(
+                    "read to GPU {} (the CUDA ordinal the memory is on)",
+                    a.ordinal
+                ),
+            ));
+        }
+        if r.dst + r.len as u64 > a.start + a.size as u64 {
+            return Err(StorageError::request(
+                format!(
+                    "a read of {} bytes to {:#x} runs past the end of its device allocation ({} bytes at {:#x})",
+                    r.len, r.dst, a.size, a.start
+                ),
+                "read at most to the end of the allocation",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// An event recorded now on the caller's `stream` of `gpu`.
+///
+/// # Safety
+/// `stream` is a live stream of `gpu`'s primary context (or null).
+unsafe fn event_on(gpu: CudaOrdinal, stream: CUstream) -> Result<Event> {
+    let e = Event::new(false).map_err(cuda_error(gpu, "creating an event"))?;
+    // SAFETY: per this function's contract; the event is of the current
+    // (primary) context, pushed by the caller.
+    unsafe { e.record(stream) }
+        .map_err(cuda_error(gpu, "recording an event on the caller's stream"))?;
+    Ok(e)
+}
+
+/// Everything a worker needs.
+struct Job<'a> {
+    sources: &'a [Source],
+    plan: Plan,
+    gpu: CudaOrdinal,
+    io: super::IoMode,
+    next: AtomicUsize,
+    failed: AtomicBool,
+    after: Option<Event>,
+    slots: Mutex<Vec<Vec<PinnedBuf>>>,
+}
+
+/// The read of [`read_ranges_to_device_on`], after `after` when given.
+///
+/// # Safety
+/// `after`, when given, is a live stream of `gpu`'s primary context (or
+/// null) for the whole call.
+unsafe fn read(
+    rt: &Runtime,
+    sources: &[Source],
+    ranges: &[DeviceRange],
+    gpu: CudaOrdinal,
+    after: Option<CUstream>,
+    opts: &ReadOptions,
+) -> Result<ReadReport> {
+    let spans: Vec<(usize, u64, usize)> =
+        ranges.iter().map(|r| (r.source, r.offset, r.len)).collect();
+    let (place, mut report) = super::prepare(rt, sources, &spans, Target::Gpu(gpu), opts)?;
+    let total = report.bytes;
+    if total == 0 {
+        return Ok(report);
+    }
+    let started = Instant::now();
+    let _ctx =
+        cuda::ContextGuard::push(gpu.0).map_err(cuda_error(gpu, "making the context current"))?;
+    check_destinations(gpu, ranges)?;
+    let slot = super::slot_bytes(sources, opts.chunk_bytes);
+    let reqs: Vec<Req> = ranges
+        .iter()
+        .map(|r| Req {
+            source: r.source,
+            offset: r.offset,
+            len: r.len,
+            dst: r.dst,
+        })
+        .collect();
+    let plan = plan::pieces(&reqs, |s| sources[s].alignment(), slot, super::MAX_GAP);
+    let threads = super::thread_count(opts, place.cpus.len(), plan.pieces.len());
+    let per_thread = opts
+        .slots_per_thread
+        .min(plan.pieces.len().div_ceil(threads))
+        .max(1);
+    let mut groups = Vec::with_capacity(threads);
+    for _ in 0..threads {
+        let mut g = Vec::with_capacity(per_thread);
+        for _ in 0..per_thread {
+            g.push(rt.alloc_on_node(place.node, slot)?);
+        }
+        groups.push(g);
+    }
+    if groups.iter().flatten().any(|b| !b.is_registered()) {
+        report.warnings.push(format!(
+            "the slots on node {} are not registered with CUDA, so every copy waits for its DMA (check RuntimeConfig::register)",
+            place.node
+        ));
+    }
+    let after = match after {
+        // SAFETY: per this function's contract.
+        Some(s) => Some(unsafe { event_on(gpu, s) }?),
+        None => None,
+    };
+    report.staging_bytes = (threads * per_thread * slot) as u64;
+    report.threads = threads;
+    let job = Job {
+        sources,
+        plan,
+        gpu,
+        io: opts.io,
+        next: AtomicUsize::new(0),
+        failed: AtomicBool::new(false),
+        after,
+        slots: Mutex::new(groups),
+    };
+    let counts = super::run_threads("read", threads, &place.cpus, |_| {
+        let slots = job
+            .slots
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .pop()
+            .unwrap_or_default();
+        let r = worker(&job, slots);
+        if r.is_err() {
+            job.failed.store(true, Ordering::SeqCst);
+        }
+        r
+    })?;
+    counts.into_iter().for_each(|c| report.add(c));
+    report.seconds = started.elapsed().as_secs_f64();
+    Ok(report)
+}
+
+/// One worker: takes the next read, waits for the slot's last DMA, reads
+/// into it and queues its copies; the stream is synchronised before the
+/// slots go back, whatever happened.
+fn worker(job: &Job<'_>, mut slots: Vec<PinnedBuf>) -> Result<io::Counts> {
+    let gpu = job.gpu;
+    if slots.is_empty() {
+        return Ok(io::Counts::default());
+    }
+    cuda::set_device(gpu.0).map_err(cuda_error(gpu, "making the context current"))?;
+    let stream = Stream::new().map_err(cuda_error(gpu, "creating a stream"))?;
+    if let Some(after) = &job.after {
+        // SAFETY: our stream and the caller's event, both alive, of the
+        // same (primary) context.
+        unsafe { cuda::stream_wait_event(stream.raw(), after.raw()) }
+            .map_err(cuda_error(gpu, "ordering after the caller's stream"))?;
+    }
+    let r = pieces(job, &mut slots, &stream);
+    // Nothing may still read a slot when it goes back.
+    let synced = stream
+        .synchronize()
+        .map_err(cuda_error(gpu, "waiting for the copies"));
+    drop(slots);
+    let c = r?;
+    synced?;
+    Ok(c)
+}
+
+fn pieces(job: &Job<'_>, slots: &mut [PinnedBuf], stream: &Stream) -> Result<io::Counts> {
+    let gpu = job.gpu;
+    let events = (0..slots.len())
+        .map(|_| Event::new(false))
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(cuda_error(gpu, "creating events"))?;
+    let mut used = vec![false; slots.len()];
+    let mut counts = io::Counts::default();
+    let mut i = 0;
+    while !job.failed.load(Ordering::Relaxed) {
+        let k = job.next.fetch_add(1, Ordering::Relaxed);
+        let Some(p) = job.plan.pieces.get(k) else {
+            break;
+        };
+        let s = i % slots.len();
+        i += 1;
+        if used[s] {
+            // The slot's last DMA must be done before it is overwritten.
+            events[s]
+                .synchronize()
+                .map_err(cuda_error(gpu, "waiting for a copy"))?;
+        }
+        let src = &job.sources[p.source];
+        counts.add(io::read_exact_at(
+            src,
+            p.start,
+            &mut slots[s],
+            p.need,
+            job.io,
+            None,
+        )?);
+        for seg in &job.plan.segments[p.segs.clone()] {
+            // SAFETY: the slot is pinned and holds seg.slot_off + seg.len
+            // bytes (the plan keeps segments within the piece), untouched
+            // until its event (recorded next) completes or the stream is
+            // synchronised (the worker does before the slots go back);
+            // the destination was checked to lie in one allocation of this
+            // GPU, whose context is current on this thread.
+            unsafe {
+                cuda::memcpy_htod_async(
+                    seg.dst,
+                    slots[s].as_ptr().add(seg.slot_off).cast(),
+                    seg.len,
+                    stream.raw(),
+                )
+            }
+            .map_err(cuda_error(gpu, "queueing a copy to the device"))?;
+        }
+        // SAFETY: our stream, of the context current here.
+        unsafe { events[s].record(stream.raw()) }.map_err(cuda_error(gpu, "recording an event"))?;
+        used[s] = true;
+    }
+    Ok(counts)
+}

@@ -1,0 +1,446 @@
+//! Files to a GPU (or to pinned host memory) through pinned slots on the
+//! GPU's own NUMA node: checkpoints and datasets.
+//!
+//! ```no_run
+//! use numapin::storage::{self, ReadOptions, Source};
+//! use numapin::{CudaOrdinal, Runtime, RuntimeConfig, Topology};
+//! use numapin::topology::ProbeOptions;
+//!
+//! let rt = Runtime::new(Topology::probe(&ProbeOptions::from_process())?, RuntimeConfig::default())?;
+//! let gpu = CudaOrdinal(0);
+//! let src = Source::open("/data/shard-00001.bin")?;
+//! let dev = storage::DeviceMemory::new(gpu, src.len() as usize)?;
+//! let report = storage::read_to_device(&rt, &src, 0, dev.ptr(), src.len() as usize, gpu, &ReadOptions::default())?;
+//! println!("{:.1} GB/s ({})", report.gbps(), report.summary());
+//! # Ok::<(), numapin::Error>(())
+//! ```
+//!
+//! How a read goes (`docs/storage.md`): the requested ranges become reads
+//! of at most [`ReadOptions::chunk_bytes`], each into a pinned slot from
+//! the [`Runtime`]'s arena on the GPU's node. Worker threads bound to that
+//! node's CPUs each own two slots and a CUDA stream: a worker reads into
+//! one slot while the DMA of the other runs, so the copy of each slot
+//! overlaps the next read, and the workers together keep several reads in
+//! flight. Each read takes what the page cache holds first
+//! (`preadv2(RWF_NOWAIT)`, which never waits for the drive), then reads the
+//! rest with `O_DIRECT` where the filesystem allows it (no second copy
+//! through the page cache, no cache pollution), and buffered otherwise.
+//! Reads into pinned host memory go straight into place (no slot).
+//!
+//! [`safetensors`] loads checkpoints with it; [`locate`] says which drive
+//! (and NUMA node) a file lives on.
+
+mod device;
+mod drive;
+mod error;
+mod host;
+mod io;
+mod plan;
+pub mod safetensors;
+mod source;
+
+pub use device::{read_ranges_to_device, read_ranges_to_device_on, DeviceMemory};
+pub use drive::{locate, mounted, Drive, FileLocation};
+pub use error::StorageError;
+pub use source::Source;
+
+use crate::cpulist::CpuList;
+use crate::gpu::{CUdeviceptr, CudaOrdinal};
+use crate::runtime::Runtime;
+use crate::runtime::{Site, Target};
+
+type Result<T, E = StorageError> = std::result::Result<T, E>;
+
+/// Fewest worker threads a read starts by default: reads block on the
+/// drive, and several in flight are what a drive needs (4 x 1 MiB
+/// `O_DIRECT` reads were the best of 1-64 on the virtio disk measured;
+/// docs/BENCHMARKS.md).
+pub const MIN_READ_THREADS: usize = 4;
+/// Most worker threads a read starts by default (the node's allowed CPUs,
+/// between [`MIN_READ_THREADS`] and this).
+pub const MAX_READ_THREADS: usize = 16;
+
+/// Ranges of one file closer than this share a read into a slot (reading
+/// the gap costs less than another request to the drive).
+const MAX_GAP: u64 = 64 << 10;
+
+/// How a read uses the page cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum IoMode {
+    /// What the page cache holds is copied from it (`RWF_NOWAIT`); the rest
+    /// is read with `O_DIRECT` where the filesystem allows it, buffered
+    /// elsewhere.
+    #[default]
+    Auto,
+    /// Always through the page cache (plain `pread`, the kernel's
+    /// readahead).
+    Buffered,
+    /// Always `O_DIRECT`, even for data in the page cache (to measure a
+    /// drive); a file whose filesystem refuses it is a
+    /// [`StorageError::Request`].
+    Direct,
+}
+
+impl IoMode {
+    /// `auto`, `buffered`, `direct`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            IoMode::Auto => "auto",
+            IoMode::Buffered => "buffered",
+            IoMode::Direct => "direct",
+        }
+    }
+}
+
+impl std::str::FromStr for IoMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(IoMode::Auto),
+            "buffered" => Ok(IoMode::Buffered),
+            "direct" => Ok(IoMode::Direct),
+            other => Err(format!(
+                "`{other}` is not an I/O mode (auto, buffered, direct)"
+            )),
+        }
+    }
+}
+
+/// How a read runs (start from `ReadOptions::default()`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ReadOptions {
+    /// Worker threads, 0 for the node's allowed CPUs between
+    /// [`MIN_READ_THREADS`] and [`MAX_READ_THREADS`] (default 0); never
+    /// more than there are reads.
+    pub threads: usize,
+    /// Bytes per read and per slot (default 4 MiB), rounded up to the
+    /// files' direct I/O alignment.
+    pub chunk_bytes: usize,
+    /// Pinned slots per worker for reads to a GPU (default 2: one is read
+    /// into while the other's DMA runs).
+    pub slots_per_thread: usize,
+    /// How the page cache is used (default [`IoMode::Auto`]).
+    pub io: IoMode,
+}
+
+impl Default for ReadOptions {
+    fn default() -> Self {
+        ReadOptions {
+            threads: 0,
+            chunk_bytes: 4 << 20,
+            slots_per_thread: 2,
+            io: IoMode::Auto,
+        }
+    }
+}
+
+with_setters!(ReadOptions {
+    with_threads => threads: usize,
+    with_chunk_bytes => chunk_bytes: usize,
+    with_slots_per_thread => slots_per_thread: usize,
+    with_io => io: IoMode,
+});
+
+/// What a read did.
+#[derive(Debug, Clone, Default, PartialEq)]
+#[non_exhaustive]
+pub struct ReadReport {
+    /// Bytes delivered (the sum of the requested ranges).
+    pub bytes: u64,
+    /// Wall-clock seconds of the read, from the first read to the last
+    /// byte delivered (slots and threads included).
+    pub seconds: f64,
+    /// Worker threads.
+    pub threads: usize,
+    /// The NUMA node of the slots (and the workers' CPUs).
+    pub node: u32,
+    /// Bytes copied from the page cache without waiting (`RWF_NOWAIT`).
+    pub cached_bytes: u64,
+    /// Bytes read with `O_DIRECT`.
+    pub direct_bytes: u64,
+    /// Bytes read through the page cache from the drive.
+    pub buffered_bytes: u64,
+    /// Pinned bytes held as slots for the read (0 for reads into place).
+    pub staging_bytes: u64,
+    /// Sentences a person should read: placement that could not be made,
+    /// a file on a drive behind another NUMA node or socket, unregistered
+    /// slots.
+    pub warnings: Vec<String>,
+}
+
+impl ReadReport {
+    /// Bytes per second, in GB/s (10^9).
+    pub fn gbps(&self) -> f64 {
+        if self.seconds > 0.0 {
+            self.bytes as f64 / self.seconds / 1e9
+        } else {
+            0.0
+        }
+    }
+
+    /// `cached=1.0GiB direct=3.0GiB buffered=0B`.
+    pub fn summary(&self) -> String {
+        let f = crate::arena::fmt_bytes;
+        format!(
+            "cached={} direct={} buffered={}",
+            f(self.cached_bytes),
+            f(self.direct_bytes),
+            f(self.buffered_bytes)
+        )
+    }
+
+    fn add(&mut self, c: io::Counts) {
+        self.cached_bytes += c.cached;
+        self.direct_bytes += c.direct;
+        self.buffered_bytes += c.buffered;
+    }
+}
+
+/// A range of a source to device memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceRange {
+    /// Index of the file in the sources given with it.
+    pub source: usize,
+    /// Byte offset in the file.
+    pub offset: u64,
+    /// Bytes.
+    pub len: usize,
+    /// Where they go: device memory of the GPU read to, inside one
+    /// allocation (checked).
+    pub dst: CUdeviceptr,
+}
+
+/// A range of a source to host memory.
+#[derive(Debug)]
+pub struct HostRange<'a> {
+    /// Index of the file in the sources given with it.
+    pub source: usize,
+    /// Byte offset in the file.
+    pub offset: u64,
+    /// Where the bytes go (its length is the range's length). Memory whose
+    /// address agrees with `offset` modulo the file's alignment (4 KiB) is
+    /// read with `O_DIRECT` straight into place.
+    pub dst: &'a mut [u8],
+}
+
+/// Reads `len` bytes of `src` at `offset` into device memory at `dst` on
+/// CUDA device `gpu`, through pinned slots on the GPU's node. Returns when
+/// the bytes are on the device.
+///
+/// # Errors
+/// [`StorageError::Request`] for a range past the file's end or a `dst`
+/// that is not device memory of `gpu` large enough; [`StorageError::Read`]
+/// (file and offset named) or [`StorageError::Truncated`] when reading
+/// fails; [`StorageError::Cuda`] without a driver or when a copy fails;
+/// [`StorageError::Arena`] when the slots cannot be had.
+pub fn read_to_device(
+    rt: &Runtime,
+    src: &Source,
+    offset: u64,
+    dst: CUdeviceptr,
+    len: usize,
+    gpu: CudaOrdinal,
+    opts: &ReadOptions,
+) -> Result<ReadReport> {
+    let r = DeviceRange {
+        source: 0,
+        offset,
+        len,
+        dst,
+    };
+    read_ranges_to_device(rt, std::slice::from_ref(src), &[r], gpu, opts)
+}
+
+/// Reads `dst.len()` bytes of `src` at `offset` into `dst` (host memory),
+/// with worker threads on `target`'s CPUs ([`Target::HostNode`] for the
+/// node `dst` is on; [`Target::Gpu`] for a GPU's node).
+///
+/// # Errors
+/// As [`read_to_device`], without the CUDA ones.
+pub fn read_to_host(
+    rt: &Runtime,
+    src: &Source,
+    offset: u64,
+    dst: &mut [u8],
+    target: Target,
+    opts: &ReadOptions,
+) -> Result<ReadReport> {
+    let r = HostRange {
+        source: 0,
+        offset,
+        dst,
+    };
+    read_ranges_to_host(rt, std::slice::from_ref(src), vec![r], target, opts)
+}
+
+/// Reads every range of `ranges` (of files `sources`) into its host memory
+/// (see [`read_to_host`]).
+///
+/// # Errors
+/// As [`read_to_host`].
+pub fn read_ranges_to_host(
+    rt: &Runtime,
+    sources: &[Source],
+    ranges: Vec<HostRange<'_>>,
+    target: Target,
+    opts: &ReadOptions,
+) -> Result<ReadReport> {
+    host::read(rt, sources, ranges, target, opts)
+}
+
+/// The one answer to "which node and CPUs" for a read:
+/// [`Runtime::place`] of `target` (a GPU's local CPUs and node).
+pub(crate) fn place(rt: &Runtime, target: Target) -> Result<Site> {
+    Ok(rt.place(target)?)
+}
+
+/// Checks a read of `spans` (source, offset, length) for `target` and
+/// places it: the placement and the report so far (bytes, node, warnings
+/// about the placement and the files' drives).
+fn prepare(
+    rt: &Runtime,
+    sources: &[Source],
+    spans: &[(usize, u64, usize)],
+    target: Target,
+    opts: &ReadOptions,
+) -> Result<(Site, ReadReport)> {
+    let bytes = check_ranges(sources, spans.iter().copied(), opts)?;
+    let place = place(rt, target)?;
+    let gpu = match target {
+        Target::Gpu(g) => Some(g),
+        _ => None,
+    };
+    let mut warnings = place.warnings.clone();
+    warnings.extend(drive::warnings(
+        rt,
+        sources,
+        spans.iter().map(|s| s.0),
+        place.node,
+        gpu,
+    ));
+    let report = ReadReport {
+        bytes,
+        node: place.node,
+        warnings,
+        ..ReadReport::default()
+    };
+    Ok((place, report))
+}
+
+/// Worker threads for `work` reads by CPUs `cpus`.
+fn thread_count(opts: &ReadOptions, cpus: usize, work: usize) -> usize {
+    let t = match opts.threads {
+        0 => cpus.clamp(MIN_READ_THREADS, MAX_READ_THREADS),
+        t => t,
+    };
+    t.min(work).max(1)
+}
+
+/// Checks the options and that every range lies in its source.
+fn check_ranges(
+    sources: &[Source],
+    ranges: impl Iterator<Item = (usize, u64, usize)>,
+    opts: &ReadOptions,
+) -> Result<u64> {
+    if opts.chunk_bytes == 0 || opts.slots_per_thread == 0 {
+        return Err(StorageError::request(
+            format!(
+                "read options chunk_bytes = {}, slots_per_thread = {}: both must be at least 1",
+                opts.chunk_bytes, opts.slots_per_thread
+            ),
+            "use ReadOptions::default() (4 MiB reads, 2 slots per thread)",
+        ));
+    }
+    if opts.chunk_bytes > 1 << 30 {
+        return Err(StorageError::request(
+            format!(
+                "read options chunk_bytes = {} is over 1 GiB",
+                opts.chunk_bytes
+            ),
+            "use reads of a few MiB (the default is 4 MiB)",
+        ));
+    }
+    let mut total = 0u64;
+    for (s, off, len) in ranges {
+        let src = sources.get(s).ok_or_else(|| {
+            StorageError::request(
+                format!(
+                    "a range names source {s}, and there are {} source(s)",
+                    sources.len()
+                ),
+                "index the sources passed with the ranges",
+            )
+        })?;
+        if off
+            .checked_add(len as u64)
+            .is_none_or(|end| end > src.len())
+        {
+            return Err(StorageError::request(
+                format!(
+                    "{}: the range of {len} bytes at offset {off} runs past the end of the file ({} bytes)",
+                    src.path().display(),
+                    src.len()
+                ),
+                "read within the file",
+            ));
+        }
+        total += len as u64;
+    }
+    Ok(total)
+}
+
+/// Bytes per slot: `chunk` rounded up to every source's alignment.
+fn slot_bytes(sources: &[Source], chunk: usize) -> usize {
+    let a = sources
+        .iter()
+        .map(|s| s.alignment())
+        .max()
+        .unwrap_or(source::MIN_ALIGN) as usize;
+    chunk.div_ceil(a) * a
+}
+
+/// Runs `work(i)` for `i` in `0..threads`, each on a thread of its own
+/// bound to `cpus`; the first error (by thread) wins.
+fn run_threads<F>(name: &str, threads: usize, cpus: &CpuList, work: F) -> Result<Vec<io::Counts>>
+where
+    F: Fn(usize) -> Result<io::Counts> + Sync,
+{
+    let results: Vec<Result<io::Counts>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|i| {
+                let work = &work;
+                std::thread::Builder::new()
+                    .name(format!("numapin-{name}{i}"))
+                    .spawn_scoped(s, move || {
+                        // Best effort, as the staged copy: an unbound
+                        // thread still reads, only further from the slots.
+                        let _ = crate::affinity::bind_current_thread(cpus);
+                        work(i)
+                    })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| match h {
+                Ok(h) => h.join().unwrap_or_else(|_| {
+                    Err(StorageError::setup(
+                        "a reader thread panicked",
+                        "report this as a numapin bug",
+                        "panic",
+                    ))
+                }),
+                Err(e) => Err(StorageError::setup(
+                    "starting a reader thread",
+                    "check the process's thread limit (`ulimit -u`)",
+                    e,
+                )),
+            })
+            .collect()
+    });
+    results.into_iter().collect()
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,280 @@
+//! The reader's loops under injected faults (short reads, `EINTR`, `EIO`),
+//! every mode and alignment, and the drive warnings.
+
+use std::sync::Mutex;
+
+use proptest::prelude::*;
+
+use super::io::{faults, read_exact_at};
+use super::{IoMode, Source, StorageError};
+
+/// Tests that inject faults run one at a time (the hook is global).
+static SERIAL: Mutex<()> = Mutex::new(());
+
+struct Injected(#[allow(dead_code)] std::sync::MutexGuard<'static, ()>);
+
+impl Injected {
+    fn new(f: faults::Faults) -> Injected {
+        let g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+        *faults::FAULTS.lock().unwrap_or_else(|p| p.into_inner()) = Some(f);
+        Injected(g)
+    }
+}
+
+impl Drop for Injected {
+    fn drop(&mut self) {
+        *faults::FAULTS.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+}
+
+fn pattern(len: usize) -> Vec<u8> {
+    (0..len).map(|i| (i * 7 + i / 251) as u8).collect()
+}
+
+/// A file of `len` pattern bytes.
+fn file(len: usize) -> (tempfile::TempDir, std::path::PathBuf, Vec<u8>) {
+    let d = tempfile::tempdir().expect("a temporary folder");
+    let p = d.path().join("data.bin");
+    let data = pattern(len);
+    std::fs::write(&p, &data).expect("write");
+    (d, p, data)
+}
+
+/// `len` bytes of memory starting `skew` bytes past a 4 KiB boundary.
+struct Mem {
+    v: Vec<u8>,
+    at: usize,
+}
+
+impl Mem {
+    fn new(len: usize, skew: usize) -> Mem {
+        let v = vec![0xAAu8; len + 8192 + skew];
+        let at = v.as_ptr().align_offset(4096) + skew;
+        Mem { v, at }
+    }
+    fn slice(&mut self, len: usize) -> &mut [u8] {
+        &mut self.v[self.at..self.at + len]
+    }
+}
+
+/// Drops the file's pages from the page cache (clean pages go without
+/// root), so that reads go to the drive.
+fn evict(p: &std::path::Path) {
+    let f = std::fs::File::open(p).expect("open");
+    f.sync_all().expect("fsync");
+    nix::fcntl::posix_fadvise(
+        &f,
+        0,
+        0,
+        nix::fcntl::PosixFadviseAdvice::POSIX_FADV_DONTNEED,
+    )
+    .expect("fadvise");
+}
+
+fn check(mode: IoMode, offset: usize, len: usize, skew: usize, slack: usize, f: faults::Faults) {
+    let (_d, p, data) = file(200_000);
+    evict(&p);
+    let src = Source::open(&p).expect("open");
+    let mut bounce = Mem::new(4096, 0);
+    let mut m = Mem::new(len + slack, skew);
+    let _g = Injected::new(f);
+    let c = read_exact_at(
+        &src,
+        offset as u64,
+        m.slice(len + slack),
+        len,
+        mode,
+        Some(bounce.slice(4096)),
+    )
+    .expect("read");
+    assert_eq!(c.cached + c.direct + c.buffered, len as u64, "{c:?}");
+    assert!(
+        m.slice(len)[..] == data[offset..offset + len],
+        "mode {mode:?} offset {offset} len {len} skew {skew}"
+    );
+    if mode == IoMode::Buffered {
+        assert_eq!(c.buffered, len as u64);
+    }
+    // Memory that lines up with the file is read with O_DIRECT wherever
+    // the filesystem allows it (the file is not in the page cache).
+    if mode != IoMode::Buffered && src.direct_io() && offset % 4096 == skew % 4096 {
+        assert_eq!(c.direct, len as u64, "{c:?}");
+    }
+}
+
+#[test]
+fn auto_copies_cached_reads_and_reads_the_others_direct() {
+    let (_d, p, data) = file(1 << 20);
+    evict(&p);
+    // Bring the first quarter into the page cache (without readahead).
+    let f = std::fs::File::open(&p).expect("open");
+    nix::fcntl::posix_fadvise(&f, 0, 0, nix::fcntl::PosixFadviseAdvice::POSIX_FADV_RANDOM)
+        .expect("fadvise");
+    let mut q = vec![0u8; 256 << 10];
+    std::os::unix::fs::FileExt::read_exact_at(&f, &mut q, 0).expect("read");
+    let src = Source::open(&p).expect("open");
+    let mut m = Mem::new(1 << 20, 0);
+    // The cached quarter comes from the page cache, when the kernel can
+    // say it is there (cachestat); otherwise buffered.
+    let c =
+        read_exact_at(&src, 0, m.slice(256 << 10), 256 << 10, IoMode::Auto, None).expect("read");
+    assert!(m.slice(256 << 10)[..] == data[..256 << 10]);
+    match src.page_cache_unknown() {
+        None => assert_eq!(c.cached, 256 << 10, "{c:?}"),
+        Some(_) => assert_eq!(c.buffered, 256 << 10, "{c:?}"),
+    }
+    // A read only partly cached goes to the drive whole, direct where the
+    // filesystem allows it.
+    let c = read_exact_at(&src, 0, m.slice(1 << 20), 1 << 20, IoMode::Auto, None).expect("read");
+    assert!(m.slice(1 << 20)[..] == data[..]);
+    assert_eq!(c.cached + c.direct + c.buffered, 1 << 20);
+    if src.direct_io() && src.page_cache_unknown().is_none() {
+        assert_eq!(c.direct, 1 << 20, "{c:?}");
+    }
+}
+
+#[test]
+fn an_io_error_names_the_file_and_offset() {
+    let (_d, p, _) = file(100_000);
+    let src = Source::open(&p).expect("open");
+    let mut m = Mem::new(100_000, 0);
+    let _g = Injected::new(faults::Faults {
+        eio_at: Some(70_000),
+        short_max: 8192,
+        ..Default::default()
+    });
+    let e =
+        read_exact_at(&src, 0, m.slice(100_000), 100_000, IoMode::Buffered, None).expect_err("EIO");
+    match &e {
+        StorageError::Read { path, offset, .. } => {
+            assert_eq!(path, &p);
+            assert!((65_536..=70_000).contains(offset), "{e}");
+        }
+        other => panic!("{other:?}"),
+    }
+    let text = crate::report::with_causes(&e);
+    assert!(
+        text.contains("data.bin") && text.contains("Input/output error"),
+        "{text}"
+    );
+    assert!(e.fix().is_some_and(|f| f.contains("dmesg")));
+}
+
+#[test]
+fn a_file_shorter_than_the_read_is_truncated_not_short() {
+    let (_d, p, _) = file(10_000);
+    let src = Source::open(&p).expect("open");
+    // The file shrinks after it was opened.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&p)
+        .expect("open for writing")
+        .set_len(5000)
+        .expect("truncate");
+    let mut m = Mem::new(10_000, 0);
+    for mode in [IoMode::Auto, IoMode::Buffered] {
+        let e = read_exact_at(&src, 0, m.slice(10_000), 10_000, mode, None).expect_err("short");
+        match e {
+            StorageError::Truncated {
+                file_len,
+                wanted_end,
+                ..
+            } => assert_eq!((file_len, wanted_end), (5000, 10_000)),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(e.kind(), crate::ErrorKind::Input);
+    }
+}
+
+#[test]
+fn directories_fifos_and_missing_files_are_input_errors() {
+    let d = tempfile::tempdir().expect("a temporary folder");
+    let fifo = d.path().join("fifo");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).expect("mkfifo");
+    for (p, what) in [
+        (d.path().to_path_buf(), "is a directory"),
+        (fifo, "is a FIFO"),
+        (d.path().join("nope"), "does not exist"),
+    ] {
+        let e = Source::open(&p).expect_err("not a regular file");
+        assert_eq!(e.kind(), crate::ErrorKind::Input, "{e}");
+        assert!(e.to_string().contains(what), "{e}");
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+    #[test]
+    fn any_range_arrives_whole(
+        offset in 0usize..150_000,
+        len in 1usize..40_000,
+        skew in 0usize..4096,
+        congruent in any::<bool>(),
+        slack in 0usize..9000,
+        eintr in prop_oneof![Just(0u64), 2u64..5],
+        short in prop_oneof![Just(0usize), 1usize..20_000],
+        mode in prop_oneof![Just(IoMode::Auto), Just(IoMode::Buffered)],
+    ) {
+        let skew = if congruent { offset % 4096 } else { skew };
+        check(mode, offset, len.min(200_000 - offset), skew, slack, faults::Faults {
+            eintr_every: eintr,
+            short_max: short,
+            ..Default::default()
+        });
+    }
+}
+
+mod drives {
+    use crate::storage::{Drive, FileLocation};
+    use crate::topology::{Relation, Topology};
+
+    fn two_sockets() -> Topology {
+        let p = concat!(env!("CARGO_MANIFEST_DIR"), "/topology/dgx-h100.xml");
+        Topology::load(std::path::Path::new(p), &Default::default()).expect("fixture")
+    }
+
+    fn at(node: u32, rel: Vec<Relation>) -> FileLocation {
+        FileLocation {
+            path: "/data/model.safetensors".into(),
+            device: Some("nvme3n1p1".into()),
+            drives: vec![Drive {
+                name: "nvme3n1".into(),
+                pci_bus_id: Some("0000:c1:00.0".into()),
+                numa_node: Some(node),
+                package: None,
+                kind: None,
+                gpu_relations: rel,
+            }],
+            filesystem: None,
+            note: None,
+        }
+    }
+
+    #[test]
+    fn a_drive_behind_the_other_socket_is_said() {
+        let t = two_sockets();
+        let g0 = t.gpus[0].index;
+        let n0 = t.gpus[0].numa_node.expect("the fixture places its GPUs");
+        let far_node = t
+            .numa_nodes
+            .iter()
+            .map(|n| n.os_index)
+            .find(|&n| t.node(n).and_then(|x| x.package) != t.node(n0).and_then(|x| x.package));
+        let far_node = far_node.expect("two sockets");
+        // By the topology's relation.
+        let w = at(far_node, vec![Relation::Sys; t.gpus.len()]).warnings_for(&t, n0, Some(g0));
+        assert_eq!(w.len(), 1);
+        assert!(
+            w[0].contains("behind the other socket") && w[0].contains("nvme3n1"),
+            "{w:?}"
+        );
+        // By nodes alone (a drive the topology does not list).
+        let w = at(far_node, vec![]).warnings_for(&t, n0, Some(g0));
+        assert!(w[0].contains("behind the other socket"), "{w:?}");
+        // Near: nothing to say.
+        assert!(at(n0, vec![Relation::Node; t.gpus.len()])
+            .warnings_for(&t, n0, Some(g0))
+            .is_empty());
+        assert!(at(n0, vec![]).warnings_for(&t, n0, None).is_empty());
+    }
+}

@@ -1,0 +1,588 @@
+//! The storage reader and the safetensors loader through the public API:
+//! files read into pinned host memory byte for byte, checkpoints of every
+//! dtype against the `safetensors` crate's own reading of the same file,
+//! indexes and shards, hostile files refused with an input error and
+//! nothing left allocated. GPU tests are `#[ignore]`d (run them with
+//! `--ignored` on a GPU machine; they skip without a driver).
+#![allow(clippy::unwrap_used)] // tests fail loudly
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use numapin::storage::safetensors::{Checkpoint, Dtype, Shard};
+use numapin::storage::{self, HostRange, IoMode, ReadOptions, Source, StorageError};
+use numapin::topology::{CudaMode, ProbeOptions};
+use numapin::{ErrorKind, Runtime, RuntimeConfig, Target, Topology};
+use safetensors::tensor::TensorView;
+
+fn runtime() -> Runtime {
+    let opts = ProbeOptions::from_process().with_cuda(CudaMode::Off);
+    let t = Topology::probe(&opts).unwrap();
+    Runtime::new(t, RuntimeConfig::default().with_region_bytes(64 << 20)).unwrap()
+}
+
+fn node(rt: &Runtime) -> Target {
+    Target::HostNode(rt.calling_thread_node())
+}
+
+/// Nothing lent by the arena is still out.
+fn assert_no_leak(rt: &Runtime) {
+    for s in rt.stats() {
+        assert_eq!(s.bytes_in_use, 0, "node {}: {s:?}", s.node);
+        assert_eq!(s.allocations, s.frees, "node {}: {s:?}", s.node);
+    }
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 9) as u8)
+        .collect()
+}
+
+const DTYPES: &[(Dtype, usize)] = &[
+    (Dtype::BOOL, 1),
+    (Dtype::U8, 1),
+    (Dtype::I8, 1),
+    (Dtype::F8_E5M2, 1),
+    (Dtype::F8_E4M3, 1),
+    (Dtype::F8_E8M0, 1),
+    (Dtype::I16, 2),
+    (Dtype::U16, 2),
+    (Dtype::F16, 2),
+    (Dtype::BF16, 2),
+    (Dtype::I32, 4),
+    (Dtype::U32, 4),
+    (Dtype::F32, 4),
+    (Dtype::F64, 8),
+    (Dtype::I64, 8),
+    (Dtype::U64, 8),
+    (Dtype::C64, 8),
+];
+
+/// A checkpoint of every dtype, an empty tensor, odd sizes and a large
+/// tensor spanning several reads, written by the safetensors crate.
+fn tensors() -> Vec<(String, Dtype, Vec<usize>, Vec<u8>)> {
+    let mut v = Vec::new();
+    for (i, &(d, size)) in DTYPES.iter().enumerate() {
+        let shape = vec![3, 7 + i];
+        let n = shape.iter().product::<usize>() * size;
+        v.push((format!("t.{i}.{d}"), d, shape, pattern(n, i as u8)));
+    }
+    v.push(("empty".into(), Dtype::F32, vec![0, 5], Vec::new()));
+    v.push(("scalar".into(), Dtype::F64, vec![], pattern(8, 99)));
+    v.push(("odd".into(), Dtype::U8, vec![4097], pattern(4097, 7)));
+    v.push((
+        "big".into(),
+        Dtype::BF16,
+        vec![3, 1_500_007],
+        pattern(9_000_042, 3),
+    ));
+    v
+}
+
+fn write(dir: &Path, name: &str, ts: &[(String, Dtype, Vec<usize>, Vec<u8>)]) -> PathBuf {
+    let views: Vec<(String, TensorView<'_>)> = ts
+        .iter()
+        .map(|(n, d, s, b)| (n.clone(), TensorView::new(*d, s.clone(), b).unwrap()))
+        .collect();
+    let bytes = safetensors::serialize(views, None).unwrap();
+    let p = dir.join(name);
+    std::fs::write(&p, bytes).unwrap();
+    p
+}
+
+/// What the safetensors crate reads from the file: name to (dtype, shape,
+/// bytes).
+fn reference(p: &Path) -> HashMap<String, (Dtype, Vec<usize>, Vec<u8>)> {
+    let bytes = std::fs::read(p).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    st.tensors()
+        .into_iter()
+        .map(|(n, t)| (n, (t.dtype(), t.shape().to_vec(), t.data().to_vec())))
+        .collect()
+}
+
+fn load_host(
+    rt: &Runtime,
+    ck: &Checkpoint,
+    sel: &[usize],
+    io: IoMode,
+) -> HashMap<String, (Dtype, Vec<usize>, Vec<u8>)> {
+    let opts = ReadOptions::default().with_io(io).with_chunk_bytes(1 << 20);
+    let h = ck.load_to_host(rt, node(rt), sel, &opts).unwrap();
+    h.tensors
+        .iter()
+        .map(|t| {
+            let e = &ck.tensors()[t.entry];
+            (
+                e.name.clone(),
+                (e.dtype, e.shape.clone(), t.bytes().to_vec()),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn a_checkpoint_of_every_dtype_loads_as_the_safetensors_crate_reads_it() {
+    let rt = runtime();
+    let d = tempfile::tempdir().unwrap();
+    let p = write(d.path(), "model.safetensors", &tensors());
+    let want = reference(&p);
+    let ck = Checkpoint::open(&p).unwrap();
+    assert_eq!(ck.tensors().len(), want.len());
+    let all = ck.select(None, None).unwrap();
+    for io in [IoMode::Auto, IoMode::Buffered] {
+        assert_eq!(load_host(&rt, &ck, &all, io), want, "{io:?}");
+    }
+    // Subsets, by name.
+    let sel = ck.select(Some(&["odd", "empty", "big"]), None).unwrap();
+    let got = load_host(&rt, &ck, &sel, IoMode::Auto);
+    assert_eq!(got.len(), 3);
+    assert_eq!(got["big"], want["big"]);
+    assert_no_leak(&rt);
+}
+
+/// A safetensors file written by hand: the header padded with `pad`
+/// spaces (so the data starts at an odd offset) and tensors packed with no
+/// regard for alignment (an F32 right after 3 bytes).
+fn hand_written(dir: &Path, pad: usize) -> (PathBuf, Vec<(String, Vec<u8>)>) {
+    let a = pattern(3, 1);
+    let b = pattern(4 * 5000, 2);
+    let c = pattern(2 * 333, 3);
+    let header = format!(
+        r#"{{"a":{{"dtype":"U8","shape":[3],"data_offsets":[0,3]}},"b":{{"dtype":"F32","shape":[5000],"data_offsets":[3,20003]}},"c":{{"dtype":"F16","shape":[333],"data_offsets":[20003,20669]}},"__metadata__":{{"format":"pt"}}}}{}"#,
+        " ".repeat(pad)
+    );
+    let mut f = (header.len() as u64).to_le_bytes().to_vec();
+    f.extend_from_slice(header.as_bytes());
+    f.extend_from_slice(&a);
+    f.extend_from_slice(&b);
+    f.extend_from_slice(&c);
+    let p = dir.join(format!("hand{pad}.safetensors"));
+    std::fs::write(&p, &f).unwrap();
+    (p, vec![("a".into(), a), ("b".into(), b), ("c".into(), c)])
+}
+
+#[test]
+fn tensors_at_offsets_that_are_not_page_aligned_arrive_whole() {
+    let rt = runtime();
+    let d = tempfile::tempdir().unwrap();
+    for pad in [0, 1, 5, 4091] {
+        let (p, want) = hand_written(d.path(), pad);
+        let reference = reference(&p);
+        let ck = Checkpoint::open(&p).unwrap();
+        let all = ck.select(None, None).unwrap();
+        let got = load_host(&rt, &ck, &all, IoMode::Auto);
+        assert_eq!(got, reference, "pad {pad}");
+        for (n, bytes) in want {
+            assert_eq!(got[&n].2, bytes, "{n} pad {pad}");
+        }
+    }
+    assert_no_leak(&rt);
+}
+
+#[test]
+fn ranges_of_a_file_arrive_in_host_memory_byte_for_byte() {
+    let rt = runtime();
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("data.bin");
+    let data = pattern(5 << 20, 11);
+    std::fs::write(&p, &data).unwrap();
+    let src = Source::open(&p).unwrap();
+    let spans = [
+        (0usize, 1usize),
+        (1, 4095),
+        (4096, 1 << 20),
+        (123_457, 2_000_001),
+        (data.len() - 3, 3),
+    ];
+    let mut bufs: Vec<Vec<u8>> = spans.iter().map(|&(_, n)| vec![0u8; n]).collect();
+    let ranges: Vec<HostRange<'_>> = spans
+        .iter()
+        .zip(bufs.iter_mut())
+        .map(|(&(off, _), b)| HostRange {
+            source: 0,
+            offset: off as u64,
+            dst: b,
+        })
+        .collect();
+    let opts = ReadOptions::default()
+        .with_chunk_bytes(256 << 10)
+        .with_threads(3);
+    let r = storage::read_ranges_to_host(&rt, std::slice::from_ref(&src), ranges, node(&rt), &opts)
+        .unwrap();
+    assert_eq!(r.bytes, spans.iter().map(|s| s.1 as u64).sum::<u64>());
+    assert_eq!(r.cached_bytes + r.direct_bytes + r.buffered_bytes, r.bytes);
+    for (&(off, n), b) in spans.iter().zip(&bufs) {
+        assert!(b[..] == data[off..off + n], "range at {off}");
+    }
+    // Into arena memory, aligned like the file: the whole file at once.
+    let mut buf = rt
+        .alloc_on_node(rt.calling_thread_node(), data.len())
+        .unwrap();
+    storage::read_to_host(
+        &rt,
+        &src,
+        0,
+        &mut buf[..],
+        node(&rt),
+        &ReadOptions::default(),
+    )
+    .unwrap();
+    assert!(buf[..] == data[..]);
+    drop(buf);
+    // A range past the end is refused before anything is read.
+    let mut b = vec![0u8; 10];
+    let e = storage::read_to_host(&rt, &src, data.len() as u64 - 5, &mut b, node(&rt), &opts)
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Input, "{e}");
+    assert!(e.to_string().contains("past the end"), "{e}");
+    assert_no_leak(&rt);
+}
+
+/// Writes `ts` as `n` shard files and an index over them.
+fn sharded(dir: &Path, ts: &[(String, Dtype, Vec<usize>, Vec<u8>)], n: usize) -> PathBuf {
+    let mut map = serde_json::Map::new();
+    for k in 0..n {
+        let part: Vec<_> = ts.iter().skip(k).step_by(n).cloned().collect();
+        let name = format!("model-{:05}-of-{n:05}.safetensors", k + 1);
+        write(dir, &name, &part);
+        for t in &part {
+            map.insert(t.0.clone(), serde_json::Value::String(name.clone()));
+        }
+    }
+    let index = serde_json::json!({"metadata": {"total_size": 0}, "weight_map": map});
+    let p = dir.join("model.safetensors.index.json");
+    std::fs::write(&p, index.to_string()).unwrap();
+    p
+}
+
+#[test]
+fn an_index_loads_every_shard_and_ranks_split_it_without_overlap() {
+    let rt = runtime();
+    let d = tempfile::tempdir().unwrap();
+    let ts = tensors();
+    let p = sharded(d.path(), &ts, 3);
+    let ck = Checkpoint::open(&p).unwrap();
+    assert_eq!(ck.sources().len(), 3);
+    let all = ck.select(None, None).unwrap();
+    let got = load_host(&rt, &ck, &all, IoMode::Auto);
+    assert_eq!(got.len(), ts.len());
+    for (n, d, s, b) in &ts {
+        assert_eq!(got[n], (*d, s.clone(), b.clone()), "{n}");
+    }
+    // Four ranks: disjoint, together everything, bytes balanced to within
+    // the largest tensor.
+    let shards = ck.shards(None, 4).unwrap();
+    let mut seen: Vec<usize> = shards.iter().flatten().copied().collect();
+    seen.sort_unstable();
+    let mut every = all.clone();
+    every.sort_unstable();
+    assert_eq!(seen, every);
+    for (r, s) in shards.iter().enumerate() {
+        assert_eq!(
+            &ck.select(None, Some(Shard::new(r, 4).unwrap())).unwrap(),
+            s
+        );
+    }
+    assert!(Shard::new(4, 4).is_err());
+    assert_no_leak(&rt);
+}
+
+fn input_error(r: Result<Checkpoint, StorageError>, what: &str) -> String {
+    let e = r.expect_err(what);
+    assert_eq!(e.kind(), ErrorKind::Input, "{what}: {e}");
+    assert!(e.fix().is_some(), "{what}: no fix");
+    numapin::error::with_causes(&e)
+}
+
+#[test]
+fn hostile_files_are_refused_with_an_input_error() {
+    let rt = runtime();
+    let d = tempfile::tempdir().unwrap();
+    let good = std::fs::read(write(d.path(), "good.safetensors", &tensors()[..4])).unwrap();
+    let n = u64::from_le_bytes(good[..8].try_into().unwrap()) as usize;
+    let header = String::from_utf8(good[8..8 + n].to_vec()).unwrap();
+    let case = |name: &str, bytes: &[u8]| -> String {
+        let p = d.path().join(name);
+        std::fs::write(&p, bytes).unwrap();
+        input_error(Checkpoint::open(&p), name)
+    };
+    let with_header = |h: &[u8], data: &[u8]| -> Vec<u8> {
+        let mut f = (h.len() as u64).to_le_bytes().to_vec();
+        f.extend_from_slice(h);
+        f.extend_from_slice(data);
+        f
+    };
+    // Truncated anywhere: in the length, in the header, in the data.
+    for cut in [0, 5, 8, 8 + n / 2, 8 + n, good.len() - 1] {
+        case(&format!("cut{cut}.safetensors"), &good[..cut]);
+    }
+    // Trailing bytes after the data (safetensors' own loader refuses them).
+    let mut longer = good.clone();
+    longer.push(0);
+    assert!(case("longer.safetensors", &longer).contains("after the last tensor"));
+    // A header length of 2^63, and one just past the file.
+    let mut huge = good.clone();
+    huge[..8].copy_from_slice(&(1u64 << 63).to_le_bytes());
+    assert!(case("huge.safetensors", &huge).contains("over the format's"));
+    let mut past = good.clone();
+    past[..8].copy_from_slice(&((good.len() - 7) as u64).to_le_bytes());
+    case("past.safetensors", &past);
+    // Bad JSON, JSON that is not a header, bad UTF-8.
+    case("json.safetensors", &with_header(b"{\"a\": [", b""));
+    case("list.safetensors", &with_header(b"[1, 2]", b""));
+    case("utf8.safetensors", &with_header(b"{\"\xff\": 1}", b""));
+    // Offsets past the end of the data, overlapping, with a gap, a size that
+    // does not match the shape, an unknown dtype.
+    let t = |o: &str| {
+        format!(
+            r#"{{"x":{{"dtype":"F32","shape":[2],"data_offsets":[0,8]}},"y":{{"dtype":"F32","shape":[2],"data_offsets":{o}}}}}"#
+        )
+    };
+    assert!(case(
+        "past_end.safetensors",
+        &with_header(t("[8,16]").as_bytes(), &[0; 12])
+    )
+    .contains("past the end"));
+    case(
+        "overlap.safetensors",
+        &with_header(t("[4,12]").as_bytes(), &[0; 12]),
+    );
+    case(
+        "gap.safetensors",
+        &with_header(t("[12,20]").as_bytes(), &[0; 20]),
+    );
+    case(
+        "size.safetensors",
+        &with_header(t("[8,20]").as_bytes(), &[0; 20]),
+    );
+    case(
+        "dtype.safetensors",
+        &with_header(
+            br#"{"x":{"dtype":"F128","shape":[1],"data_offsets":[0,16]}}"#,
+            &[0; 16],
+        ),
+    );
+    case(
+        "overflow.safetensors",
+        &with_header(
+            br#"{"x":{"dtype":"F64","shape":[4611686018427387904,8],"data_offsets":[0,8]}}"#,
+            &[0; 8],
+        ),
+    );
+    // The tampered good header still parses (the cases above fail for what
+    // they changed, not for the test's own writing).
+    assert!(Checkpoint::open(d.path().join("good.safetensors")).is_ok());
+    assert!(header.starts_with('{'));
+    // Not regular files.
+    let fifo = d.path().join("fifo.safetensors");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).unwrap();
+    assert!(input_error(Checkpoint::open(&fifo), "fifo").contains("FIFO"));
+    assert!(input_error(Checkpoint::open(d.path()), "dir").contains("directory"));
+    assert!(input_error(
+        Checkpoint::open(d.path().join("none.safetensors")),
+        "missing"
+    )
+    .contains("does not exist"));
+    assert_no_leak(&rt);
+}
+
+#[test]
+fn hostile_indexes_are_refused_with_an_input_error() {
+    let d = tempfile::tempdir().unwrap();
+    write(d.path(), "a.safetensors", &tensors()[..2]);
+    let names: Vec<String> = tensors()[..2].iter().map(|t| t.0.clone()).collect();
+    let case = |name: &str, text: &str| -> String {
+        let p = d.path().join(name);
+        std::fs::write(&p, text).unwrap();
+        input_error(Checkpoint::open(&p), name)
+    };
+    case("bad.json", "{\"weight_map\": ");
+    case("nomap.json", "{\"metadata\": {}}");
+    case("notstr.json", "{\"weight_map\": {\"x\": 3}}");
+    assert!(case(
+        "up.json",
+        &format!(
+            "{{\"weight_map\": {{\"{}\": \"../a.safetensors\"}}}}",
+            names[0]
+        )
+    )
+    .contains("relative path"));
+    case(
+        "abs.json",
+        &format!("{{\"weight_map\": {{\"{}\": \"/etc/passwd\"}}}}", names[0]),
+    );
+    case(
+        "empty.json",
+        &format!("{{\"weight_map\": {{\"{}\": \"\"}}}}", names[0]),
+    );
+    assert!(case(
+        "gone.json",
+        &format!(
+            "{{\"weight_map\": {{\"{}\": \"b.safetensors\"}}}}",
+            names[0]
+        )
+    )
+    .contains("does not exist"));
+    assert!(case(
+        "wrong.json",
+        "{\"weight_map\": {\"nope\": \"a.safetensors\"}}"
+    )
+    .contains("no tensor of that name"));
+    // The good one.
+    let p = d.path().join("ok.json");
+    std::fs::write(
+        &p,
+        format!(
+            "{{\"weight_map\": {{\"{}\": \"a.safetensors\"}}}}",
+            names[0]
+        ),
+    )
+    .unwrap();
+    let ck = Checkpoint::open(&p).unwrap();
+    assert_eq!(ck.tensors().len(), 1, "only what the map names");
+    // Unknown names are input errors too.
+    let e = ck.select(Some(&["nope"]), None).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Input);
+}
+
+#[test]
+fn a_file_that_shrinks_while_loading_is_an_error_and_nothing_stays_lent() {
+    let rt = runtime();
+    let d = tempfile::tempdir().unwrap();
+    let p = write(d.path(), "m.safetensors", &tensors());
+    let ck = Checkpoint::open(&p).unwrap();
+    let len = std::fs::metadata(&p).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&p)
+        .unwrap()
+        .set_len(len / 2)
+        .unwrap();
+    let all = ck.select(None, None).unwrap();
+    let e = ck
+        .load_to_host(&rt, node(&rt), &all, &ReadOptions::default())
+        .unwrap_err();
+    assert!(matches!(e, StorageError::Truncated { .. }), "{e}");
+    assert!(e.to_string().contains("m.safetensors"), "{e}");
+    assert_no_leak(&rt);
+}
+
+#[test]
+fn where_a_file_lives_is_found_or_explained() {
+    let rt = runtime();
+    let loc = storage::locate(file!(), rt.topology()).unwrap();
+    assert!(!loc.describe().is_empty());
+    assert!(loc.device.is_some() || loc.filesystem.is_some() || loc.note.is_some());
+}
+
+/// GPU tests: need a CUDA GPU; they skip (pass with a message) without one.
+mod gpu {
+    use super::*;
+    use numapin::CudaOrdinal;
+
+    fn gpu_runtime() -> Option<(Runtime, CudaOrdinal)> {
+        if !numapin::gpu::available() {
+            eprintln!("skipped: no CUDA driver");
+            return None;
+        }
+        let t = Topology::probe(&ProbeOptions::from_process()).unwrap();
+        let g = t.gpus.iter().find_map(|g| g.cuda_ordinal);
+        let Some(g) = g else {
+            eprintln!("skipped: no CUDA GPU visible");
+            return None;
+        };
+        Some((Runtime::new(t, RuntimeConfig::default()).unwrap(), g))
+    }
+
+    #[test]
+    #[ignore = "needs a CUDA GPU"]
+    fn gpu_checkpoints_load_into_device_memory_byte_for_byte() {
+        let Some((rt, gpu)) = gpu_runtime() else {
+            return;
+        };
+        let d = tempfile::tempdir().unwrap();
+        let p = sharded(d.path(), &tensors(), 2);
+        let ck = Checkpoint::open(&p).unwrap();
+        let all = ck.select(None, None).unwrap();
+        for io in [IoMode::Auto, IoMode::Buffered, IoMode::Direct] {
+            for chunk in [64 << 10, 4 << 20] {
+                let opts = ReadOptions::default().with_io(io).with_chunk_bytes(chunk);
+                let loaded = ck.load_to_device(&rt, gpu, &all, &opts).unwrap();
+                for (i, ptr) in loaded.iter() {
+                    let t = &ck.tensors()[i];
+                    let want = tensors().into_iter().find(|x| x.0 == t.name).unwrap().3;
+                    let mut back = vec![0u8; t.len];
+                    let off = (ptr - loaded.memory().ptr()) as usize;
+                    loaded.memory().read_back(off, &mut back).unwrap();
+                    assert!(back == want, "{} {io:?} chunk {chunk}", t.name);
+                }
+                assert!(loaded.report().staging_bytes > 0);
+            }
+        }
+        assert_no_leak(&rt);
+    }
+
+    #[test]
+    #[ignore = "needs a CUDA GPU"]
+    fn gpu_ranges_at_any_offset_reach_device_memory() {
+        let Some((rt, gpu)) = gpu_runtime() else {
+            return;
+        };
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("data.bin");
+        let data = pattern((9 << 20) + 123, 5);
+        std::fs::write(&p, &data).unwrap();
+        let src = Source::open(&p).unwrap();
+        let dev = storage::DeviceMemory::new(gpu, data.len()).unwrap();
+        for (off, len) in [
+            (0usize, data.len()),
+            (1, 4095),
+            (4097, 5 << 20),
+            (data.len() - 1, 1),
+        ] {
+            let opts = ReadOptions::default().with_chunk_bytes(1 << 20);
+            storage::read_to_device(
+                &rt,
+                &src,
+                off as u64,
+                dev.ptr() + 7,
+                len.min(data.len() - 7),
+                gpu,
+                &opts,
+            )
+            .unwrap();
+            let n = len.min(data.len() - 7);
+            let mut back = vec![0u8; n];
+            dev.read_back(7, &mut back).unwrap();
+            assert!(back[..] == data[off..off + n], "{off} {len}");
+        }
+        // Past the allocation: refused before anything is read.
+        let e = storage::read_to_device(
+            &rt,
+            &src,
+            0,
+            dev.ptr() + 8,
+            data.len(),
+            gpu,
+            &ReadOptions::default(),
+        )
+        .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Input, "{e}");
+        // Host memory is not device memory.
+        let host = [0u8; 64];
+        let e = storage::read_to_device(
+            &rt,
+            &src,
+            0,
+            host.as_ptr() as u64,
+            64,
+            gpu,
+            &ReadOptions::default(),
+        )
+        .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Input, "{e}");
+        assert_no_leak(&rt);
+    }
+}
