@@ -27,6 +27,9 @@ use numapin::staged::StagedOptions;
 use numapin::topology::{ProbeOptions, Topology};
 use numapin::CudaOrdinal;
 
+/// Bytes in a MiB (the unit of the size arguments).
+const MIB: usize = 1 << 20;
+
 struct Args {
     batch_mib: usize,
     batches: u64,
@@ -146,6 +149,21 @@ struct Report {
 }
 
 impl Report {
+    fn new() -> Self {
+        Report {
+            table: Table::new([
+                "measurement",
+                "unit",
+                "median",
+                "min",
+                "max",
+                "ratio",
+                "note",
+            ]),
+            json: Vec::new(),
+        }
+    }
+
     fn row(&mut self, what: &str, unit: &str, s: &Stats, ratio: Option<(f64, &str)>, note: &str) {
         let r = ratio
             .map(|(r, of)| format!("{r:.2}x {of}"))
@@ -163,6 +181,24 @@ impl Report {
             "name": what, "unit": unit, "median": s.median, "min": s.min, "max": s.max,
             "ratio": ratio.map(|(r, _)| r), "ratio_of": ratio.map(|(_, o)| o), "note": note,
         }));
+    }
+
+    /// Prints the table, then with `json` each row as a JSON object.
+    fn print(&self, json: bool) {
+        println!("{}", self.table.render());
+        if json {
+            for j in &self.json {
+                println!("{j}");
+            }
+        }
+    }
+}
+
+fn verified(v: bool) -> &'static str {
+    if v {
+        "verified"
+    } else {
+        "NOT VERIFIED"
     }
 }
 
@@ -193,36 +229,8 @@ fn run() -> numapin::Result<()> {
     let topo = Topology::probe(&ProbeOptions::from_process())?;
     let all: Vec<CudaOrdinal> = topo.gpus.iter().filter_map(|g| g.cuda_ordinal).collect();
     let rt = Runtime::new(topo, RuntimeConfig::default())?;
-    let mib = 1usize << 20;
-    let batch_bytes = args.batch_mib * mib;
-    let bench = LoaderBench {
-        batch_bytes,
-        batches: args.batches,
-        reps: args.reps,
-        workers: args.workers,
-        depth: args.depth,
-        cost: if args.empty {
-            Cost::Nothing
-        } else if args.cached {
-            Cost::FillCached
-        } else {
-            Cost::Fill
-        },
-        ..LoaderBench::default()
-    };
-    let mut rep = Report {
-        table: Table::new([
-            "measurement",
-            "unit",
-            "median",
-            "min",
-            "max",
-            "ratio",
-            "note",
-        ]),
-        json: Vec::new(),
-    };
-    let verified = |v: bool| if v { "verified" } else { "NOT VERIFIED" };
+    let bench = loader_bench(&args);
+    let mut rep = Report::new();
     if !numapin::gpu::available() || all.is_empty() {
         println!("no CUDA GPU here: host mode only");
         let host = measure::loader_gbps(&rt, Mode::Host, &bench)?;
@@ -238,52 +246,13 @@ fn run() -> numapin::Result<()> {
     }
     let gpus = args.gpus.clone().unwrap_or(all);
     let g = gpus[0];
-    // The pageable buffers of the copy baselines are made by this thread:
-    // put it on GPU g's CPUs so that they are local, as the staged copy's
-    // slots are.
-    if let Some(gpu) = rt.topology().gpu_by_ordinal(g) {
-        let cpus = gpu.local_cpus.intersection(&rt.topology().allowed.cpus);
-        if !cpus.is_empty() {
-            numapin::affinity::bind_current_thread(&cpus)?;
-        }
-    }
+    bind_near(&rt, g)?;
     if args.interference {
-        // (writers, pace in GB/s; 0: unpaced)
-        let mut alone = None;
-        for (writers, pace) in [
-            (0, 0.0),
-            (16, 20.0),
-            (16, 40.0),
-            (16, 60.0),
-            (16, 80.0),
-            (16, 0.0),
-        ] {
-            let (copy, writes) = measure::pinned_copy_under_writes(
-                &rt,
-                g,
-                batch_bytes,
-                args.reps.max(5),
-                writers,
-                pace,
-            )?;
-            let base = *alone.get_or_insert(copy.median);
-            let what = match (writers, pace) {
-                (0, _) => "no writers".to_string(),
-                (w, 0.0) => format!("{w} writers, unpaced"),
-                (w, p) => format!("{w} writers paced to {p} GB/s"),
-            };
-            rep.row(
-                &format!("bare copy loop, {what}"),
-                "GB/s",
-                &copy,
-                Some((copy.median / base, "no writers")),
-                &format!("writers wrote {writes:.1} GB/s (streaming stores)"),
-            );
-        }
+        interference(&rt, g, &args, &mut rep)?;
         println!("{}", rep.table.render());
         return Ok(());
     }
-    let bare = measure::pinned_copy_gbps(&rt, g, batch_bytes, args.reps.max(5))?;
+    let bare = measure::pinned_copy_gbps(&rt, g, bench.batch_bytes, args.reps.max(5))?;
     rep.row(
         &format!("bare cuMemcpyHtoDAsync loop, GPU {g}"),
         "GB/s",
@@ -293,48 +262,150 @@ fn run() -> numapin::Result<()> {
     );
     let plain = measure::loader_gbps(&rt, Mode::Gpu(g), &bench)?;
     rep.row(
-        &format!(
-            "loader, GPU {g}, {} producer",
-            if args.empty {
-                "empty"
-            } else if args.cached {
-                "cached-fill"
-            } else {
-                "fill"
-            }
-        ),
+        &format!("loader, GPU {g}, {} producer", producer_name(&args)),
         "GB/s",
         &plain.gbps,
         Some((plain.gbps.median / bare.median, "bare")),
         &format!("{} workers, {}", plain.workers, verified(plain.verified)),
     );
     if args.stages_only {
-        let alone = measure::loader_gbps(
-            &rt,
-            Mode::Host,
-            &LoaderBench {
-                sampled_check: true,
-                ..bench.clone()
-            },
-        )?;
-        let min = alone.gbps.median.min(bare.median);
-        rep.row(
-            "producers alone (host mode, sampled check)",
-            "GB/s",
-            &alone.gbps,
-            Some((plain.gbps.median / min, "loader / slower stage")),
-            verified(alone.verified),
-        );
-        println!("{}", rep.table.render());
-        if args.json {
-            for j in &rep.json {
-                println!("{j}");
-            }
-        }
+        producers_alone(&rt, &bench, plain.gbps.median, bare.median, &mut rep)?;
+        rep.print(args.json);
         return Ok(());
     }
+    busy_kernel(&rt, g, &bench, &bare, &mut rep)?;
+    aggregate(&rt, &gpus, &bench, &mut rep)?;
+    producer_bound(&rt, g, &args, &bench, &mut rep)?;
+    staged_copies(&rt, g, &args, &mut rep)?;
+    rep.print(args.json);
+    Ok(())
+}
+
+/// The loader measurement the arguments ask for.
+fn loader_bench(args: &Args) -> LoaderBench {
+    LoaderBench {
+        batch_bytes: args.batch_mib * MIB,
+        batches: args.batches,
+        reps: args.reps,
+        workers: args.workers,
+        depth: args.depth,
+        cost: if args.empty {
+            Cost::Nothing
+        } else if args.cached {
+            Cost::FillCached
+        } else {
+            Cost::Fill
+        },
+        ..LoaderBench::default()
+    }
+}
+
+/// What the producers do, as the loader's row names it.
+fn producer_name(args: &Args) -> &'static str {
+    if args.empty {
+        "empty"
+    } else if args.cached {
+        "cached-fill"
+    } else {
+        "fill"
+    }
+}
+
+/// Binds this thread to GPU `g`'s CPUs (those this process may use): the
+/// pageable buffers of the copy baselines are made by this thread, and so
+/// are local, as the staged copy's slots are.
+fn bind_near(rt: &Runtime, g: CudaOrdinal) -> numapin::Result<()> {
+    if let Some(gpu) = rt.topology().gpu_by_ordinal(g) {
+        let cpus = gpu.local_cpus.intersection(&rt.topology().allowed.cpus);
+        if !cpus.is_empty() {
+            numapin::affinity::bind_current_thread(&cpus)?;
+        }
+    }
+    Ok(())
+}
+
+/// `--interference`: the bare copy loop alone, then while 16 threads write
+/// other memory at several paces.
+fn interference(
+    rt: &Runtime,
+    g: CudaOrdinal,
+    args: &Args,
+    rep: &mut Report,
+) -> numapin::Result<()> {
+    // (writers, pace in GB/s; 0: unpaced)
+    let mut alone = None;
+    for (writers, pace) in [
+        (0, 0.0),
+        (16, 20.0),
+        (16, 40.0),
+        (16, 60.0),
+        (16, 80.0),
+        (16, 0.0),
+    ] {
+        let (copy, writes) = measure::pinned_copy_under_writes(
+            rt,
+            g,
+            args.batch_mib * MIB,
+            args.reps.max(5),
+            writers,
+            pace,
+        )?;
+        let base = *alone.get_or_insert(copy.median);
+        let what = match (writers, pace) {
+            (0, _) => "no writers".to_string(),
+            (w, 0.0) => format!("{w} writers, unpaced"),
+            (w, p) => format!("{w} writers paced to {p} GB/s"),
+        };
+        rep.row(
+            &format!("bare copy loop, {what}"),
+            "GB/s",
+            &copy,
+            Some((copy.median / base, "no writers")),
+            &format!("writers wrote {writes:.1} GB/s (streaming stores)"),
+        );
+    }
+    Ok(())
+}
+
+/// `--stages-only`: the producers alone (host mode), against the loader
+/// (`loader` GB/s) over the slower of its two stages (`bare` the copies').
+fn producers_alone(
+    rt: &Runtime,
+    bench: &LoaderBench,
+    loader: f64,
+    bare: f64,
+    rep: &mut Report,
+) -> numapin::Result<()> {
+    let alone = measure::loader_gbps(
+        rt,
+        Mode::Host,
+        &LoaderBench {
+            sampled_check: true,
+            ..bench.clone()
+        },
+    )?;
+    let min = alone.gbps.median.min(bare);
+    rep.row(
+        "producers alone (host mode, sampled check)",
+        "GB/s",
+        &alone.gbps,
+        Some((loader / min, "loader / slower stage")),
+        verified(alone.verified),
+    );
+    Ok(())
+}
+
+/// The loader while a kernel runs on another stream, and how much the
+/// loader slows that kernel.
+fn busy_kernel(
+    rt: &Runtime,
+    g: CudaOrdinal,
+    bench: &LoaderBench,
+    bare: &Stats,
+    rep: &mut Report,
+) -> numapin::Result<()> {
     let busy = measure::loader_gbps(
-        &rt,
+        rt,
         Mode::Gpu(g),
         &LoaderBench {
             spin_kernel: true,
@@ -359,7 +430,17 @@ fn run() -> numapin::Result<()> {
             "1.00x = copies fully hidden",
         );
     }
-    let agg = measure::loader_gbps_all(&rt, &gpus, &bench)?;
+    Ok(())
+}
+
+/// Loaders on every GPU at once, against torch's figure from the issue.
+fn aggregate(
+    rt: &Runtime,
+    gpus: &[CudaOrdinal],
+    bench: &LoaderBench,
+    rep: &mut Report,
+) -> numapin::Result<()> {
+    let agg = measure::loader_gbps_all(rt, gpus, bench)?;
     rep.row(
         &format!("loaders on {} GPU(s) at once, aggregate", gpus.len()),
         "GB/s",
@@ -370,6 +451,18 @@ fn run() -> numapin::Result<()> {
             verified(agg.verified)
         ),
     );
+    Ok(())
+}
+
+/// Producer-bound scaling (100 us of work per MiB) with 1, 2, 4 and 8
+/// workers.
+fn producer_bound(
+    rt: &Runtime,
+    g: CudaOrdinal,
+    args: &Args,
+    bench: &LoaderBench,
+    rep: &mut Report,
+) -> numapin::Result<()> {
     let scaling = LoaderBench {
         batches: args.batches.min(32),
         cost: Cost::Busy {
@@ -380,7 +473,7 @@ fn run() -> numapin::Result<()> {
     let mut one = None;
     for w in [1usize, 2, 4, 8] {
         let s = measure::loader_gbps(
-            &rt,
+            rt,
             Mode::Gpu(g),
             &LoaderBench {
                 workers: w,
@@ -396,11 +489,20 @@ fn run() -> numapin::Result<()> {
             verified(s.verified),
         );
     }
-    let bytes = args.staged_mib * mib;
+    Ok(())
+}
+
+/// The staged copy both ways against the driver's pageable copy.
+fn staged_copies(
+    rt: &Runtime,
+    g: CudaOrdinal,
+    args: &Args,
+    rep: &mut Report,
+) -> numapin::Result<()> {
+    let bytes = args.staged_mib * MIB;
     for (dir, name) in [(Direction::ToDevice, "H2D"), (Direction::FromDevice, "D2H")] {
         let page = measure::pageable_gbps(g, bytes, args.reps, dir)?;
-        let staged =
-            measure::staged_gbps(&rt, g, bytes, args.reps, dir, &StagedOptions::default())?;
+        let staged = measure::staged_gbps(rt, g, bytes, args.reps, dir, &StagedOptions::default())?;
         rep.row(
             &format!("driver pageable copy {name}, {} MiB Vec", args.staged_mib),
             "GB/s",
@@ -415,12 +517,6 @@ fn run() -> numapin::Result<()> {
             Some((staged.gbps.median / page.gbps.median, "pageable")),
             verified(staged.verified),
         );
-    }
-    println!("{}", rep.table.render());
-    if args.json {
-        for j in &rep.json {
-            println!("{j}");
-        }
     }
     Ok(())
 }

@@ -645,9 +645,23 @@ fn child_under_filter() {
         _ => (PlacedBy::FirstTouch, "EPERM"),
     };
     let before = locked_bytes();
+    let node = filtered_regions_say_how_they_were_placed(&kind, placed, errno);
+    assert_eq!(locked_bytes(), before, "everything unlocked");
+    filtered_region_in_halves_is_counted_the_same(node, placed);
+    assert_eq!(locked_bytes(), before, "the region in halves unlocked");
+    filtered_region_on_its_own_keeps_the_placement_policy(node, placed);
+    if placed == PlacedBy::FirstTouch {
+        first_touch_from_a_missing_cpu_is_an_error(node);
+    }
+}
+
+/// Under the filter `kind`: two regions on this machine's node (a standard
+/// one and one of a 12 MiB buffer's own), placed as `placed` says and
+/// verified through numa_maps, the stats saying so (refused with `errno`).
+/// Returns the node.
+fn filtered_regions_say_how_they_were_placed(kind: &str, placed: PlacedBy, errno: &str) -> u32 {
     let rt = runtime(small());
     let node = first_node(&rt);
-    // Two regions: a standard one and one of a 12 MiB buffer's own.
     let mut a = rt.alloc_on_node(node, 5 * MIB).unwrap();
     let mut b = rt.alloc_on_node(node, 12 * MIB).unwrap();
     a.fill(1);
@@ -686,10 +700,13 @@ fn child_under_filter() {
     }
     drop((a, b));
     drop(rt);
-    assert_eq!(locked_bytes(), before, "everything unlocked");
+    node
+}
 
-    // A standard region made in halves, placed and counted the same way
-    // (the per-part move_pages count refused, numa_maps after).
+/// A standard region made in halves, placed and counted the same way (the
+/// per-part move_pages count refused, numa_maps after).
+fn filtered_region_in_halves_is_counted_the_same(node: u32, placed: PlacedBy) {
+    let first_touch = u64::from(placed == PlacedBy::FirstTouch);
     let rt = runtime(small().with_register_in_parts(true));
     let mut a = rt.alloc_on_node(node, 5 * MIB).unwrap();
     a.fill(3);
@@ -711,10 +728,11 @@ fn child_under_filter() {
     assert_eq!(s.pages_on_node, (16 * MIB / 4096) as u64, "{s:?}");
     drop(a);
     drop(rt);
-    assert_eq!(locked_bytes(), before, "the region in halves unlocked");
+}
 
-    // A region on its own: each is its own VMAs, with the policy the
-    // placement left (first touch: none of its own).
+/// A region on its own: each is its own VMAs, with the policy the
+/// placement left (first touch: none of its own).
+fn filtered_region_on_its_own_keeps_the_placement_policy(node: u32, placed: PlacedBy) {
     let r = Region::create(&region_options(node, 4 * MIB, node_cpus(node))).unwrap();
     let start = r.ptr() as u64;
     let p = numapin::internals::numa_maps_of(start, start + r.len() as u64).unwrap();
@@ -734,29 +752,29 @@ fn child_under_filter() {
     drop(r);
     assert!(!is_mapped(mapped), "the region and its guards are unmapped");
     assert!(!is_mapped(mapped - 4096), "the front guard is unmapped");
+}
 
-    // First touch needs its threads bound: a CPU that is not there is an
-    // error, and nothing stays mapped.
-    if placed == PlacedBy::FirstTouch {
-        let bad = numapin::CpuList::from_iter_unsorted([4000]);
-        let e = Region::create(&region_options(node, 2 * MIB, bad)).unwrap_err();
-        let msg = numapin::error::with_causes(&e);
-        assert!(
-            matches!(
-                e,
-                ArenaError::System {
-                    step: Step::Populate,
-                    ..
-                }
-            ),
-            "{msg}"
-        );
-        assert!(
-            msg.contains("binding a first-touch thread to CPUs 4000"),
-            "{msg}"
-        );
-        assert!(!is_mapped(last_mapped_addr()));
-    }
+/// First touch needs its threads bound: a CPU that is not there is an
+/// error, and nothing stays mapped.
+fn first_touch_from_a_missing_cpu_is_an_error(node: u32) {
+    let bad = numapin::CpuList::from_iter_unsorted([4000]);
+    let e = Region::create(&region_options(node, 2 * MIB, bad)).unwrap_err();
+    let msg = numapin::error::with_causes(&e);
+    assert!(
+        matches!(
+            e,
+            ArenaError::System {
+                step: Step::Populate,
+                ..
+            }
+        ),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("binding a first-touch thread to CPUs 4000"),
+        "{msg}"
+    );
+    assert!(!is_mapped(last_mapped_addr()));
 }
 
 /// As user `nobody` with a 64 KiB memlock limit (Docker's default) and no

@@ -338,8 +338,23 @@ fn captures_hold_only_what_stays_inside_them() {
     let t = load(&archive).unwrap();
     assert_eq!((t.numa_nodes.len(), t.gpus.len()), (2, 1));
 
-    // Links leaving the capture, as hwloc would follow them: to a file that
-    // never ends, to the live sysfs (this machine), relative escapes.
+    links_that_leave_a_capture_are_refused(dir.path());
+    a_fifo_in_a_capture_is_refused_unread(dir.path());
+    archive_members_that_lie_or_leave_are_refused(dir.path());
+    an_archive_of_too_many_entries_is_refused_by_the_survey(dir.path());
+
+    // Nothing unpacked is left behind, on success or on error.
+    let after: Vec<PathBuf> = leftovers()
+        .into_iter()
+        .filter(|p| !before.contains(p))
+        .collect();
+    assert!(after.is_empty(), "left behind: {after:?}");
+}
+
+/// Links leaving the capture (as a folder and as an archive, made in
+/// `dir`), as hwloc would follow them: to a file that never ends, to the
+/// live sysfs (this machine), relative escapes; and the live system itself.
+fn links_that_leave_a_capture_are_refused(dir: &Path) {
     let cases: [(&str, &str, &str); 4] = [
         ("proc/cpuinfo", "/dev/zero", "outside the capture"),
         (
@@ -359,17 +374,13 @@ fn captures_hold_only_what_stays_inside_them() {
         ),
     ];
     for (i, (at, target, want)) in cases.iter().enumerate() {
-        let root = dir.path().join(format!("link{i}"));
+        let root = dir.join(format!("link{i}"));
         common::make_capture(&root);
         std::fs::remove_file(root.join(at)).unwrap();
         std::os::unix::fs::symlink(target, root.join(at)).unwrap();
         for p in [
             root.clone(),
-            write(
-                dir.path(),
-                &format!("link{i}.tar.gz"),
-                &common::tar_gz(&root),
-            ),
+            write(dir, &format!("link{i}.tar.gz"), &common::tar_gz(&root)),
         ] {
             let start = Instant::now();
             let e = load(&p).unwrap_err();
@@ -377,7 +388,7 @@ fn captures_hold_only_what_stays_inside_them() {
             assert!(e.to_string().contains(want), "{at} -> {target}: {e}");
         }
     }
-    let live = dir.path().join("live");
+    let live = dir.join("live");
     std::fs::create_dir(&live).unwrap();
     std::os::unix::fs::symlink("/sys", live.join("sys")).unwrap();
     std::os::unix::fs::symlink("/proc", live.join("proc")).unwrap();
@@ -385,9 +396,11 @@ fn captures_hold_only_what_stays_inside_them() {
     assert!(e.to_string().contains("outside the capture"), "{e}");
     let e = load(Path::new("/")).unwrap_err();
     assert!(e.to_string().contains("live system"), "{e}");
+}
 
-    // A FIFO inside: refused, not read.
-    let fifo = dir.path().join("fifo");
+/// A FIFO inside a capture (made in `dir`): refused, not read.
+fn a_fifo_in_a_capture_is_refused_unread(dir: &Path) {
+    let fifo = dir.join("fifo");
     common::make_capture(&fifo);
     std::fs::remove_file(fifo.join("sys/devices/system/node/node0/cpumap")).unwrap();
     nix::unistd::mkfifo(
@@ -397,9 +410,12 @@ fn captures_hold_only_what_stays_inside_them() {
     .unwrap();
     let e = load(&fifo).unwrap_err();
     assert!(e.to_string().contains("FIFO"), "{e}");
+}
 
-    // A PAX header declaring 1 GiB (the plain header says 0): refused by
-    // the size it declares, before anything is written.
+/// Archives (written in `dir`) with a PAX header declaring 1 GiB (the
+/// plain header says 0): refused by the size it declares, before anything
+/// is written; with a link that leaves the archive: refused.
+fn archive_members_that_lie_or_leave_are_refused(dir: &Path) {
     let mut b = tar::Builder::new(Vec::new());
     b.append_pax_extensions([("size", b"1073741824".as_slice())])
         .unwrap();
@@ -408,7 +424,7 @@ fn captures_hold_only_what_stays_inside_them() {
     h.set_size(0);
     h.set_cksum();
     b.append(&h, std::io::empty()).unwrap();
-    let p = write(dir.path(), "pax.tar", &b.into_inner().unwrap());
+    let p = write(dir, "pax.tar", &b.into_inner().unwrap());
     let e = load(&p).unwrap_err();
     assert!(e.to_string().contains("MiB"), "{e}");
 
@@ -418,11 +434,14 @@ fn captures_hold_only_what_stays_inside_them() {
     h.set_entry_type(tar::EntryType::Symlink);
     h.set_size(0);
     b.append_link(&mut h, "top/sys", "/sys").unwrap();
-    let p = write(dir.path(), "link.tar", &b.into_inner().unwrap());
+    let p = write(dir, "link.tar", &b.into_inner().unwrap());
     let e = load(&p).unwrap_err();
     assert!(e.to_string().contains("outside the capture"), "{e}");
+}
 
-    // Too many entries: refused by the survey, before one is created.
+/// An archive (written in `dir`) of too many entries: refused by the
+/// survey, before one is created.
+fn an_archive_of_too_many_entries_is_refused_by_the_survey(dir: &Path) {
     let gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
     let mut b = tar::Builder::new(gz);
     let mut h = tar::Header::new_gnu();
@@ -433,7 +452,7 @@ fn captures_hold_only_what_stays_inside_them() {
             .unwrap();
     }
     let p = write(
-        dir.path(),
+        dir,
         "many.tar.gz",
         &b.into_inner().unwrap().finish().unwrap(),
     );
@@ -441,13 +460,6 @@ fn captures_hold_only_what_stays_inside_them() {
     let e = load(&p).unwrap_err();
     assert!(e.to_string().contains("entries"), "{e}");
     assert!(start.elapsed() < Duration::from_secs(5), "{e}");
-
-    // Nothing unpacked is left behind, on success or on error.
-    let after: Vec<PathBuf> = leftovers()
-        .into_iter()
-        .filter(|p| !before.contains(p))
-        .collect();
-    assert!(after.is_empty(), "left behind: {after:?}");
 }
 
 // ---- Class 8: messages.

@@ -491,7 +491,15 @@ mod markers {
 mod guest {
     use numapin::CpuList;
 
+    use numapin::runtime::{NodeStats, Runtime};
+
     const REGION: usize = 64 << 20;
+    const MIB: usize = 1 << 20;
+
+    /// Node `node`'s arena stats.
+    fn stats_of(rt: &Runtime, node: u32) -> NodeStats {
+        rt.stats().into_iter().find(|s| s.node == node).unwrap()
+    }
 
     fn in_guest() -> bool {
         if std::env::var_os("NUMAPIN_VM_GUEST").is_some() {
@@ -550,7 +558,7 @@ mod guest {
     #[test]
     #[ignore = "runs inside the emulated machine; `cargo test --test vm` boots it"]
     fn arena_regions_land_on_every_node() {
-        use numapin::runtime::{Runtime, RuntimeConfig};
+        use numapin::runtime::RuntimeConfig;
         use numapin::topology::{CudaMode, PciId, Topology};
         if !in_guest() {
             return;
@@ -567,69 +575,80 @@ mod guest {
             .collect();
         let cfg = RuntimeConfig::default().with_region_bytes(32 << 20);
         let rt = Runtime::new(t, cfg).unwrap();
-        const BUF: usize = 8 << 20;
         for (node, mem) in memory {
-            let mut b = rt.alloc_on_node(node, BUF).unwrap();
-            assert_eq!(b.node(), node);
-            b.fill(7);
-            let page = 4096;
-            let pages: Vec<*mut libc::c_void> = (0..BUF)
-                .step_by(page)
-                .map(|o| b.as_mut_ptr().wrapping_add(o).cast())
-                .collect();
-            let status = raw::query(&pages).unwrap();
-            assert!(
-                status.iter().all(|&s| s == node as i32),
-                "node {node}: pages on {:?}",
-                {
-                    let mut c = std::collections::BTreeMap::new();
-                    for s in &status {
-                        *c.entry(*s).or_insert(0) += 1;
-                    }
-                    c
-                }
-            );
-            let st = rt.stats().into_iter().find(|s| s.node == node).unwrap();
-            assert_eq!(st.regions, 1, "node {node}: {st:?}");
-            assert_eq!(st.bytes_reserved, 32 << 20, "node {node}: {st:?}");
-            assert_eq!(st.bytes_locked, 32 << 20, "node {node}: {st:?}");
-            assert_eq!(st.bytes_in_use, BUF as u64, "node {node}: {st:?}");
-            assert_eq!(st.pages_off_node, 0, "node {node}: {st:?}");
-            assert!(
-                st.pages_on_node >= (BUF / page) as u64,
-                "node {node}: {st:?}"
-            );
-            assert_eq!(
-                st.budget,
-                mem / 2,
-                "node {node}: the default budget is half the node's memory: {st:?}"
-            );
-            // Over budget: the error names the node and the figures.
-            match rt.alloc_on_node(node, (mem / 2) as usize) {
-                Err(numapin::runtime::ArenaError::BudgetExceeded { node: n, limit, .. }) => {
-                    assert_eq!((n, limit), (node, mem / 2));
-                }
-                other => panic!(
-                    "node {node}: expected BudgetExceeded, got {:?}",
-                    other.map(|b| b.len())
-                ),
-            }
-            drop(b);
-            let st = rt.stats().into_iter().find(|s| s.node == node).unwrap();
-            assert_eq!(st.bytes_in_use, 0, "node {node}: {st:?}");
-            println!(
-                "node {node}: {} pages of a {BUF}-byte buffer all on node {node}; {} region(s), {} bytes locked, budget {}",
-                pages.len(),
-                st.regions,
-                st.bytes_locked,
-                st.budget
-            );
+            a_buffer_lands_on_its_node_within_its_budget(&rt, node, mem);
         }
         drop(rt);
+        regions_in_halves_land_on_their_node(&opts);
+    }
 
-        // Regions made in halves (populated, locked and counted part by
-        // part) land on their node just the same.
-        let t = Topology::probe(&opts).unwrap();
+    /// A buffer on `node` (of `mem` bytes): every page there, the region
+    /// counted, the default budget half the node's memory and a request
+    /// over it refused with the figures.
+    fn a_buffer_lands_on_its_node_within_its_budget(rt: &Runtime, node: u32, mem: u64) {
+        const BUF: usize = 8 << 20;
+        let mut b = rt.alloc_on_node(node, BUF).unwrap();
+        assert_eq!(b.node(), node);
+        b.fill(7);
+        let page = 4096;
+        let pages: Vec<*mut libc::c_void> = (0..BUF)
+            .step_by(page)
+            .map(|o| b.as_mut_ptr().wrapping_add(o).cast())
+            .collect();
+        let status = raw::query(&pages).unwrap();
+        assert!(
+            status.iter().all(|&s| s == node as i32),
+            "node {node}: pages on {:?}",
+            {
+                let mut c = std::collections::BTreeMap::new();
+                for s in &status {
+                    *c.entry(*s).or_insert(0) += 1;
+                }
+                c
+            }
+        );
+        let st = stats_of(rt, node);
+        assert_eq!(st.regions, 1, "node {node}: {st:?}");
+        assert_eq!(st.bytes_reserved, 32 << 20, "node {node}: {st:?}");
+        assert_eq!(st.bytes_locked, 32 << 20, "node {node}: {st:?}");
+        assert_eq!(st.bytes_in_use, BUF as u64, "node {node}: {st:?}");
+        assert_eq!(st.pages_off_node, 0, "node {node}: {st:?}");
+        assert!(
+            st.pages_on_node >= (BUF / page) as u64,
+            "node {node}: {st:?}"
+        );
+        assert_eq!(
+            st.budget,
+            mem / 2,
+            "node {node}: the default budget is half the node's memory: {st:?}"
+        );
+        // Over budget: the error names the node and the figures.
+        match rt.alloc_on_node(node, (mem / 2) as usize) {
+            Err(numapin::runtime::ArenaError::BudgetExceeded { node: n, limit, .. }) => {
+                assert_eq!((n, limit), (node, mem / 2));
+            }
+            other => panic!(
+                "node {node}: expected BudgetExceeded, got {:?}",
+                other.map(|b| b.len())
+            ),
+        }
+        drop(b);
+        let st = stats_of(rt, node);
+        assert_eq!(st.bytes_in_use, 0, "node {node}: {st:?}");
+        println!(
+            "node {node}: {} pages of a {BUF}-byte buffer all on node {node}; {} region(s), {} bytes locked, budget {}",
+            pages.len(),
+            st.regions,
+            st.bytes_locked,
+            st.budget
+        );
+    }
+
+    /// Regions made in halves (populated, locked and counted part by part)
+    /// land on their node just the same.
+    fn regions_in_halves_land_on_their_node(opts: &numapin::topology::ProbeOptions) {
+        use numapin::runtime::RuntimeConfig;
+        let t = numapin::topology::Topology::probe(opts).unwrap();
         let rt = Runtime::new(
             t,
             RuntimeConfig::default()
@@ -654,7 +673,7 @@ mod guest {
                     "node {node}, in halves: a page elsewhere"
                 );
             }
-            let st = rt.stats().into_iter().find(|s| s.node == node).unwrap();
+            let st = stats_of(&rt, node);
             assert_eq!(
                 (st.regions, st.pages_off_node),
                 (1, 0),
@@ -689,8 +708,7 @@ mod guest {
     #[test]
     #[ignore = "runs inside the emulated machine, in a child under a seccomp filter"]
     fn filtered_arena_child() {
-        use numapin::region::{Region, RegionOptions};
-        use numapin::runtime::{ArenaError, Placement, Runtime, RuntimeConfig};
+        use numapin::runtime::RuntimeConfig;
         use numapin::topology::{CudaMode, PciId, ProbeOptions, Topology};
         if !in_guest() || !crate::common::in_child("guest::filtered_arena_child") {
             return;
@@ -705,50 +723,63 @@ mod guest {
         let t = Topology::probe(&opts).unwrap();
         let cfg = RuntimeConfig::default().with_region_bytes(16 << 20);
         let rt = Runtime::new(t.clone(), cfg.clone()).unwrap();
-        const BUF: usize = 8 << 20;
         for node in [2u32, 3] {
-            let mut b = rt.alloc_on_node(node, BUF).unwrap();
-            b.fill(5);
-            let s = rt.stats().into_iter().find(|s| s.node == node).unwrap();
-            assert_eq!(
-                (
-                    s.regions,
-                    s.regions_first_touch,
-                    s.regions_verified_numa_maps
-                ),
-                (1, 1, 1),
-                "node {node}: {s:?}"
-            );
-            assert_eq!(
-                (s.pages_on_node, s.pages_off_node),
-                (4096, 0),
-                "node {node}: {s:?}"
-            );
-            assert_eq!(
-                s.method_notes,
-                [format!(
-                    "mbind refused (EPERM): touched first from CPUs {node}"
-                )]
-            );
-            // numa_maps over the buffer alone says the same.
-            let start = b.as_ptr() as u64;
-            let p = numapin::internals::numa_maps_of(start, start + BUF as u64).unwrap();
-            assert_eq!(
-                p.exact_nodes,
-                Some(vec![(node, BUF as u64)]),
-                "node {node}: {p:?}"
-            );
-            println!(
-                "node {node}: {}; {} pages on the node",
-                s.methods(),
-                s.pages_on_node
-            );
+            a_filtered_region_is_placed_by_first_touch(&rt, node);
         }
         drop(rt);
+        a_node_without_cpus_is_left_to_the_placement_rule();
+        a_memory_cgroup_caps_all_nodes_together(t, cfg);
+    }
 
-        // Node 2 with no CPU to touch from: the populate threads run where
-        // this thread does (CPU 0), the pages land on node 0, and the
-        // Placement rule decides.
+    /// Under the filter: a buffer on `node` comes from a region placed by
+    /// first touch from the node's CPU, verified through numa_maps, which
+    /// agrees over the buffer alone.
+    fn a_filtered_region_is_placed_by_first_touch(rt: &Runtime, node: u32) {
+        const BUF: usize = 8 << 20;
+        let mut b = rt.alloc_on_node(node, BUF).unwrap();
+        b.fill(5);
+        let s = stats_of(rt, node);
+        assert_eq!(
+            (
+                s.regions,
+                s.regions_first_touch,
+                s.regions_verified_numa_maps
+            ),
+            (1, 1, 1),
+            "node {node}: {s:?}"
+        );
+        assert_eq!(
+            (s.pages_on_node, s.pages_off_node),
+            (4096, 0),
+            "node {node}: {s:?}"
+        );
+        assert_eq!(
+            s.method_notes,
+            [format!(
+                "mbind refused (EPERM): touched first from CPUs {node}"
+            )]
+        );
+        // numa_maps over the buffer alone says the same.
+        let start = b.as_ptr() as u64;
+        let p = numapin::internals::numa_maps_of(start, start + BUF as u64).unwrap();
+        assert_eq!(
+            p.exact_nodes,
+            Some(vec![(node, BUF as u64)]),
+            "node {node}: {p:?}"
+        );
+        println!(
+            "node {node}: {}; {} pages on the node",
+            s.methods(),
+            s.pages_on_node
+        );
+    }
+
+    /// Node 2 with no CPU to touch from: the populate threads run where
+    /// this thread does (CPU 0), the pages land on node 0, and the
+    /// Placement rule decides.
+    fn a_node_without_cpus_is_left_to_the_placement_rule() {
+        use numapin::region::{Region, RegionOptions};
+        use numapin::runtime::{ArenaError, Placement};
         numapin::affinity::bind_current_thread(&CpuList::from_iter_unsorted([0])).unwrap();
         let o = RegionOptions {
             node: 2,
@@ -786,10 +817,15 @@ mod guest {
         assert_eq!((c.on(2), c.on(0)), (0, 1024), "{c:?}");
         drop(r);
         println!("node 2 without CPUs: {msg}");
+    }
 
-        // A memory cgroup limit of 64 MiB: 32 MiB pinned over all nodes.
+    /// A memory cgroup limit of 64 MiB: 32 MiB pinned over all nodes.
+    fn a_memory_cgroup_caps_all_nodes_together(
+        t: numapin::topology::Topology,
+        mut cfg: numapin::runtime::RuntimeConfig,
+    ) {
+        use numapin::runtime::ArenaError;
         let root = crate::common::cgroup_v2_root(64 << 20);
-        let mut cfg = cfg;
         numapin::internals::cgroup_root(&mut cfg, Some(root.path().to_path_buf()));
         let rt = Runtime::new(t, cfg).unwrap();
         let a = rt.alloc_on_node(2, 16 << 20).unwrap();
@@ -978,19 +1014,29 @@ mod guest {
     #[test]
     #[ignore = "runs inside the emulated machine; `cargo test --test vm` boots it"]
     fn hugetlb_regions_follow_each_nodes_pool() {
-        use numapin::runtime::{ArenaError, HugePages, Runtime, RuntimeConfig};
+        use numapin::runtime::{HugePages, RuntimeConfig};
         use numapin::topology::{CudaMode, ProbeOptions, Topology};
         if !in_guest() {
             return;
         }
-        const MIB: usize = 1 << 20;
         let pool = crate::common::HugePool::reserve(2, 2 << 20, 8).unwrap();
         let t = Topology::probe(&ProbeOptions::default().with_cuda(CudaMode::Off)).unwrap();
-        let stats =
-            |rt: &Runtime, node: u32| rt.stats().into_iter().find(|s| s.node == node).unwrap();
         let explicit = RuntimeConfig::default()
             .with_region_bytes(8 * MIB)
             .with_huge_pages(HugePages::Hugetlb2M);
+        explicit_hugetlb_pages_come_from_the_nodes_pool(&t, &explicit, &pool);
+        auto_takes_a_pool_only_where_there_is_one(&t, &pool);
+        a_lying_pool_file_is_an_error_not_sigbus(t, explicit, &pool);
+    }
+
+    /// Explicit 2 MiB pages (`explicit`): a region on node 2 comes from
+    /// its pool, every page there; node 3 has none, an error.
+    fn explicit_hugetlb_pages_come_from_the_nodes_pool(
+        t: &numapin::topology::Topology,
+        explicit: &numapin::runtime::RuntimeConfig,
+        pool: &crate::common::HugePool,
+    ) {
+        use numapin::runtime::ArenaError;
         let rt = Runtime::new(t.clone(), explicit.clone()).unwrap();
         let mut b = rt.alloc_on_node(2, 3 * MIB).unwrap();
         b.fill(9);
@@ -1000,7 +1046,7 @@ mod guest {
             .collect();
         let status = raw::query(&pages).unwrap();
         assert!(status.iter().all(|&s| s == 2), "{status:?}");
-        let s = stats(&rt, 2);
+        let s = stats_of(&rt, 2);
         assert_eq!(
             (
                 s.regions_hugetlb_2m,
@@ -1027,13 +1073,18 @@ mod guest {
         drop(b);
         drop(rt);
         assert_eq!(pool.free(), 8);
+    }
 
-        // Auto: node 2 takes its pool, node 3 (no pool: no note) THP.
-        let auto = RuntimeConfig::default().with_region_bytes(8 * MIB);
+    /// Auto: node 2 takes its pool, node 3 (no pool: no note) THP.
+    fn auto_takes_a_pool_only_where_there_is_one(
+        t: &numapin::topology::Topology,
+        pool: &crate::common::HugePool,
+    ) {
+        let auto = numapin::runtime::RuntimeConfig::default().with_region_bytes(8 * MIB);
         let rt = Runtime::new(t.clone(), auto).unwrap();
         let a = rt.alloc_on_node(2, MIB).unwrap();
         let b = rt.alloc_on_node(3, MIB).unwrap();
-        let (s2, s3) = (stats(&rt, 2), stats(&rt, 3));
+        let (s2, s3) = (stats_of(&rt, 2), stats_of(&rt, 3));
         assert_eq!(s2.regions_hugetlb_2m, 1, "{s2:?}");
         assert_eq!(s3.regions_hugetlb_2m, 0, "{s3:?}");
         assert_eq!(s3.regions_thp + s3.regions_base_pages, 1, "{s3:?}");
@@ -1041,8 +1092,16 @@ mod guest {
         drop((a, b));
         drop(rt);
         assert_eq!(pool.free(), 8);
+    }
 
-        // A pool file that claims node 3 has 8 free pages.
+    /// A pool file that claims node 3 has 8 free pages: faulting them in
+    /// there fails, an error (not SIGBUS), with everything given back.
+    fn a_lying_pool_file_is_an_error_not_sigbus(
+        t: numapin::topology::Topology,
+        mut cfg: numapin::runtime::RuntimeConfig,
+        pool: &crate::common::HugePool,
+    ) {
+        use numapin::runtime::ArenaError;
         let fake = tempfile::tempdir().unwrap();
         for (dir, files) in [
             (
@@ -1070,7 +1129,6 @@ mod guest {
                 std::fs::write(d.join(f), format!("{v}\n")).unwrap();
             }
         }
-        let mut cfg = explicit;
         numapin::internals::pool_root(&mut cfg, Some(fake.path().to_path_buf()));
         let rt = Runtime::new(t, cfg).unwrap();
         let e = rt.alloc_on_node(3, MIB).unwrap_err();

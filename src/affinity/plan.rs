@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 use super::AffinityError as Error;
 use crate::cpulist::CpuList;
 use crate::gpu::GpuIndex;
-use crate::topology::{NodeKind, Relation, Topology};
+use crate::topology::{NicChoice, NodeKind, Relation, Topology};
 
 type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -478,6 +478,41 @@ fn join(v: &[u32]) -> String {
 /// home than ranks sharing it (the error names the node and the counts).
 pub fn plan(topo: &Topology, gpus: &[GpuIndex], mode: Mode, opts: &PlanOptions) -> Result<Plan> {
     let view = View::new(topo)?;
+    check_gpus(topo, gpus)?;
+    let (mut homes, rank_home) = homes_of(&view, gpus, mode);
+    if matches!(mode, Mode::Exclusive | Mode::Core) {
+        share_fallbacks(&mut homes, &rank_home)?;
+    }
+    let (places, sharing) = places_in_homes(&homes, &rank_home);
+    let mut divider = Divider {
+        mode,
+        smt: opts.smt,
+        parts: HashMap::new(),
+    };
+    // Each GPU's NICs, paired once for the whole machine.
+    let pairing = topo.nic_pairing();
+    let mut ranks = Vec::with_capacity(gpus.len());
+    for (r, (&g, &h)) in gpus.iter().zip(&rank_home).enumerate() {
+        let home = &homes[h];
+        let (cpus, warning) = divider.cpus(&view, home, places[r], sharing[&home.key])?;
+        debug_assert!(!cpus.is_empty());
+        let mut warnings = home.warnings.clone();
+        warnings.extend(warning);
+        ranks.push(RankPlan {
+            local_rank: r as u32,
+            gpu: Some(g),
+            pci_bus_id: Some(topo.gpus[g.as_usize()].pci_bus_id.clone()),
+            cpus,
+            mems: home.mems.clone(),
+            warnings,
+            nics: rank_nics(topo, &pairing[g.as_usize()]),
+        });
+    }
+    Ok(Plan { mode, ranks })
+}
+
+/// Refuses a GPU index that is not in the topology.
+fn check_gpus(topo: &Topology, gpus: &[GpuIndex]) -> Result<()> {
     for &g in gpus {
         if g.as_usize() >= topo.gpus.len() {
             return Err(Error::Request {
@@ -491,7 +526,12 @@ pub fn plan(topo: &Topology, gpus: &[GpuIndex], mode: Mode, opts: &PlanOptions) 
             });
         }
     }
-    // One home per GPU, whatever the number of ranks on it.
+    Ok(())
+}
+
+/// One home per GPU, whatever the number of ranks on it (in the order the
+/// ranks first name the GPUs), and the index of each rank's home.
+fn homes_of(view: &View, gpus: &[GpuIndex], mode: Mode) -> (Vec<Home>, Vec<usize>) {
     let mut index_of: HashMap<GpuIndex, usize> = HashMap::new();
     let mut distinct: Vec<Home> = Vec::new();
     let rank_home: Vec<usize> = gpus
@@ -506,31 +546,50 @@ pub fn plan(topo: &Topology, gpus: &[GpuIndex], mode: Mode, opts: &PlanOptions) 
             })
         })
         .collect();
-    if matches!(mode, Mode::Exclusive | Mode::Core) {
-        share_fallbacks(&mut distinct, &rank_home)?;
-    }
-    // The ranks sharing each home, in rank order, and each rank's place
-    // among them; the cores and caches of each home, worked out once.
+    (distinct, rank_home)
+}
+
+/// Each rank's place among the ranks sharing its home, in rank order, and
+/// how many ranks share each home.
+fn places_in_homes<'h>(
+    homes: &'h [Home],
+    rank_home: &[usize],
+) -> (Vec<usize>, HashMap<&'h HomeKey, usize>) {
     let mut sharing: HashMap<&HomeKey, usize> = HashMap::new();
     let places: Vec<usize> = rank_home
         .iter()
         .map(|&h| {
-            let n = sharing.entry(&distinct[h].key).or_insert(0);
+            let n = sharing.entry(&homes[h].key).or_insert(0);
             *n += 1;
             *n - 1
         })
         .collect();
-    let mut parts: HashMap<&HomeKey, Vec<CpuList>> = HashMap::new();
-    // Each GPU's NICs, paired once for the whole machine.
-    let pairing = topo.nic_pairing();
-    let mut ranks = Vec::with_capacity(gpus.len());
-    for (r, (&g, &h)) in gpus.iter().zip(&rank_home).enumerate() {
-        let home = &distinct[h];
-        let pos = places[r];
-        let n = sharing[&home.key];
-        let mut warnings = home.warnings.clone();
-        let cpus = match mode {
-            Mode::Node | Mode::Socket => home.cpus.clone(),
+    (places, sharing)
+}
+
+/// Divides each home's CPUs among the ranks sharing it, as the mode says;
+/// the cores and caches of each home are worked out once.
+struct Divider<'h> {
+    mode: Mode,
+    /// [`PlanOptions::smt`]: a core's every CPU in [`Mode::Core`].
+    smt: bool,
+    parts: HashMap<&'h HomeKey, Vec<CpuList>>,
+}
+
+impl<'h> Divider<'h> {
+    /// The CPUs of the rank at place `pos` among the `n` ranks of `home`,
+    /// and a warning where it must share a cache with another rank.
+    fn cpus(
+        &mut self,
+        view: &View,
+        home: &'h Home,
+        pos: usize,
+        n: usize,
+    ) -> Result<(CpuList, Option<String>)> {
+        let mode = self.mode;
+        let parts = &mut self.parts;
+        Ok(match mode {
+            Mode::Node | Mode::Socket => (home.cpus.clone(), None),
             Mode::Exclusive => {
                 let cores = parts
                     .entry(&home.key)
@@ -541,20 +600,22 @@ pub fn plan(topo: &Topology, gpus: &[GpuIndex], mode: Mode, opts: &PlanOptions) 
                 let (per, extra) = (cores.len() / n, cores.len() % n);
                 let start = pos * per + pos.min(extra);
                 let end = start + per + usize::from(pos < extra);
-                CpuList::from_iter_unsorted(cores[start..end].iter().flat_map(CpuList::iter))
+                let cpus =
+                    CpuList::from_iter_unsorted(cores[start..end].iter().flat_map(CpuList::iter));
+                (cpus, None)
             }
             Mode::Cache => {
                 let caches = parts
                     .entry(&home.key)
                     .or_insert_with(|| view.caches_in(&home.cpus));
-                if caches.len() < n && pos >= caches.len() {
-                    warnings.push(format!(
+                let warning = (caches.len() < n && pos >= caches.len()).then(|| {
+                    format!(
                         "{} has {} last-level cache(s) for {n} ranks: this rank shares one",
                         home.describe(),
                         caches.len()
-                    ));
-                }
-                caches[pos % caches.len()].clone()
+                    )
+                });
+                (caches[pos % caches.len()].clone(), warning)
             }
             Mode::Core => {
                 let cores = parts
@@ -564,36 +625,31 @@ pub fn plan(topo: &Topology, gpus: &[GpuIndex], mode: Mode, opts: &PlanOptions) 
                     return Err(too_few_cores(home, cores.len(), n, mode));
                 }
                 let core = &cores[pos];
-                if opts.smt {
+                let cpus = if self.smt {
                     core.clone()
                 } else {
                     CpuList::from_iter_unsorted(core.first())
-                }
+                };
+                (cpus, None)
             }
-        };
-        debug_assert!(!cpus.is_empty());
-        ranks.push(RankPlan {
-            local_rank: r as u32,
-            gpu: Some(g),
-            pci_bus_id: Some(topo.gpus[g.as_usize()].pci_bus_id.clone()),
-            cpus,
-            mems: home.mems.clone(),
-            warnings,
-            nics: pairing[g.as_usize()]
-                .iter()
-                .map(|c| {
-                    let n = &topo.nics[c.nic];
-                    RankNic {
-                        nic: c.nic,
-                        pci_bus_id: n.pci_bus_id.clone(),
-                        names: n.names.clone(),
-                        relation: c.relation,
-                    }
-                })
-                .collect(),
-        });
+        })
     }
-    Ok(Plan { mode, ranks })
+}
+
+/// A rank's NICs: those paired with its GPU.
+fn rank_nics(topo: &Topology, pairing: &[NicChoice]) -> Vec<RankNic> {
+    pairing
+        .iter()
+        .map(|c| {
+            let n = &topo.nics[c.nic];
+            RankNic {
+                nic: c.nic,
+                pci_bus_id: n.pci_bus_id.clone(),
+                names: n.names.clone(),
+                relation: c.relation,
+            }
+        })
+        .collect()
 }
 
 /// Makes the homes (one per GPU; `rank_home` gives each rank's) of a plan

@@ -203,8 +203,27 @@ pub(crate) fn read_limits(root: &Path) -> MemoryLimits {
         out.notes.push("proc/self/cgroup is unreadable".into());
         return out;
     };
-    let mi = std::fs::read_to_string(root.join("proc/self/mountinfo")).ok();
-    let ms = mi.as_deref().map(mounts).unwrap_or_default();
+    // `None` without mountinfo: the usual mount points are assumed.
+    let ms = std::fs::read_to_string(root.join("proc/self/mountinfo"))
+        .ok()
+        .map(|mi| mounts(&mi));
+    let (v2_path, v1_path) = cgroup_paths(&cg);
+    if let Some(path) = &v2_path {
+        v2_limits(root, path, ms.as_deref(), &mut out);
+    }
+    if let Some(path) = &v1_path {
+        v1_limits(root, path, ms.as_deref(), &mut out);
+    }
+    if v2_path.is_none() && v1_path.is_none() {
+        out.notes
+            .push("no cgroup v2 line and no v1 memory controller in proc/self/cgroup".into());
+    }
+    out
+}
+
+/// The cgroup paths of `proc/self/cgroup`: the v2 one (`0::/path`) and the
+/// one of the v1 hierarchy with the memory controller.
+fn cgroup_paths(cg: &str) -> (Option<String>, Option<String>) {
     let mut v2_path = None;
     let mut v1_path = None;
     for l in cg.lines() {
@@ -218,95 +237,97 @@ pub(crate) fn read_limits(root: &Path) -> MemoryLimits {
             v1_path = Some(path.to_string());
         }
     }
-    let fallback = |point: &str| Mount {
+    (v2_path, v1_path)
+}
+
+/// The mount assumed at `point` without mountinfo.
+fn assumed_mount(point: &str) -> Mount {
+    Mount {
         root: "/".into(),
         point: point.into(),
         fstype: String::new(),
         super_opts: String::new(),
-    };
+    }
+}
 
-    if let Some(path) = &v2_path {
-        let v2_mounts: Vec<&Mount> = ms.iter().filter(|m| m.fstype == "cgroup2").collect();
-        let fb = fallback("/sys/fs/cgroup");
-        let candidates: Vec<&Mount> = if mi.is_none() { vec![&fb] } else { v2_mounts };
-        for m in candidates {
-            let Some(leaf) = cgroup_dir(m, path) else {
-                out.notes.push(format!(
-                    "cgroup v2 path {path} is outside the mount at {} (root {})",
-                    m.point, m.root
-                ));
-                continue;
-            };
-            let top = PathBuf::from(m.point.trim_start_matches('/'));
-            // A hierarchy without the memory controller has no memory.* files.
-            let controllers = std::fs::read_to_string(root.join(&top).join("cgroup.controllers"))
-                .unwrap_or_default();
-            let has_files = root.join(&leaf).join("memory.max").exists()
-                || root.join(&leaf).join("memory.current").exists();
-            if !controllers.split_whitespace().any(|c| c == "memory") && !has_files {
-                out.notes
-                    .push(format!("cgroup v2 at {} has no memory controller", m.point));
-                continue;
-            }
-            out.cgroup_dirs.push(leaf.clone());
-            walk_up(&leaf, &top, |d| {
-                let usage = read_u64(root, &d.join("memory.current"));
-                for kind in [LimitKind::V2Max, LimitKind::V2High] {
-                    let p = d.join(kind.file());
-                    if let Some(Some(bytes)) = read_v2(root, &p) {
-                        out.limits.push(Limit {
-                            bytes,
-                            kind,
-                            path: p,
-                            usage,
-                        });
-                    }
+/// The v2 limits over cgroup `path`, in each cgroup2 mount of `ms` (or the
+/// assumed `/sys/fs/cgroup`) that has the memory controller.
+fn v2_limits(root: &Path, path: &str, ms: Option<&[Mount]>, out: &mut MemoryLimits) {
+    let fb = assumed_mount("/sys/fs/cgroup");
+    let candidates: Vec<&Mount> = match ms {
+        None => vec![&fb],
+        Some(ms) => ms.iter().filter(|m| m.fstype == "cgroup2").collect(),
+    };
+    for m in candidates {
+        let Some(leaf) = cgroup_dir(m, path) else {
+            out.notes.push(format!(
+                "cgroup v2 path {path} is outside the mount at {} (root {})",
+                m.point, m.root
+            ));
+            continue;
+        };
+        let top = PathBuf::from(m.point.trim_start_matches('/'));
+        // A hierarchy without the memory controller has no memory.* files.
+        let controllers =
+            std::fs::read_to_string(root.join(&top).join("cgroup.controllers")).unwrap_or_default();
+        let has_files = root.join(&leaf).join("memory.max").exists()
+            || root.join(&leaf).join("memory.current").exists();
+        if !controllers.split_whitespace().any(|c| c == "memory") && !has_files {
+            out.notes
+                .push(format!("cgroup v2 at {} has no memory controller", m.point));
+            continue;
+        }
+        out.cgroup_dirs.push(leaf.clone());
+        walk_up(&leaf, &top, |d| {
+            let usage = read_u64(root, &d.join("memory.current"));
+            for kind in [LimitKind::V2Max, LimitKind::V2High] {
+                let p = d.join(kind.file());
+                if let Some(Some(bytes)) = read_v2(root, &p) {
+                    out.limits.push(Limit {
+                        bytes,
+                        kind,
+                        path: p,
+                        usage,
+                    });
                 }
+            }
+        });
+    }
+}
+
+/// The v1 limits over cgroup `path`, in the first v1 mount of `ms` with
+/// the memory controller (or the assumed `/sys/fs/cgroup/memory`).
+fn v1_limits(root: &Path, path: &str, ms: Option<&[Mount]>, out: &mut MemoryLimits) {
+    let fb = assumed_mount("/sys/fs/cgroup/memory");
+    let m = match ms {
+        None => Some(&fb),
+        Some(ms) => ms
+            .iter()
+            .find(|m| m.fstype == "cgroup" && m.super_opts.split(',').any(|o| o == "memory")),
+    };
+    let Some(m) = m else {
+        out.notes
+            .push("a v1 memory cgroup is listed but its hierarchy is not mounted".into());
+        return;
+    };
+    let top = PathBuf::from(m.point.trim_start_matches('/'));
+    let leaf = cgroup_dir(m, path).unwrap_or_else(|| {
+        out.notes.push(format!("cgroup v1 path {path} is outside the mount at {} (root {}): reading the mount's own cgroup", m.point, m.root));
+        top.clone()
+    });
+    out.cgroup_dirs.push(leaf.clone());
+    walk_up(&leaf, &top, |d| {
+        let p = d.join(LimitKind::V1Limit.file());
+        if let Some(bytes) = read_u64(root, &p).filter(|&b| b < V1_UNLIMITED) {
+            let usage = read_u64(root, &d.join("memory.usage_in_bytes"));
+            out.limits.push(Limit {
+                bytes,
+                kind: LimitKind::V1Limit,
+                path: p,
+                usage,
             });
         }
-    }
-    if let Some(path) = &v1_path {
-        let fb = fallback("/sys/fs/cgroup/memory");
-        let found: Vec<&Mount> = ms
-            .iter()
-            .filter(|m| m.fstype == "cgroup" && m.super_opts.split(',').any(|o| o == "memory"))
-            .collect();
-        let m = if mi.is_none() {
-            Some(&fb)
-        } else {
-            found.first().copied()
-        };
-        match m {
-            None => out
-                .notes
-                .push("a v1 memory cgroup is listed but its hierarchy is not mounted".into()),
-            Some(m) => {
-                let top = PathBuf::from(m.point.trim_start_matches('/'));
-                let leaf = cgroup_dir(m, path).unwrap_or_else(|| {
-                    out.notes.push(format!("cgroup v1 path {path} is outside the mount at {} (root {}): reading the mount's own cgroup", m.point, m.root));
-                    top.clone()
-                });
-                out.cgroup_dirs.push(leaf.clone());
-                walk_up(&leaf, &top, |d| {
-                    let p = d.join(LimitKind::V1Limit.file());
-                    if let Some(bytes) = read_u64(root, &p).filter(|&b| b < V1_UNLIMITED) {
-                        let usage = read_u64(root, &d.join("memory.usage_in_bytes"));
-                        out.limits.push(Limit {
-                            bytes,
-                            kind: LimitKind::V1Limit,
-                            path: p,
-                            usage,
-                        });
-                    }
-                });
-            }
-        }
-    }
-    if v2_path.is_none() && v1_path.is_none() {
-        out.notes
-            .push("no cgroup v2 line and no v1 memory controller in proc/self/cgroup".into());
-    }
-    out
+    });
 }
 
 #[cfg(test)]

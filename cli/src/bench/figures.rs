@@ -13,7 +13,7 @@ use numapin::gpu as cuda;
 use numapin::measure::arena::{self as measure, SizeMix, Stats};
 use numapin::measure::copy::{all_gpus_gbps, copy_gbps_from, host_alloc_ms_per_gib, Source};
 
-use super::report::{machine, node_methods};
+use super::report::{machine, node_methods, Sink};
 pub(super) use super::report::{BenchOptions, BenchReport, BenchResult, Measure};
 use numapin::runtime::Runtime;
 use numapin::CudaOrdinal;
@@ -33,8 +33,8 @@ pub(super) fn run(
             fix: "give --reps 1 or more".into(),
         });
     }
-    let t = rt.topology();
-    let visible: Vec<CudaOrdinal> = t
+    let visible: Vec<CudaOrdinal> = rt
+        .topology()
         .cuda
         .ordinals
         .iter()
@@ -42,28 +42,16 @@ pub(super) fn run(
         .map(|e| e.ordinal)
         .collect();
     let gpu_ok = cuda::available() && !visible.is_empty();
-    let ordinals: Vec<CudaOrdinal> = match &opts.gpus {
-        Some(list) => {
-            for g in list {
-                if !visible.contains(g) {
-                    return Err(CliError::Usage {
-                        problem: format!("GPU {g} is not a CUDA ordinal of this process (visible: {})", visible.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")),
-                        fix: "give --gpus with ordinals as `numapin topo` lists them in the CUDA column".into(),
-                    });
-                }
-            }
-            list.clone()
-        }
-        None => visible.clone(),
-    };
+    let ordinals = chosen_gpus(opts, &visible)?;
     let mut report = BenchReport {
         schema_version: 1,
         machine: machine(rt, &ordinals),
         results: Vec::new(),
         notes: Vec::new(),
     };
+    let mut out = Sink::new(&mut report, progress);
     if !gpu_ok {
-        report.notes.push(match cuda::driver_version() {
+        out.note(match cuda::driver_version() {
             Err(e) => format!("GPU figures need a CUDA driver; host-side figures only ({e})"),
             Ok(_) => {
                 "the CUDA driver sees no GPU (check CUDA_VISIBLE_DEVICES); host-side figures only"
@@ -72,147 +60,188 @@ pub(super) fn run(
         });
     }
     let has = |m: Measure| opts.measures.contains(&m);
-    let node0 = rt.calling_thread_node();
-
-    let mut failure: Option<CliError> = None;
-    // Runs a measurement that pins memory, unless one already failed.
-    let mut pinned = |f: &mut dyn FnMut() -> Result<()>| {
-        if failure.is_none() {
-            if let Err(e) = f() {
-                failure = Some(e);
-            }
-        }
-    };
     if has(Measure::Arena) {
-        pinned(&mut || {
-            progress("arena alloc+free latency");
-            let s = measure::alloc_free_ns(rt, node0, 64 << 10, 20_000 * opts.reps.max(1))?;
-            report.results.push(
-                BenchResult::new("arena_alloc_free", "ns", &s)
-                    .with("node", node0)
-                    .with("bytes", 64 << 10)
-                    .with("threads", 1)
-                    .with_methods(node_methods(rt, node0)),
-            );
-            let threads = rt.topology().allowed.cpus.len().clamp(2, 8);
-            progress(&format!(
-                "arena alloc+free latency, {threads} threads at once"
-            ));
-            let s = measure::alloc_free_ns_threads(
-                rt,
-                node0,
-                64 << 10,
-                threads,
-                2_000 * opts.reps.max(1),
-            )?;
-            report.results.push(
-                BenchResult::new("arena_alloc_free", "ns", &s)
-                    .with("node", node0)
-                    .with("bytes", 64 << 10)
-                    .with("threads", threads)
-                    .with_methods(node_methods(rt, node0)),
-            );
-            Ok(())
-        });
-        let base = measure::malloc_free_ns(64 << 10, 20_000 * opts.reps.max(1));
-        report
-            .results
-            .push(BenchResult::new("malloc_free", "ns", &base).with("bytes", 64 << 10));
-        pinned(&mut || {
-            progress("region creation per GiB");
-            let (s, methods) = measure::region_create_ms_per_gib(
-                rt,
-                node0,
-                256 << 20,
-                rt.config().populate_threads,
-                opts.reps.min(5),
-            )?;
-            report.results.push(
-                BenchResult::new("region_create_per_gib", "ms", &s)
-                    .with("node", node0)
-                    .with("region_bytes", 256 << 20)
-                    .with_methods(methods),
-            );
-            if gpu_ok {
-                let s = host_alloc_ms_per_gib(256 << 20, opts.reps.min(5))?;
-                report.results.push(
-                    BenchResult::new("cuMemAllocHost_per_gib", "ms", &s).with("bytes", 256 << 20),
-                );
-            } else {
-                let s = measure::mmap_mlock_ms_per_gib(256 << 20, opts.reps.min(5))?;
-                report.results.push(
-                    BenchResult::new("mmap_mlock_per_gib", "ms", &s).with("bytes", 256 << 20),
-                );
-            }
-            Ok(())
-        });
-        progress("arena overhead");
-        let s = measure::overhead_ratio(SizeMix::LogUniform, 256, 256 << 20, 10);
-        report.results.push(
-            BenchResult::new("arena_overhead", "ratio", &s)
-                .with("sizes", "4 KiB-256 MiB log-uniform"),
-        );
+        if let Some(failure) = arena_figures(rt, opts, gpu_ok, &mut out) {
+            return Ok((report, Some(failure)));
+        }
     }
-    if failure.is_some() {
-        return Ok((report, failure));
-    }
-
     if gpu_ok && has(Measure::Copy) {
         for &g in &ordinals {
-            let gpu_node = rt.node_for_gpu(g).ok();
-            let mut kinds: Vec<(String, Source)> = vec![
-                ("pageable".into(), Source::Pageable),
-                ("driver_pinned".into(), Source::DriverPinned),
-            ];
-            if let Some(n) = gpu_node {
-                kinds.push(("arena_local".into(), Source::Arena(n)));
-            }
-            for node in &t.numa_nodes {
-                if Some(node.os_index) != gpu_node
-                    && node.memory_bytes > 0
-                    && t.numa_nodes.len() > 1
-                {
-                    kinds.push((
-                        format!("arena_node{}", node.os_index),
-                        Source::Arena(node.os_index),
-                    ));
-                }
-            }
-            for (label, src) in kinds {
-                progress(&format!("GPU {g}: {label} copies"));
-                let (h2d, d2h) =
-                    copy_gbps_from(rt, g, src, opts.copy_bytes, opts.warmup, opts.reps)?;
-                let methods = match src {
-                    Source::Arena(n) => node_methods(rt, n),
-                    _ => None,
-                };
-                for (name, s) in [("h2d", h2d), ("d2h", d2h)] {
-                    report.results.push(
-                        BenchResult::new(name, "GB/s", &s)
-                            .with("gpu", g.get())
-                            .with("memory", label.as_str())
-                            .with("bytes", opts.copy_bytes)
-                            .with_methods(methods),
-                    );
-                }
-            }
+            copy_figures(rt, opts, g, &mut out)?;
         }
     }
-
     if gpu_ok && has(Measure::AllGpus) && !ordinals.is_empty() {
-        progress("all GPUs at once");
+        out.progress("all GPUs at once");
         let s = all_gpus_gbps(rt, &ordinals, opts.copy_bytes, opts.warmup, opts.reps)?;
-        report.results.push(
+        out.push(
             BenchResult::new("h2d_all_gpus", "GB/s", &s)
                 .with("gpus", ordinals.len())
                 .with("bytes", opts.copy_bytes),
         );
     }
-    extra::run(rt, opts, &ordinals, gpu_ok, &mut report, progress)?;
+    extra::run(rt, opts, &ordinals, gpu_ok, &mut out)?;
     if has(Measure::Pinning) {
-        super::pinning::run(rt, opts, &ordinals, gpu_ok, &mut report, progress)?;
+        super::pinning::run(rt, opts, &ordinals, gpu_ok, &mut out)?;
     }
     Ok((report, None))
+}
+
+/// The GPUs measured: those of `--gpus`, each one of the `visible` CUDA
+/// ordinals, or else every visible one.
+fn chosen_gpus(opts: &BenchOptions, visible: &[CudaOrdinal]) -> Result<Vec<CudaOrdinal>> {
+    let Some(list) = &opts.gpus else {
+        return Ok(visible.to_vec());
+    };
+    for g in list {
+        if !visible.contains(g) {
+            return Err(CliError::Usage {
+                problem: format!(
+                    "GPU {g} is not a CUDA ordinal of this process (visible: {})",
+                    visible
+                        .iter()
+                        .map(ToString::to_string)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+                fix: "give --gpus with ordinals as `numapin topo` lists them in the CUDA column"
+                    .into(),
+            });
+        }
+    }
+    Ok(list.clone())
+}
+
+/// The arena's figures on the calling thread's node: buffer latency
+/// (against malloc), region creation (against the driver's or plain
+/// locked memory) and the allocator's overhead. The first failure of a
+/// measurement that pins memory comes back; those after it that pin
+/// memory are skipped.
+fn arena_figures(
+    rt: &Runtime,
+    opts: &BenchOptions,
+    gpu_ok: bool,
+    out: &mut Sink,
+) -> Option<CliError> {
+    let node0 = rt.calling_thread_node();
+    let mut failure = arena_latency(rt, opts, node0, out).err();
+    let base = measure::malloc_free_ns(64 << 10, 20_000 * opts.reps.max(1));
+    out.push(BenchResult::new("malloc_free", "ns", &base).with("bytes", 64 << 10));
+    if failure.is_none() {
+        failure = region_creation(rt, opts, node0, gpu_ok, out).err();
+    }
+    out.progress("arena overhead");
+    let s = measure::overhead_ratio(SizeMix::LogUniform, 256, 256 << 20, 10);
+    out.push(
+        BenchResult::new("arena_overhead", "ratio", &s).with("sizes", "4 KiB-256 MiB log-uniform"),
+    );
+    failure
+}
+
+/// A 64 KiB buffer's alloc+free latency on `node0`, on one thread and on
+/// several at once.
+fn arena_latency(rt: &Runtime, opts: &BenchOptions, node0: u32, out: &mut Sink) -> Result<()> {
+    out.progress("arena alloc+free latency");
+    let s = measure::alloc_free_ns(rt, node0, 64 << 10, 20_000 * opts.reps.max(1))?;
+    out.push(
+        BenchResult::new("arena_alloc_free", "ns", &s)
+            .with("node", node0)
+            .with("bytes", 64 << 10)
+            .with("threads", 1)
+            .with_methods(node_methods(rt, node0)),
+    );
+    let threads = rt.topology().allowed.cpus.len().clamp(2, 8);
+    out.progress(&format!(
+        "arena alloc+free latency, {threads} threads at once"
+    ));
+    let s = measure::alloc_free_ns_threads(rt, node0, 64 << 10, threads, 2_000 * opts.reps.max(1))?;
+    out.push(
+        BenchResult::new("arena_alloc_free", "ns", &s)
+            .with("node", node0)
+            .with("bytes", 64 << 10)
+            .with("threads", threads)
+            .with_methods(node_methods(rt, node0)),
+    );
+    Ok(())
+}
+
+/// A 256 MiB region's creation per GiB on `node0`, beside the driver's
+/// `cuMemAllocHost` (with a GPU) or plain mmap+mlock (without).
+fn region_creation(
+    rt: &Runtime,
+    opts: &BenchOptions,
+    node0: u32,
+    gpu_ok: bool,
+    out: &mut Sink,
+) -> Result<()> {
+    out.progress("region creation per GiB");
+    let (s, methods) = measure::region_create_ms_per_gib(
+        rt,
+        node0,
+        256 << 20,
+        rt.config().populate_threads,
+        opts.reps.min(5),
+    )?;
+    out.push(
+        BenchResult::new("region_create_per_gib", "ms", &s)
+            .with("node", node0)
+            .with("region_bytes", 256 << 20)
+            .with_methods(methods),
+    );
+    if gpu_ok {
+        let s = host_alloc_ms_per_gib(256 << 20, opts.reps.min(5))?;
+        out.push(BenchResult::new("cuMemAllocHost_per_gib", "ms", &s).with("bytes", 256 << 20));
+    } else {
+        let s = measure::mmap_mlock_ms_per_gib(256 << 20, opts.reps.min(5))?;
+        out.push(BenchResult::new("mmap_mlock_per_gib", "ms", &s).with("bytes", 256 << 20));
+    }
+    Ok(())
+}
+
+/// GPU `g`'s copies both ways from each kind of host memory
+/// ([`copy_sources`]).
+fn copy_figures(rt: &Runtime, opts: &BenchOptions, g: CudaOrdinal, out: &mut Sink) -> Result<()> {
+    for (label, src) in copy_sources(rt, g) {
+        out.progress(&format!("GPU {g}: {label} copies"));
+        let (h2d, d2h) = copy_gbps_from(rt, g, src, opts.copy_bytes, opts.warmup, opts.reps)?;
+        let methods = match src {
+            Source::Arena(n) => node_methods(rt, n),
+            _ => None,
+        };
+        for (name, s) in [("h2d", h2d), ("d2h", d2h)] {
+            out.push(
+                BenchResult::new(name, "GB/s", &s)
+                    .with("gpu", g.get())
+                    .with("memory", label.as_str())
+                    .with("bytes", opts.copy_bytes)
+                    .with_methods(methods),
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The host memory GPU `g`'s copies are measured from, by label:
+/// pageable, the driver's pinned memory, the arena on the GPU's node, and
+/// on a machine of several nodes the arena on each other node with memory.
+fn copy_sources(rt: &Runtime, g: CudaOrdinal) -> Vec<(String, Source)> {
+    let t = rt.topology();
+    let gpu_node = rt.node_for_gpu(g).ok();
+    let mut kinds: Vec<(String, Source)> = vec![
+        ("pageable".into(), Source::Pageable),
+        ("driver_pinned".into(), Source::DriverPinned),
+    ];
+    if let Some(n) = gpu_node {
+        kinds.push(("arena_local".into(), Source::Arena(n)));
+    }
+    for node in &t.numa_nodes {
+        if Some(node.os_index) != gpu_node && node.memory_bytes > 0 && t.numa_nodes.len() > 1 {
+            kinds.push((
+                format!("arena_node{}", node.os_index),
+                Source::Arena(node.os_index),
+            ));
+        }
+    }
+    kinds
 }
 
 mod extra {
@@ -221,136 +250,155 @@ mod extra {
     use numapin::measure::loader::{self as lm, Direction, LoaderBench, Mode};
     use numapin::staged::{SlotWrites, StagedOptions};
 
+    /// The staged copy's figures on each GPU, and the loader's.
     pub(super) fn run(
         rt: &Runtime,
         opts: &BenchOptions,
         ordinals: &[CudaOrdinal],
         gpu_ok: bool,
-        report: &mut BenchReport,
-        progress: &mut dyn FnMut(&str),
+        out: &mut Sink,
     ) -> Result<()> {
         let has = |m: Measure| opts.measures.contains(&m);
         if gpu_ok && has(Measure::Staged) {
             for &g in ordinals {
-                for (dir, name) in [(Direction::ToDevice, "h2d"), (Direction::FromDevice, "d2h")] {
-                    progress(&format!("GPU {g}: staged {name}"));
-                    let f = lm::staged_gbps(
-                        rt,
-                        g,
-                        opts.copy_bytes,
-                        opts.reps,
-                        dir,
-                        &StagedOptions::default(),
-                    )?;
-                    let mut r = BenchResult::new(name, "GB/s", &f.gbps)
-                        .with("gpu", g.get())
-                        .with("memory", "staged")
-                        .with("bytes", opts.copy_bytes)
-                        .with("verified", f.verified);
-                    if dir == Direction::ToDevice {
-                        let w = numapin::staged::slot_writes_for(
-                            rt,
-                            g,
-                            opts.copy_bytes,
-                            &StagedOptions::default(),
-                        )?;
-                        r = r.with("slot_writes", slot_writes_name(w));
-                    }
-                    report.results.push(r);
-                }
+                staged(rt, g, opts, out)?;
                 if opts.staged_sweep {
-                    staged_sweep(rt, g, opts, report, progress)?;
+                    staged_sweep(rt, g, opts, out)?;
                 }
             }
         }
         if has(Measure::Loader) {
-            let reps = opts.reps.clamp(1, 5);
             let b = LoaderBench {
-                reps,
+                reps: opts.reps.clamp(1, 5),
                 ..LoaderBench::default()
             };
             if gpu_ok {
-                for &g in ordinals {
-                    progress(&format!("GPU {g}: loader"));
-                    let f = lm::loader_gbps(rt, Mode::Gpu(g), &b)?;
-                    report
-                        .results
-                        .push(loader_result(&f, &b).with("gpu", g.get()).with("gpus", 1));
-                    // The loader's two stages alone, same settings: the
-                    // producers filling slots (host mode: no copies) and
-                    // the bare copy loop (no producers).
-                    progress(&format!("GPU {g}: producers alone, copies alone"));
-                    let p = lm::loader_gbps(
-                        rt,
-                        Mode::Host,
-                        &LoaderBench {
-                            sampled_check: true,
-                            ..b.clone()
-                        },
-                    )?;
-                    report.results.push(
-                        stage_result("loader_producers_only", &p.gbps, &b, p.workers)
-                            .with("gpu", g.get())
-                            .with("check", "sampled")
-                            .with("verified", p.verified),
-                    );
-                    let c = lm::pinned_copy_gbps(rt, g, b.batch_bytes, reps)?;
-                    report
-                        .results
-                        .push(stage_result("loader_copy_only", &c, &b, 0).with("gpu", g.get()));
-                }
-                if ordinals.len() > 1 {
-                    progress("loaders on all GPUs at once");
-                    let f = lm::loader_gbps_all(rt, ordinals, &b)?;
-                    report.results.push(
-                        BenchResult::new("loader", "GB/s", &f.gbps)
-                            .with("mode", "gpu")
-                            .with("gpus", ordinals.len())
-                            .with("batch_bytes", b.batch_bytes)
-                            .with("verified", f.verified),
-                    );
-                }
+                loader_on_gpus(rt, ordinals, &b, out)?;
             } else {
-                progress("host-mode loader");
+                out.progress("host-mode loader");
                 let hb = LoaderBench {
                     batch_bytes: 16 << 20,
                     batches: 32,
-                    ..b
+                    ..b.clone()
                 };
                 let f = lm::loader_gbps(rt, Mode::Host, &hb)?;
-                report.results.push(loader_result(&f, &hb).with("gpus", 0));
+                out.push(loader_result(&f, &hb).with("gpus", 0));
             }
-            // Producer-bound scaling: the producers alone with 1, 2, 4, ...
-            // workers, up to the node's allowed CPUs.
-            let cpus = rt
-                .arena(rt.calling_thread_node())
-                .map(|a| a.config().cpus.len())
-                .unwrap_or(1)
-                .max(1);
-            let sb = LoaderBench {
-                batch_bytes: if gpu_ok { b.batch_bytes } else { 16 << 20 },
-                batches: if gpu_ok { b.batches } else { 32 },
-                sampled_check: true,
-                ..b
-            };
-            let mut n = 1;
-            while n <= cpus.min(MAX_SCALING_WORKERS) {
-                progress(&format!("producers alone, {n} worker(s)"));
-                let f = lm::loader_gbps(
+            producer_scaling(rt, gpu_ok, b, out)?;
+        }
+        Ok(())
+    }
+
+    /// GPU `g`'s staged copies both ways with the default options (and
+    /// how the slots were written, to the device).
+    fn staged(rt: &Runtime, g: CudaOrdinal, opts: &BenchOptions, out: &mut Sink) -> Result<()> {
+        for (dir, name) in [(Direction::ToDevice, "h2d"), (Direction::FromDevice, "d2h")] {
+            out.progress(&format!("GPU {g}: staged {name}"));
+            let f = lm::staged_gbps(
+                rt,
+                g,
+                opts.copy_bytes,
+                opts.reps,
+                dir,
+                &StagedOptions::default(),
+            )?;
+            let mut r = BenchResult::new(name, "GB/s", &f.gbps)
+                .with("gpu", g.get())
+                .with("memory", "staged")
+                .with("bytes", opts.copy_bytes)
+                .with("verified", f.verified);
+            if dir == Direction::ToDevice {
+                let w = numapin::staged::slot_writes_for(
                     rt,
-                    Mode::Host,
-                    &LoaderBench {
-                        workers: n,
-                        ..sb.clone()
-                    },
+                    g,
+                    opts.copy_bytes,
+                    &StagedOptions::default(),
                 )?;
-                report.results.push(
-                    stage_result("loader_producers_scaling", &f.gbps, &sb, n)
-                        .with("check", "sampled")
-                        .with("verified", f.verified),
-                );
-                n *= 2;
+                r = r.with("slot_writes", slot_writes_name(w));
             }
+            out.push(r);
+        }
+        Ok(())
+    }
+
+    /// The loader on each GPU, beside its two stages alone, and on every
+    /// GPU at once where there are several.
+    fn loader_on_gpus(
+        rt: &Runtime,
+        ordinals: &[CudaOrdinal],
+        b: &LoaderBench,
+        out: &mut Sink,
+    ) -> Result<()> {
+        for &g in ordinals {
+            out.progress(&format!("GPU {g}: loader"));
+            let f = lm::loader_gbps(rt, Mode::Gpu(g), b)?;
+            out.push(loader_result(&f, b).with("gpu", g.get()).with("gpus", 1));
+            // The loader's two stages alone, same settings: the
+            // producers filling slots (host mode: no copies) and
+            // the bare copy loop (no producers).
+            out.progress(&format!("GPU {g}: producers alone, copies alone"));
+            let p = lm::loader_gbps(
+                rt,
+                Mode::Host,
+                &LoaderBench {
+                    sampled_check: true,
+                    ..b.clone()
+                },
+            )?;
+            out.push(
+                stage_result("loader_producers_only", &p.gbps, b, p.workers)
+                    .with("gpu", g.get())
+                    .with("check", "sampled")
+                    .with("verified", p.verified),
+            );
+            let c = lm::pinned_copy_gbps(rt, g, b.batch_bytes, b.reps)?;
+            out.push(stage_result("loader_copy_only", &c, b, 0).with("gpu", g.get()));
+        }
+        if ordinals.len() > 1 {
+            out.progress("loaders on all GPUs at once");
+            let f = lm::loader_gbps_all(rt, ordinals, b)?;
+            out.push(
+                BenchResult::new("loader", "GB/s", &f.gbps)
+                    .with("mode", "gpu")
+                    .with("gpus", ordinals.len())
+                    .with("batch_bytes", b.batch_bytes)
+                    .with("verified", f.verified),
+            );
+        }
+        Ok(())
+    }
+
+    /// Producer-bound scaling: the producers alone with 1, 2, 4, ...
+    /// workers, up to the node's allowed CPUs.
+    fn producer_scaling(rt: &Runtime, gpu_ok: bool, b: LoaderBench, out: &mut Sink) -> Result<()> {
+        let cpus = rt
+            .arena(rt.calling_thread_node())
+            .map(|a| a.config().cpus.len())
+            .unwrap_or(1)
+            .max(1);
+        let sb = LoaderBench {
+            batch_bytes: if gpu_ok { b.batch_bytes } else { 16 << 20 },
+            batches: if gpu_ok { b.batches } else { 32 },
+            sampled_check: true,
+            ..b
+        };
+        let mut n = 1;
+        while n <= cpus.min(MAX_SCALING_WORKERS) {
+            out.progress(&format!("producers alone, {n} worker(s)"));
+            let f = lm::loader_gbps(
+                rt,
+                Mode::Host,
+                &LoaderBench {
+                    workers: n,
+                    ..sb.clone()
+                },
+            )?;
+            out.push(
+                stage_result("loader_producers_scaling", &f.gbps, &sb, n)
+                    .with("check", "sampled")
+                    .with("verified", f.verified),
+            );
+            n *= 2;
         }
         Ok(())
     }
@@ -361,17 +409,16 @@ mod extra {
         rt: &Runtime,
         g: CudaOrdinal,
         opts: &BenchOptions,
-        report: &mut BenchReport,
-        progress: &mut dyn FnMut(&str),
+        out: &mut Sink,
     ) -> Result<()> {
         let node = rt.node_for_gpu(g)?;
         let cpus = rt.arena(node)?.config().cpus.len().max(1);
         let reps = opts.reps.clamp(1, 3);
         for bytes in [256usize << 20, 1 << 30] {
-            progress(&format!("GPU {g}: sweep, pinned {bytes} bytes"));
+            out.progress(&format!("GPU {g}: sweep, pinned {bytes} bytes"));
             let (h2d, d2h) = copy_gbps_from(rt, g, Source::Arena(node), bytes, 1, reps)?;
             for (name, s) in [("h2d", h2d), ("d2h", d2h)] {
-                report.results.push(
+                out.push(
                     BenchResult::new(name, "GB/s", &s)
                         .with("gpu", g.get())
                         .with("memory", "sweep_pinned")
@@ -404,11 +451,11 @@ mod extra {
                             .with_chunk_bytes(chunk)
                             .with_slot_writes(writes);
                         let writes = slot_writes_name(writes);
-                        progress(&format!(
+                        out.progress(&format!(
                             "GPU {g}: sweep, staged {name} {bytes} bytes, {t} threads, {chunk} byte chunks, {writes} slot writes"
                         ));
                         let f = lm::staged_gbps(rt, g, bytes, reps, dir, &so)?;
-                        report.results.push(
+                        out.push(
                             BenchResult::new(name, "GB/s", &f.gbps)
                                 .with("gpu", g.get())
                                 .with("memory", "sweep_staged")

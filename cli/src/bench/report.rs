@@ -153,6 +153,35 @@ pub(super) struct BenchReport {
     pub(crate) notes: Vec<String>,
 }
 
+/// Where a run's measurements go: the report they fill, and the line
+/// that says what runs now.
+pub(super) struct Sink<'a> {
+    report: &'a mut BenchReport,
+    progress: &'a mut dyn FnMut(&str),
+}
+
+impl<'a> Sink<'a> {
+    /// Fills `report`, telling `progress` what runs now.
+    pub(super) fn new(report: &'a mut BenchReport, progress: &'a mut dyn FnMut(&str)) -> Self {
+        Self { report, progress }
+    }
+
+    /// Says what runs now.
+    pub(super) fn progress(&mut self, what: &str) {
+        (self.progress)(what);
+    }
+
+    /// Adds a figure.
+    pub(super) fn push(&mut self, r: BenchResult) {
+        self.report.results.push(r);
+    }
+
+    /// Adds a sentence for the reader.
+    pub(super) fn note(&mut self, n: String) {
+        self.report.notes.push(n);
+    }
+}
+
 /// The machine, as the report names it.
 #[derive(Debug, Clone, Serialize)]
 pub(super) struct Machine {
