@@ -35,8 +35,10 @@ data's path changes:
 
 Sizing: unless ``slot_bytes`` is given, the first worker to collate asks
 for slots of its batch's size plus an eighth, and the main process makes
-the pool on a thread of its own while the workers wait for it (with
-``num_workers=0`` the main process makes it from its first batch). A
+the pool on a thread of its own while the workers go on: the batches
+collated before it is ready (the first one or few) take torch's ordinary
+path, so the first batch arrives as soon as torch's would (with
+``num_workers=0`` the main process makes the pool from its first batch). A
 batch larger than a slot takes torch's ordinary path, with one warning.
 Memory held: ``memory_bound()``.
 """
@@ -68,8 +70,9 @@ ALIGN = 512
 HEADROOM = 1.125
 #: Seconds a worker waits for the main process to provision the pool it
 #: asked for (a few hundred ms per GiB of slots) before its batch takes
-#: torch's path.
-POOL_WAIT = 60.0
+#: torch's path. 0: never wait (the first batches arrive as soon as torch's
+#: would; measured in docs/BENCHMARKS.md, "first batch").
+POOL_WAIT = 0.0
 
 # Pools made in this process, by path, with the pid that made them
 # (num_workers=0 collates in the main process, which keeps its own mapping;
@@ -219,8 +222,10 @@ class _SlotCollate:
     process provisions on request); 0 to send the batch down torch's path
     at once (the main process then sizes the pool by it)."""
 
-    def __init__(self, path: str, user: Callable[[list[Any]], Any] | None, timeout: float, wait: float = 0.0) -> None:
-        self.path, self.user, self.timeout, self.wait = path, user, timeout, wait
+    def __init__(
+        self, path: str, user: Callable[[list[Any]], Any] | None, timeout: float, wait: float = 0.0, ask: bool = False
+    ) -> None:
+        self.path, self.user, self.timeout, self.wait, self.ask = path, user, timeout, wait, ask
         self._pool: Any = None
         # num_workers=0: collate runs in the main process, which sizes and
         # makes the pool itself from the first batch.
@@ -232,6 +237,7 @@ class _SlotCollate:
             "user": self.user,
             "timeout": self.timeout,
             "wait": self.wait,
+            "ask": self.ask,
             "_pool": None,
             "provision_here": None,
         }
@@ -254,8 +260,13 @@ class _SlotCollate:
         data: Any = None
         if not pool.ready:
             if self.wait <= 0 and self.provision_here is None:
+                # Not waiting: this batch takes torch's path while the main
+                # process makes the pool it is asked for (when asking).
                 data = self._ordinary(samples)
-                return _Plain(data, "unsized", _tensor_bytes(data))
+                nbytes = _tensor_bytes(data)
+                if self.ask:
+                    pool.request(int(max(nbytes, 1) * HEADROOM))
+                return _Plain(data, "unsized", nbytes)
             if self.user is None:
                 need = _estimate(samples)
             else:
@@ -418,7 +429,11 @@ class DataLoader:
         self._on_request = num_workers > 0 and slot_bytes is None
         self._failed_warned = False
         self._collate = _SlotCollate(
-            self._pool.path, collate_fn, slot_timeout, POOL_WAIT if self._on_request else 0.0
+            self._pool.path,
+            collate_fn,
+            slot_timeout,
+            POOL_WAIT if self._on_request else 0.0,
+            ask=self._on_request,
         )
         if num_workers == 0 and slot_bytes is None:
             self._collate.provision_here = self._provision
