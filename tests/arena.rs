@@ -2082,3 +2082,36 @@ fn child_hugetlb_filtered() {
     println!("{}; {:?}", s.methods(), s.method_notes);
     drop(buf);
 }
+
+/// A staging buffer makes a region of its own size (rounded to 2 MiB) where
+/// an ordinary buffer makes a standard region; both are regions of the
+/// arena (budget, stats, trim), and a later staging buffer that fits in
+/// free room takes it instead of a new region.
+#[test]
+fn staging_buffers_pin_no_more_than_they_hold() {
+    let _g = serial();
+    let rt = runtime(RuntimeConfig::default().with_region_bytes(64 * MIB));
+    let node = first_node(&rt);
+    let reserved = |rt: &Runtime| {
+        rt.stats()
+            .into_iter()
+            .find(|s| s.node == node)
+            .unwrap()
+            .bytes_reserved
+    };
+    let s = rt.alloc_staging(node, 5 * MIB + 1).unwrap();
+    assert_eq!(reserved(&rt), 6 * MIB as u64, "one fitted region");
+    assert!(s.len() >= 5 * MIB + 1);
+    let b = rt.alloc_on_node(node, MIB).unwrap();
+    assert_eq!(reserved(&rt), (6 + 64) * MIB as u64, "a standard region");
+    let t = rt.alloc_staging(node, 2 * MIB).unwrap();
+    assert_eq!(
+        reserved(&rt),
+        (6 + 64) * MIB as u64,
+        "room in the standard one"
+    );
+    drop((s, b, t));
+    assert_eq!(rt.trim(), 0);
+    let e = rt.alloc_staging(node, 0).unwrap_err();
+    assert_eq!(e.kind(), numapin::ErrorKind::Input);
+}

@@ -21,7 +21,9 @@ The checkpoint is `--gib` GiB of random bf16/fp16/fp32 tensors of mixed
 shapes (embedding-sized, square, narrow, vectors), written once with
 safetensors (and the same tensors with torch.save for torch_mmap); `--keep`
 leaves the files for the next run. Needs torch with CUDA and safetensors.
-Peak memory is the child's VmHWM (reset after imports and CUDA start)
+NUMAPIN_BENCH_THREADS and NUMAPIN_BENCH_CHUNK_MIB set numapin's reader
+threads and read size (for sweeps; default the library's). Peak memory is
+the child's VmHWM (reset after imports and CUDA start)
 above its VmRSS before the load: for numapin the pinned slots (their
 region), for the mmap loaders the file's pages they map.
 """
@@ -144,7 +146,13 @@ with open("/proc/self/clear_refs", "w") as f:
 base = rss("VmRSS")
 t0 = time.perf_counter()
 if which == "numapin":
-    out = numapin.load_safetensors(path, device=dev, stats=extra)
+    # The reader's settings, for sweeps (defaults: the library's).
+    tune = {}
+    if os.environ.get("NUMAPIN_BENCH_THREADS"):
+        tune["threads"] = int(os.environ["NUMAPIN_BENCH_THREADS"])
+    if os.environ.get("NUMAPIN_BENCH_CHUNK_MIB"):
+        tune["chunk_bytes"] = int(os.environ["NUMAPIN_BENCH_CHUNK_MIB"]) << 20
+    out = numapin.load_safetensors(path, device=dev, stats=extra, **tune)
 elif which == "st_cuda":
     from safetensors.torch import load_file
     out = load_file(path, device=str(dev))

@@ -298,7 +298,20 @@ impl NodeArena {
 
     /// Lends a buffer of `bytes`; over budget, an error at once.
     pub fn alloc(self: &Arc<Self>, bytes: usize) -> Result<PinnedBuf, ArenaError> {
-        let r = self.alloc_inner(bytes);
+        let r = self.alloc_inner(bytes, false);
+        if r.is_err() {
+            lock(&self.state).counters.failures += 1;
+        }
+        r
+    }
+
+    /// Lends a buffer of `bytes` as [`alloc`](Self::alloc) does, except
+    /// that a region made for it is of the buffer's own size (rounded up
+    /// to 2 MiB) rather than a standard region: for staging buffers that
+    /// must not pin more than they hold. Such a region is kept for reuse
+    /// until [`trim`](Self::trim), as other regions are.
+    pub fn alloc_fitted(self: &Arc<Self>, bytes: usize) -> Result<PinnedBuf, ArenaError> {
+        let r = self.alloc_inner(bytes, true);
         if r.is_err() {
             lock(&self.state).counters.failures += 1;
         }
@@ -314,7 +327,7 @@ impl NodeArena {
     ) -> Result<PinnedBuf, ArenaError> {
         let deadline = Instant::now() + timeout;
         loop {
-            match self.alloc_inner(bytes) {
+            match self.alloc_inner(bytes, false) {
                 Err(ArenaError::BudgetExceeded { .. }) if Instant::now() < deadline => {
                     // While a thread waits, frees bypass the threads' caches
                     // and wake it.
@@ -340,7 +353,7 @@ impl NodeArena {
     }
 
     #[inline]
-    fn alloc_inner(self: &Arc<Self>, bytes: usize) -> Result<PinnedBuf, ArenaError> {
+    fn alloc_inner(self: &Arc<Self>, bytes: usize, fitted: bool) -> Result<PinnedBuf, ArenaError> {
         let bad = |problem: &str| ArenaError::BadRequest {
             node: self.node,
             bytes: bytes as u64,
@@ -386,7 +399,12 @@ impl NodeArena {
                 return Ok(buf);
             }
         }
-        let (size, dedicated) = alloc::region_size_for(bytes as u64, self.cfg.region_bytes);
+        let (size, dedicated) = if fitted {
+            let size = alloc::round_up(bytes as u64, region::HUGE_PAGE as u64);
+            (size, size > self.cfg.region_bytes)
+        } else {
+            alloc::region_size_for(bytes as u64, self.cfg.region_bytes)
+        };
         // 1 GiB hugetlb pages make every region a multiple of 1 GiB.
         let granule = self.cfg.huge_pages.granule() as u64;
         let size = alloc::round_up(size, granule);

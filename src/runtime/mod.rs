@@ -381,6 +381,18 @@ impl Runtime {
         }
     }
 
+    /// Lends `bytes` on `node` for staging (slots a reader or a copy reuses
+    /// for a while): when a region must be made for the buffer, it is made
+    /// of the buffer's own size, rounded up to 2 MiB, instead of a standard
+    /// region, so that the slots pin no more than they hold.
+    ///
+    /// # Errors
+    ///
+    /// As [`Runtime::alloc_on_node`] (no waiting for frees).
+    pub fn alloc_staging(&self, node: u32, bytes: usize) -> Result<PinnedBuf, ArenaError> {
+        self.arena(node)?.alloc_fitted(bytes)
+    }
+
     /// Lends `bytes` on `node`, waiting up to `timeout` for other buffers to
     /// be freed when the node's budget is spent.
     pub fn alloc_on_node_timeout(

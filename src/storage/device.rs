@@ -8,7 +8,7 @@ use std::time::Instant;
 use crate::gpu::{CUdeviceptr, CUstream, CudaError, CudaOrdinal};
 use crate::loader::Target;
 use crate::platform::cuda::{self, DeviceBuffer, Event, Stream};
-use crate::runtime::{PinnedBuf, Runtime};
+use crate::runtime::Runtime;
 
 use super::plan::{self, Plan, Req};
 use super::{io, DeviceRange, ReadOptions, ReadReport, Result, Source, StorageError};
@@ -192,7 +192,8 @@ struct Job<'a> {
     next: AtomicUsize,
     failed: AtomicBool,
     after: Option<Event>,
-    slots: Mutex<Vec<Vec<PinnedBuf>>>,
+    /// Each worker's slots: parts of one staging buffer.
+    slots: Mutex<Vec<Vec<&'a mut [u8]>>>,
 }
 
 /// The read of [`read_ranges_to_device_on`], after `after` when given.
@@ -235,15 +236,15 @@ unsafe fn read(
         .slots_per_thread
         .min(plan.pieces.len().div_ceil(threads))
         .max(1);
-    let mut groups = Vec::with_capacity(threads);
-    for _ in 0..threads {
-        let mut g = Vec::with_capacity(per_thread);
-        for _ in 0..per_thread {
-            g.push(rt.alloc_on_node(place.node, slot)?);
-        }
-        groups.push(g);
-    }
-    if groups.iter().flatten().any(|b| !b.is_registered()) {
+    // One staging buffer, in a region of its own size when one is made:
+    // the slots pin no more than they hold.
+    let mut staging = rt.alloc_staging(place.node, threads * per_thread * slot)?;
+    let registered = staging.is_registered();
+    let mut chunks = staging.chunks_mut(slot);
+    let groups: Vec<Vec<&mut [u8]>> = (0..threads)
+        .map(|_| chunks.by_ref().take(per_thread).collect())
+        .collect();
+    if !registered {
         report.warnings.push(format!(
             "the slots on node {} are not registered with CUDA, so every copy waits for its DMA (check RuntimeConfig::register)",
             place.node
@@ -287,7 +288,7 @@ unsafe fn read(
 /// One worker: takes the next read, waits for the slot's last DMA, reads
 /// into it and queues its copies; the stream is synchronised before the
 /// slots go back, whatever happened.
-fn worker(job: &Job<'_>, mut slots: Vec<PinnedBuf>) -> Result<io::Counts> {
+fn worker(job: &Job<'_>, mut slots: Vec<&mut [u8]>) -> Result<io::Counts> {
     let gpu = job.gpu;
     if slots.is_empty() {
         return Ok(io::Counts::default());
@@ -311,7 +312,7 @@ fn worker(job: &Job<'_>, mut slots: Vec<PinnedBuf>) -> Result<io::Counts> {
     Ok(c)
 }
 
-fn pieces(job: &Job<'_>, slots: &mut [PinnedBuf], stream: &Stream) -> Result<io::Counts> {
+fn pieces(job: &Job<'_>, slots: &mut [&mut [u8]], stream: &Stream) -> Result<io::Counts> {
     let gpu = job.gpu;
     let events = (0..slots.len())
         .map(|_| Event::new(false))
@@ -335,12 +336,7 @@ fn pieces(job: &Job<'_>, slots: &mut [PinnedBuf], stream: &Stream) -> Result<io:
         }
         let src = &job.sources[p.source];
         counts.add(io::read_exact_at(
-            src,
-            p.start,
-            &mut slots[s],
-            p.need,
-            job.io,
-            None,
+            src, p.start, slots[s], p.need, job.io, None,
         )?);
         for seg in &job.plan.segments[p.segs.clone()] {
             // SAFETY: the slot is pinned and holds seg.slot_off + seg.len
