@@ -25,6 +25,7 @@ mod input;
 mod iodev;
 pub mod limits;
 mod nccl;
+mod pcie;
 mod text;
 mod validate;
 pub mod visible;
@@ -515,14 +516,7 @@ impl Topology {
 
     /// All CPUs of the machine.
     pub fn all_cpus(&self) -> CpuList {
-        let mut all = CpuList::new();
-        for n in &self.numa_nodes {
-            all = all.union(&n.cpus);
-        }
-        for p in &self.packages {
-            all = all.union(&p.cpus);
-        }
-        all
+        cpus_of_all(&self.numa_nodes, &self.packages)
     }
 
     /// The NUMA node that holds `cpu`, if known.
@@ -574,6 +568,18 @@ pub(crate) fn is_accelerator(vendor: u16, device: u16, class: u16, extra: &[PciI
         || extra
             .iter()
             .any(|id| id.matches(vendor, device) && (id.device.is_some() || !bridge))
+}
+
+/// Every CPU of `nodes` and `packages`.
+pub(crate) fn cpus_of_all(nodes: &[NumaNode], packages: &[Package]) -> CpuList {
+    let mut all = CpuList::new();
+    for n in nodes {
+        all = all.union(&n.cpus);
+    }
+    for p in packages {
+        all = all.union(&p.cpus);
+    }
+    all
 }
 
 /// A reader's description of a file, finished and checked.

@@ -17,8 +17,9 @@ use hwlocality::Topology as Hw;
 use super::kind::{self, OsDev, OsType};
 use super::tree::{Add, Locality};
 use super::{RawIo, RawIoDevice};
-use crate::topology::hwloc::{bus_id_of, io_locality, pcie_of};
+use crate::topology::hwloc::locality::{bus_id_of, io_locality};
 use crate::topology::limits::{self, MAX_IO_DEVICES, MAX_PCI_DEPTH, MAX_PCI_NODES};
+use crate::topology::pcie::pcie_of;
 use crate::topology::{is_accelerator, ProbeOptions, RawTopology, TopologyError};
 
 fn is_pci(o: &TopologyObject) -> bool {

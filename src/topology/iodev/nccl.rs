@@ -79,7 +79,7 @@ pub(crate) fn link(attrs: &HashMap<String, String>) -> Option<PcieLink> {
     let link = PcieLink {
         current_gen: attrs
             .get("link_speed")
-            .and_then(|s| crate::topology::hwloc::gen_of_speed(s)),
+            .and_then(|s| crate::topology::pcie::gen_of_speed(s)),
         current_width: attrs.get("link_width").and_then(|s| s.trim().parse().ok()),
         ..Default::default()
     };
