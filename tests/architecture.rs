@@ -1,8 +1,13 @@
 //! The library's shape, kept by a test: its top-level modules depend on
-//! each other without a loop, `unsafe` appears only in the modules allowed
-//! to hold it (each block with a `// SAFETY:` comment, which clippy checks),
-//! and the library does not depend on the command line's crates.
+//! each other without a loop, and so do its files and the command line's
+//! files (no two files import each other, directly or around a circle);
+//! `unsafe` appears only in the modules allowed to hold it (each block with
+//! a `// SAFETY:` comment, which clippy checks), and the library does not
+//! depend on the command line's crates.
 #![allow(clippy::unwrap_used)] // tests and examples fail loudly
+
+#[path = "architecture/files.rs"]
+mod files;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -215,5 +220,105 @@ fn the_library_does_not_depend_on_the_command_line() {
     assert!(
         !deps.lines().any(|l| l.trim_start().starts_with("clap")),
         "the library depends on clap"
+    );
+}
+
+const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+
+/// Import loops between files that changes in flight elsewhere remove:
+/// each entry is the exact set of files of one loop. The lead empties it
+/// as those changes land (a loop that is gone must leave the list: the
+/// test says so); any other loop fails the test.
+const KNOWN_FILE_LOOPS: &[&[&str]] = &[
+    &["cli/src/bench/figures.rs", "cli/src/bench/pinning.rs"],
+    &[
+        "cli/src/doctor/checks/tests.rs",
+        "cli/src/doctor/huge_pages.rs",
+        "cli/src/doctor/system.rs",
+    ],
+    &["cli/src/error.rs", "cli/src/output.rs"],
+];
+
+/// The crates whose files are checked: the library, and the command line
+/// (its library and binary roots, whichever exist).
+fn crate_roots() -> Vec<PathBuf> {
+    ["src/lib.rs", "cli/src/lib.rs", "cli/src/main.rs"]
+        .iter()
+        .map(|r| Path::new(ROOT).join(r))
+        .filter(|p| p.is_file())
+        .collect()
+}
+
+/// The import loops between the files of the crate rooted at `root`.
+fn file_loops(root: &Path, shown_from: &Path) -> Vec<Vec<String>> {
+    files::loops(&files::Crate::read(root, shown_from).graph())
+}
+
+#[test]
+fn no_two_files_import_each_other() {
+    let mut found: Vec<Vec<String>> = Vec::new();
+    for root in crate_roots() {
+        for l in file_loops(&root, Path::new(ROOT)) {
+            if !found.contains(&l) {
+                found.push(l);
+            }
+        }
+    }
+    let known: Vec<Vec<String>> = KNOWN_FILE_LOOPS
+        .iter()
+        .map(|l| l.iter().map(|f| f.to_string()).collect())
+        .collect();
+    let new: Vec<&Vec<String>> = found.iter().filter(|l| !known.contains(l)).collect();
+    let gone: Vec<&Vec<String>> = known.iter().filter(|l| !found.contains(l)).collect();
+    assert!(
+        new.is_empty(),
+        "files that import each other (directly or around a circle): {new:#?}"
+    );
+    assert!(
+        gone.is_empty(),
+        "these loops are gone: remove them from KNOWN_FILE_LOOPS: {gone:#?}"
+    );
+}
+
+#[test]
+fn the_file_loop_finder_finds_planted_loops_and_only_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let write = |rel: &str, text: &str| {
+        let p = dir.path().join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, text).unwrap();
+    };
+    // A parent and its children use each other freely; `a` and `b` do
+    // not, and `d` reaches `a` only through its inline tests.
+    write("lib.rs", "mod a;\nmod b;\nmod c;\npub struct Shared;\n");
+    write("a.rs", "use crate::b::f;\npub fn h() { f() }\n");
+    write(
+        "b.rs",
+        "// crate::a::h in a comment is no use\npub fn f() { let _ = \"super::a::h\"; }\n",
+    );
+    write(
+        "c/mod.rs",
+        "mod d;\npub use d::D;\npub fn e() { d::D::new(); }\n",
+    );
+    write(
+        "c/d.rs",
+        "use super::super::Shared;\npub struct D;\n#[cfg(test)]\nmod tests {\n    use super::super::e;\n    #[test]\n    fn t() { crate::a::h() }\n}\n",
+    );
+    let root = dir.path().join("lib.rs");
+    assert_eq!(file_loops(&root, dir.path()), Vec::<Vec<String>>::new());
+    write("b.rs", "pub fn f() { super::a::h() }\n");
+    assert_eq!(
+        file_loops(&root, dir.path()),
+        vec![vec!["a.rs".to_string(), "b.rs".into()]]
+    );
+    write(
+        "a.rs",
+        "use crate::{b::f, c::{self, e}};\npub fn h() { f(); e() }\n",
+    );
+    write("b.rs", "pub fn f() {}\n");
+    assert_eq!(
+        file_loops(&root, dir.path()),
+        vec![vec!["a.rs".to_string(), "c/d.rs".into(), "c/mod.rs".into()]],
+        "a -> c -> d -> a, through d's tests"
     );
 }

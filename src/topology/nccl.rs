@@ -221,6 +221,23 @@ mod tests {
     }
 
     #[test]
+    fn accelerator_ids_are_gpus_not_nics() {
+        let xml = r#"<system><cpu numaid="0" affinity="ff">
+          <pci busid="0000:01:00.0" class="0x030200"/>
+          <pci busid="0000:02:00.0" class="0x020000" vendor="0x1b36" device="0x0005"/>
+        </cpu></system>"#;
+        let opts = ProbeOptions::default().with_accelerator_ids(vec![crate::topology::PciId {
+            vendor: 0x1b36,
+            device: Some(5),
+        }]);
+        let raw = parse(xml, "t.xml", &opts).unwrap();
+        assert!(raw.io.devices.is_empty(), "an accelerator is not a NIC");
+        assert_eq!((raw.gpus.len(), raw.io.gpus.len()), (2, 2));
+        let raw = parse(xml, "t.xml", &ProbeOptions::default()).unwrap();
+        assert_eq!((raw.gpus.len(), raw.io.devices.len()), (1, 1));
+    }
+
+    #[test]
     fn rejects_bad_files() {
         for bad in [
             "<system>",
