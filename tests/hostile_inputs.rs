@@ -1,8 +1,10 @@
 //! Hostile inputs (the hostile-input issue's classes, library side): memory
 //! and time follow what an input is, not what it claims; special files and
 //! captures that reach outside themselves are refused; descriptions that
-//! contradict themselves are refused; plans stay near-linear. Each input is
-//! a few hundred KB at most and each test takes well under a second.
+//! contradict themselves are refused; plans stay near-linear. Inputs are
+//! built in memory or in a temporary folder (the largest, 25 MB, is the
+//! hwloc XML hwloc took minutes on) and each test takes a few seconds at
+//! most.
 #![allow(clippy::unwrap_used)] // tests and examples fail loudly
 
 mod common;
@@ -216,6 +218,151 @@ fn nics_storage_and_pci_trees_beyond_the_limits_are_refused() {
         assert!(start.elapsed() < Duration::from_secs(5), "{what}: {text}");
         assert_eq!(e.kind(), ErrorKind::Input, "{what}: {text}");
         assert!(text.contains(want), "{what}: {text}");
+    }
+}
+
+/// An hwloc XML export holding `body` in its Machine (the cloud VM's).
+fn hwloc_xml_with(body: &str) -> String {
+    let src = std::fs::read_to_string(fixture("cloud-vm-1n.xml")).unwrap();
+    let at = src.find("gp_index=\"1\">").unwrap() + "gp_index=\"1\">".len();
+    format!("{}{body}{}", &src[..at], &src[at..])
+}
+
+/// Loads `xml` as a file: refused as an input error naming `want`, in
+/// about the time it takes to read it.
+fn refused_xml(what: &str, xml: &str, want: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let p = write(dir.path(), "hostile.xml", xml.as_bytes());
+    let start = Instant::now();
+    let e = load(&p).expect_err(what);
+    let text = numapin::error::with_causes(&e);
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "{what}: slow: {text}"
+    );
+    assert_eq!(e.kind(), ErrorKind::Input, "{what}: {text}");
+    assert!(text.contains(want), "{what}: wanted {want:?} in: {text}");
+}
+
+#[test]
+fn hwloc_xml_is_held_to_the_limits_while_read() {
+    // The issue's file: 25 MB, 200,000 PUs (hwloc alone took 100 s on it).
+    let pus: String = (0..200_000)
+        .map(|i| {
+            format!(
+                r#"<object type="PU" os_index="{}" cpuset="0x1" complete_cpuset="0x1" nodeset="0x1" complete_nodeset="0x1" gp_index="{}"/>"#,
+                i % 8192,
+                i + 10
+            )
+        })
+        .collect();
+    refused_xml(
+        "PUs",
+        &hwloc_xml_with(&pus),
+        "8193 CPUs, more than the limit of 8192",
+    );
+    refused_xml(
+        "a PU number",
+        &hwloc_xml_with(r#"<object type="PU" os_index="1048576" cpuset="0x1"/>"#),
+        "CPU 1048576, beyond the limit of 8192 CPUs (0-8191)",
+    );
+    let nodes: String = (0..=MAX_NODES)
+        .map(|i| {
+            format!(
+                r#"<object type="NUMANode" os_index="{}" local_memory="1"/>"#,
+                i % MAX_NODES
+            )
+        })
+        .collect();
+    refused_xml("nodes", &hwloc_xml_with(&nodes), "1025 NUMA nodes");
+    let gpus: String = (0..=MAX_GPUS)
+        .map(|i| {
+            format!(
+                r#"<object type="PCIDev" pci_busid="0001:{:02x}:{:02x}.0" pci_type="0302 [10de:2330] [10de:16c1] a1"/>"#,
+                i / 32,
+                i % 32
+            )
+        })
+        .collect();
+    let bridge = |inside: &str| {
+        format!(
+            r#"<object type="Bridge" bridge_type="0-1" depth="0" bridge_pci="0001:[00-ff]">{inside}</object>"#
+        )
+    };
+    refused_xml("GPUs", &hwloc_xml_with(&bridge(&gpus)), "1025 GPUs");
+    // NICs by the network interfaces in them, 8,192 siblings a bridge.
+    let nic = r#"<object type="PCIDev" pci_busid="0001:01:00.0" pci_type="0c03 [8086:0001] [0000:0000] 00"><object type="OSDev" name="eth" osdev_type="2"/></object>"#;
+    let nics = bridge(&nic.repeat(2048)).repeat(2) + &bridge(nic);
+    refused_xml(
+        "NICs",
+        &hwloc_xml_with(&nics),
+        "4097 NICs and storage devices",
+    );
+    // 65,536 PCI devices is the limit, but not under one bridge: hwloc's
+    // time grows with the square of the objects side by side.
+    let usb = r#"<object type="PCIDev" pci_busid="0001:01:00.0" pci_type="0c03 [8086:0001] [0000:0000] 00"/>"#;
+    refused_xml(
+        "side by side",
+        &hwloc_xml_with(&bridge(&usb.repeat(65_000))),
+        "side by side",
+    );
+    let misc = r#"<object type="Misc" name="m"/>"#;
+    let objects = bridge(&misc.repeat(256)).repeat(1025);
+    refused_xml(
+        "objects",
+        &hwloc_xml_with(&objects),
+        "more than 262144 objects",
+    );
+    let deep = format!(
+        "{}{}",
+        r#"<object type="Misc">"#.repeat(10_000),
+        "</object>".repeat(10_000)
+    );
+    refused_xml("nesting", &hwloc_xml_with(&deep), "nest more than 128 deep");
+}
+
+#[test]
+fn captures_are_held_to_the_limits_before_hwloc_reads_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let cpus = dir.path().join("cpus");
+    common::make_capture(&cpus);
+    // hwloc takes minutes on 20,000 CPUs; their entries alone are refused
+    // (files here: thousands of folders are slow to remove on some disks).
+    for c in 8..20_000 {
+        std::fs::write(cpus.join(format!("sys/devices/system/cpu/cpu{c}")), "").unwrap();
+    }
+    let nodes = dir.path().join("nodes");
+    common::make_capture(&nodes);
+    std::fs::create_dir(nodes.join("sys/devices/system/node/node4096")).unwrap();
+    let gpus = dir.path().join("gpus");
+    common::make_capture(&gpus);
+    // As in sysfs, each PCI function is a link to its device's folder
+    // (here all to one, a GPU).
+    let gpu = gpus.join("sys/devices/pci0001:00/gpu");
+    std::fs::create_dir_all(&gpu).unwrap();
+    for (f, v) in [
+        ("vendor", "0x10de\n"),
+        ("device", "0x2330\n"),
+        ("class", "0x030200\n"),
+    ] {
+        std::fs::write(gpu.join(f), v).unwrap();
+    }
+    for i in 0..=MAX_GPUS {
+        let name = format!("0001:{:02x}:{:02x}.0", i / 32, i % 32);
+        let link = gpus.join("sys/bus/pci/devices").join(name);
+        std::os::unix::fs::symlink("../../../devices/pci0001:00/gpu", link).unwrap();
+    }
+    for (root, want) in [
+        (cpus, "limit of 8192"),
+        (nodes, "NUMA node 4096, beyond the limit of 1024 nodes"),
+        (gpus, "1025 GPUs"),
+    ] {
+        let start = Instant::now();
+        let e = load(&root).expect_err(want);
+        let text = numapin::error::with_causes(&e);
+        assert!(start.elapsed() < Duration::from_secs(5), "slow: {text}");
+        assert_eq!(e.kind(), ErrorKind::Input, "{text}");
+        assert!(text.contains(want), "wanted {want:?} in: {text}");
     }
 }
 

@@ -136,6 +136,36 @@ fn a_closed_pipe_ends_quietly() {
     }
 }
 
+// ---- Class 2: amplification.
+
+#[test]
+fn an_hwloc_xml_over_the_cpu_limit_is_refused_as_fast_as_it_is_read() {
+    // 25 MB, 200,000 PUs: hwloc alone took 100 s on it before numapin
+    // could count them.
+    let src = std::fs::read_to_string(fixture("cloud-vm-1n.xml")).unwrap();
+    let at = src.find("gp_index=\"1\">").unwrap() + "gp_index=\"1\">".len();
+    let pus: String = (0..200_000)
+        .map(|i| {
+            format!(
+                r#"<object type="PU" os_index="{i}" cpuset="0x1" complete_cpuset="0x1" nodeset="0x1" complete_nodeset="0x1" gp_index="{}"/>"#,
+                i + 10
+            )
+        })
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("pus.xml");
+    std::fs::write(&f, format!("{}{pus}{}", &src[..at], &src[at..])).unwrap();
+    let start = Instant::now();
+    let o = run(numapin(&["topo", "--input", f.to_str().unwrap()]));
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        start.elapsed()
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", err(&o));
+    assert!(err(&o).contains("limit of 8192"), "{}", err(&o));
+}
+
 // ---- Class 3: every numeric flag has a range.
 
 #[test]

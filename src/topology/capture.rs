@@ -22,8 +22,9 @@
 use std::io::{Read, Write};
 use std::path::{Component, Path, PathBuf};
 
+use super::census::{Census, PciIds};
 use super::limits::{self, MAX_CAPTURE_BYTES, MAX_CAPTURE_ENTRIES, MAX_CAPTURE_FILE_BYTES};
-use super::TopologyError as Error;
+use super::{PciId, TopologyError as Error};
 use crate::platform::cleanup::{self, TempTree};
 
 type Result<T, E = Error> = std::result::Result<T, E>;
@@ -415,6 +416,63 @@ fn check_folder(root: &Path, source: &str) -> Result<()> {
         return Err(live());
     }
     Ok(())
+}
+
+/// Counts what a checked capture holds before hwloc reads it: its CPUs
+/// (entries `sys/devices/system/cpu/cpuN`), nodes
+/// (`sys/devices/system/node/nodeN`) and PCI functions
+/// (`sys/bus/pci/devices`, with their ids); the first count over a limit is
+/// the error. hwloc's time on a capture grows faster than the number of
+/// CPUs: 20,000 of them would keep it busy for minutes.
+pub(crate) fn census(root: &Path, source: &str, accelerators: &[PciId]) -> Result<()> {
+    let mut census = Census::new(source, accelerators);
+    let io = |e: std::io::Error| Error::io_named(source, "cannot read the capture", e);
+    for n in numbered(&root.join("sys/devices/system/cpu"), "cpu").map_err(io)? {
+        census.cpu(Some(n))?;
+    }
+    for n in numbered(&root.join("sys/devices/system/node"), "node").map_err(io)? {
+        census.node(Some(n))?;
+    }
+    for dev in entries(&root.join("sys/bus/pci/devices")).map_err(io)? {
+        census.function(pci_ids(&dev))?;
+    }
+    Ok(())
+}
+
+/// The paths in `dir` (none when it does not exist).
+fn entries(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+    match std::fs::read_dir(dir) {
+        Ok(d) => d.map(|e| e.map(|e| e.path())).collect(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+        Err(e) => Err(e),
+    }
+}
+
+/// The numbers N of the entries named `{prefix}N` in `dir` (a number too
+/// large for 64 bits is `u64::MAX`).
+fn numbered(dir: &Path, prefix: &str) -> std::io::Result<Vec<u64>> {
+    Ok(entries(dir)?
+        .iter()
+        .filter_map(|p| {
+            let digits = p.file_name()?.to_str()?.strip_prefix(prefix)?;
+            (!digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()))
+                .then(|| digits.parse().unwrap_or(u64::MAX))
+        })
+        .collect())
+}
+
+/// A captured PCI function's ids, from its `vendor`, `device` and `class`
+/// files (`0x10de`, `0x2330`, `0x030200`).
+fn pci_ids(dev: &Path) -> Option<PciIds> {
+    let read = |f: &str| -> Option<u32> {
+        let s = super::pcie::read_attribute(&dev.join(f))?;
+        u32::from_str_radix(s.trim().trim_start_matches("0x"), 16).ok()
+    };
+    Some(PciIds {
+        vendor: u16::try_from(read("vendor")?).ok()?,
+        device: u16::try_from(read("device")?).ok()?,
+        class: u16::try_from(read("class")? >> 8).ok()?,
+    })
 }
 
 #[cfg(test)]

@@ -30,6 +30,25 @@ pub const MAX_PCI_NODES: usize = 65_536;
 /// device (real machines have a few; each relation walks the two paths).
 pub const MAX_PCI_DEPTH: usize = 64;
 
+/// Most objects in an hwloc XML file: 32 per CPU at the CPU limit (a
+/// machine of 8,192 CPUs with its cores, caches, packages, nodes and the
+/// largest PCI tree has about 200,000). hwloc's work grows faster than
+/// the file, so the count is checked as the file is read.
+pub const MAX_XML_OBJECTS: usize = 32 * MAX_CPUS as usize;
+
+/// Most pairs of objects side by side (directly inside the same object)
+/// in an hwloc XML file, counted over the whole file: hwloc places each
+/// object after those already beside it, so its time grows with this
+/// number (65,536 PCI devices under one bridge keep it busy for 20 s).
+/// 8,192 CPUs side by side make 33,550,336 pairs; real machines far fewer.
+pub const MAX_XML_SIBLING_PAIRS: u64 = 1 << 26;
+
+/// Deepest nesting of elements in an hwloc XML file (hwloc reads it
+/// recursively: the bound keeps the stack it needs small). A real export
+/// nests about 12 deep on the CPU side and [`MAX_PCI_DEPTH`] bridges
+/// below a host bridge at most.
+pub const MAX_XML_DEPTH: usize = 128;
+
 /// Most ranks a plan is made for: one per CPU at most.
 pub const MAX_RANKS: usize = MAX_CPUS as usize;
 

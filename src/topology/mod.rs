@@ -18,6 +18,7 @@
 //! `docs/topology-json.md`; its field names are stable.
 
 mod capture;
+mod census;
 mod error;
 mod finish;
 pub(crate) mod hwloc;

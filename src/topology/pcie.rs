@@ -18,17 +18,7 @@ pub(crate) fn pcie_of(sysfs_root: Option<&Path>, bus_id: &str, speed: f32) -> Op
 /// Reads a PCI device's link state from sysfs under `root`.
 fn read_pcie(root: &Path, bus_id: &str) -> Option<PcieLink> {
     let dir = root.join("sys/bus/pci/devices").join(bus_id);
-    // A sysfs attribute is a page at most: read no more than that.
-    let read = |f: &str| {
-        use std::io::Read;
-        let mut s = String::new();
-        std::fs::File::open(dir.join(f))
-            .ok()?
-            .take(4096)
-            .read_to_string(&mut s)
-            .ok()?;
-        Some(s)
-    };
+    let read = |f: &str| read_attribute(&dir.join(f));
     let link = PcieLink {
         current_gen: read("current_link_speed").and_then(|s| gen_of_speed(&s)),
         current_width: read("current_link_width").and_then(|s| s.trim().parse().ok()),
@@ -38,6 +28,19 @@ fn read_pcie(root: &Path, bus_id: &str) -> Option<PcieLink> {
     };
     (link.current_gen.is_some() || link.current_width.is_some() || link.max_gen.is_some())
         .then_some(link)
+}
+
+/// A sysfs attribute's text: a page at most, no more is read (`None` when
+/// it cannot be read).
+pub(crate) fn read_attribute(path: &Path) -> Option<String> {
+    use std::io::Read;
+    let mut s = String::new();
+    std::fs::File::open(path)
+        .ok()?
+        .take(4096)
+        .read_to_string(&mut s)
+        .ok()?;
+    Some(s)
 }
 
 /// PCIe generation from a sysfs or NCCL link speed (`16.0 GT/s PCIe`).

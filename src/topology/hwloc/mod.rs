@@ -10,6 +10,7 @@ mod build;
 mod extract;
 pub(super) mod locality;
 mod nodes;
+mod prescan;
 mod sets;
 
 use std::ffi::OsString;
@@ -75,9 +76,11 @@ pub(crate) fn discover_live(opts: &ProbeOptions) -> Result<RawTopology> {
     Ok(raw)
 }
 
-/// An hwloc XML export (its text). Read in a child process: hwloc aborts
-/// on some malformed files, and that must not take numapin down.
+/// An hwloc XML export (its text), counted against the limits as it is
+/// read ([`prescan`]), then built by hwloc in a child process: hwloc
+/// aborts on some malformed files, and that must not take numapin down.
 pub(crate) fn discover_xml(xml: &str, source: &str, opts: &ProbeOptions) -> Result<RawTopology> {
+    prescan::check(xml, source, &opts.accelerator_ids)?;
     let _g = lock();
     let input = Path::new(source);
     isolated(source, || {
@@ -90,12 +93,14 @@ pub(crate) fn discover_xml(xml: &str, source: &str, opts: &ProbeOptions) -> Resu
 }
 
 /// A captured filesystem root (a folder holding `sys/` and `proc/`, already
-/// checked by `topology::capture`).
+/// checked by `topology::capture`), counted against the limits
+/// (`capture::census`) before hwloc reads it in a child process.
 pub(crate) fn discover_fsroot(
     root: &Path,
     source: &str,
     opts: &ProbeOptions,
 ) -> Result<RawTopology> {
+    super::capture::census(root, source, &opts.accelerator_ids)?;
     let input = Path::new(source);
     let raw = {
         let _g = lock();

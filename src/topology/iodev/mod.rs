@@ -19,6 +19,12 @@ use super::{Gpu, PcieLink};
 pub(crate) use pairing::pair;
 pub use pairing::NicChoice;
 
+/// Whether a PCI function's ids alone make it a NIC or storage device (a
+/// function may also be one by the OS devices below it).
+pub(crate) fn is_io_device(vendor: u16, device: u16, class: u16) -> bool {
+    kind::classify(vendor, device, class, &[]).is_some()
+}
+
 /// How two PCI devices (a GPU and a NIC or drive) reach each other, in the
 /// words of `nvidia-smi topo -m`, best first (`Ord` follows).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
