@@ -27,3 +27,12 @@ pub fn install_cleanup() -> std::io::Result<()> {
 pub fn default_sigpipe() {
     crate::platform::cleanup::default_sigpipe();
 }
+
+/// Ignores SIGXFSZ: a write past the file-size limit (`ulimit -f`) then
+/// fails with `EFBIG`, an error the program reports, instead of ending the
+/// process without a word (SIGXFSZ's default action). Python does the same
+/// at start-up. [`crate::affinity::exec`] sets it back to the default for
+/// the command it runs, when this found it so.
+pub fn ignore_sigxfsz() {
+    crate::platform::cleanup::ignore_sigxfsz();
+}

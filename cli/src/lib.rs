@@ -92,6 +92,9 @@ where
     // A closed pipe ends the process quietly (Rust's runtime ignores
     // SIGPIPE, which would turn `numapin topo | head` into a write error).
     numapin::signals::default_sigpipe();
+    // A write past the file-size limit (`ulimit -f`) fails with EFBIG and
+    // is reported, rather than SIGXFSZ ending numapin without a word.
+    numapin::signals::ignore_sigxfsz();
     // Before any thread starts: SIGINT/SIGTERM/SIGHUP remove temporary
     // folders and reader processes before they end numapin.
     if let Err(e) = numapin::signals::install_cleanup() {

@@ -58,7 +58,7 @@ pub(crate) fn print(text: &str) -> Result<()> {
             }
             CliError::system(
                 "writing to standard output",
-                "check where the output goes (a full disk, a closed file)",
+                "check where the output goes (a full disk, a closed file, the file-size limit `ulimit -f`)",
                 e,
             )
         })
@@ -143,7 +143,7 @@ pub(crate) fn write_file(path: &Path, bytes: &[u8], flag: &str) -> Result<()> {
     let fail = |e: std::io::Error| {
         CliError::system(
             format!("{flag} {shown}: cannot write it"),
-            "free space in its folder, or give a path on a disk with room",
+            "free space in its folder or raise the file-size limit (`ulimit -f`), or give a path on a disk with room",
             e,
         )
     };

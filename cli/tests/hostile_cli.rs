@@ -74,6 +74,18 @@ fn with_nofile(c: &mut Command, n: u64) {
     }
 }
 
+/// Runs `c` with the soft limit `limit` of `resource` (as `ulimit` sets it).
+fn with_soft_limit(c: &mut Command, resource: nix::sys::resource::Resource, limit: u64) {
+    // SAFETY: only getrlimit and setrlimit run between fork and exec.
+    unsafe {
+        c.pre_exec(move || {
+            let (_, hard) = nix::sys::resource::getrlimit(resource)?;
+            nix::sys::resource::setrlimit(resource, limit, hard)?;
+            Ok(())
+        });
+    }
+}
+
 fn no_panic(o: &Output) {
     assert_ne!(o.status.code(), Some(101), "panicked: {}", err(o));
     assert!(!err(o).contains("panicked"), "{}", err(o));
@@ -276,9 +288,10 @@ fn standard_input_is_read_once_and_within_the_limit() {
 
 // ---- Class 6: processes and signals.
 
-#[test]
-fn exec_gives_the_command_default_signals() {
-    let o = run(numapin(&[
+/// `numapin exec` of a `grep` for `pattern` in the command's
+/// /proc/self/status.
+fn exec_status(pattern: &str) -> Command {
+    numapin(&[
         "exec",
         "--no-cuda",
         "--node",
@@ -286,19 +299,47 @@ fn exec_gives_the_command_default_signals() {
         "--",
         "grep",
         "-E",
-        "^Sig(Ign|Blk)",
+        pattern,
         "/proc/self/status",
-    ]));
+    ])
+}
+
+#[test]
+fn exec_gives_the_command_default_signals() {
+    let o = run(exec_status("^Sig(Ign|Blk)"));
     assert!(o.status.success(), "{}", err(&o));
     for line in out(&o).lines() {
         let (k, v) = line.split_once(':').unwrap();
         let mask = u64::from_str_radix(v.trim(), 16).unwrap();
         match k {
-            "SigIgn" => assert_eq!(mask & (1 << (libc::SIGPIPE - 1)), 0, "SIGPIPE ignored"),
+            "SigIgn" => {
+                assert_eq!(mask & (1 << (libc::SIGPIPE - 1)), 0, "SIGPIPE ignored");
+                assert_eq!(mask & (1 << (libc::SIGXFSZ - 1)), 0, "SIGXFSZ ignored");
+            }
             "SigBlk" => assert_eq!(mask, 0, "signals blocked: {v}"),
             _ => unreachable!(),
         }
     }
+    // A SIGXFSZ the parent ignores stays ignored.
+    let mut c = exec_status("^SigIgn");
+    // SAFETY: only signal() runs between fork and exec.
+    unsafe {
+        c.pre_exec(|| {
+            libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+            Ok(())
+        });
+    }
+    let o = run(c);
+    let mask = out(&o)
+        .split(':')
+        .nth(1)
+        .map(|v| u64::from_str_radix(v.trim(), 16).unwrap());
+    assert_eq!(
+        mask.map(|m| m & (1 << (libc::SIGXFSZ - 1))),
+        Some(1 << (libc::SIGXFSZ - 1)),
+        "{}",
+        out(&o)
+    );
     // `numapin exec -- yes | head -1`: yes dies of SIGPIPE, quietly.
     let mut c = numapin(&["exec", "--no-cuda", "--node", "0", "--", "yes"]);
     c.stdout(Stdio::piped()).stderr(Stdio::piped());
@@ -588,6 +629,52 @@ fn export_validates_first_and_replaces_whole() {
         start.elapsed() < Duration::from_secs(5),
         "blocked on the FIFO"
     );
+}
+
+#[test]
+fn a_file_size_limit_is_a_write_error_not_a_silent_death() {
+    // `ulimit -f 1` (1,024 bytes, as RLIMIT_FSIZE counts them): SIGXFSZ
+    // would end numapin without a word.
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("export.xml");
+    std::fs::write(&f, "OLD").unwrap();
+    let mut c = numapin(&["topo", "--no-cuda", "--export", f.to_str().unwrap()]);
+    c.stdout(Stdio::null());
+    with_soft_limit(&mut c, nix::sys::resource::Resource::RLIMIT_FSIZE, 1024);
+    let o = run(c);
+    assert_eq!(o.status.code(), Some(1), "{:?}: {}", o.status, err(&o));
+    assert!(err(&o).contains("File too large"), "{}", err(&o));
+    assert!(err(&o).contains("ulimit -f"), "{}", err(&o));
+    assert_eq!(std::fs::read_to_string(&f).unwrap(), "OLD");
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        1,
+        "a temporary file was left"
+    );
+    // Standard output redirected to a file.
+    let out_file = std::fs::File::create(dir.path().join("topo.json")).unwrap();
+    let dgx = fixture("dgx-h100.xml");
+    let mut c = numapin(&["topo", "--input", &dgx, "--json"]);
+    c.stdout(out_file);
+    with_soft_limit(&mut c, nix::sys::resource::Resource::RLIMIT_FSIZE, 1024);
+    let o = run(c);
+    assert_eq!(o.status.code(), Some(1), "{:?}: {}", o.status, err(&o));
+    assert!(
+        err(&o).contains("writing to standard output"),
+        "{}",
+        err(&o)
+    );
+    // A capture unpacks into TMPDIR: the system's failure, not the file's.
+    let cap = dir.path().join("cap");
+    common::make_capture(&cap);
+    std::fs::write(cap.join("proc/cpuinfo"), "processor\t: 0\n".repeat(200)).unwrap();
+    let tgz = dir.path().join("cap.tar.gz");
+    std::fs::write(&tgz, common::tar_gz(&cap)).unwrap();
+    let mut c = numapin(&["topo", "--input", tgz.to_str().unwrap()]);
+    with_soft_limit(&mut c, nix::sys::resource::Resource::RLIMIT_FSIZE, 1024);
+    let o = run(c);
+    assert_eq!(o.status.code(), Some(1), "{:?}: {}", o.status, err(&o));
+    assert!(err(&o).contains("ulimit -f"), "{}", err(&o));
 }
 
 /// As user `nobody` with a 64 KiB memlock limit: the figures that pin no

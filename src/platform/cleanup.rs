@@ -12,7 +12,8 @@
 //! the signal would have given.
 //!
 //! [`restore_for_exec`] undoes what numapin changed about signals (the mask
-//! above, and the SIGPIPE that Rust's runtime ignores) before a command
+//! above, the SIGPIPE that Rust's runtime ignores, and the SIGXFSZ a
+//! command-line tool ignores with [`ignore_sigxfsz`]) before a command
 //! replaces the process.
 
 use std::io;
@@ -212,12 +213,38 @@ pub(crate) fn default_sigpipe() {
     }
 }
 
+/// Whether SIGXFSZ had its default action before [`ignore_sigxfsz`]
+/// changed it (it is then set back before `execvp`).
+static SIGXFSZ_WAS_DEFAULT: AtomicBool = AtomicBool::new(false);
+
+/// Ignores SIGXFSZ: a write past the file-size limit (`ulimit -f`) then
+/// fails with `EFBIG`, an error the program reports, instead of ending the
+/// process without a word (SIGXFSZ's default action). Python does the same
+/// at start-up.
+pub(crate) fn ignore_sigxfsz() {
+    if is_default(Signal::SIGXFSZ) {
+        SIGXFSZ_WAS_DEFAULT.store(true, Ordering::Release);
+    }
+    // SAFETY: setting a standard signal's disposition to SIG_IGN installs
+    // no handler; no Rust code runs in signal context.
+    unsafe {
+        libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+    }
+}
+
 /// Undoes numapin's changes to signals before `execvp`: SIGPIPE back to
-/// its default action, and the signal mask back to what the process started
-/// with (when [`install_signal_cleanup`] changed it). Dispositions a parent
-/// chose (`nohup`'s ignored SIGHUP) are left alone.
+/// its default action, SIGXFSZ too when [`ignore_sigxfsz`] found it so, and
+/// the signal mask back to what the process started with (when
+/// [`install_signal_cleanup`] changed it). Dispositions a parent chose
+/// (`nohup`'s ignored SIGHUP, an ignored SIGXFSZ) are left alone.
 pub(crate) fn restore_for_exec() -> io::Result<()> {
     default_sigpipe();
+    if SIGXFSZ_WAS_DEFAULT.load(Ordering::Acquire) {
+        // SAFETY: as in default_sigpipe.
+        unsafe {
+            libc::signal(libc::SIGXFSZ, libc::SIG_DFL);
+        }
+    }
     if let Some(mask) = ORIGINAL_MASK.get() {
         nix::sys::signal::pthread_sigmask(SigmaskHow::SIG_SETMASK, Some(mask), None)
             .map_err(io::Error::from)?;

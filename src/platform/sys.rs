@@ -130,6 +130,7 @@ pub(crate) fn fix_for_io(e: &io::Error) -> &'static str {
             "free space where numapin writes (TMPDIR for captures), or point TMPDIR at a folder with room"
         }
         Some(libc::ENOMEM) => "free memory, or raise this process's memory limit",
+        Some(libc::EFBIG) => "raise the file-size limit (`ulimit -f`), or write to a place without one",
         _ => "check the machine's limits (`ulimit -a`, dmesg) and try again",
     }
 }

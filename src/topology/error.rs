@@ -141,6 +141,7 @@ pub(crate) fn is_system_io(e: &std::io::Error) -> bool {
                 | libc::ENOMEM
                 | libc::ENOSPC
                 | libc::EDQUOT
+                | libc::EFBIG
                 | libc::EIO
                 | libc::EAGAIN
                 | libc::ENOBUFS
