@@ -14,7 +14,9 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use numapin::affinity::{plan, Mode, PlanOptions};
-use numapin::topology::limits::{MAX_CPUS, MAX_GPUS, MAX_IO_DEVICES, MAX_NODES, MAX_PCI_DEPTH};
+use numapin::topology::limits::{
+    MAX_CPUS, MAX_GPUS, MAX_IO_DEVICES, MAX_NODES, MAX_PCI_DEPTH, MAX_XML_DEPTH,
+};
 use numapin::topology::{ProbeOptions, Topology};
 use numapin::{ErrorKind, GpuIndex};
 use serde_json::{json, Value};
@@ -364,6 +366,45 @@ fn captures_are_held_to_the_limits_before_hwloc_reads_them() {
         assert_eq!(e.kind(), ErrorKind::Input, "{text}");
         assert!(text.contains(want), "wanted {want:?} in: {text}");
     }
+}
+
+#[test]
+fn readers_need_little_of_the_callers_stack() {
+    // A trainer's own thread may be small; hwloc's recursion (in the
+    // reader process) and the reply's buffer must not depend on it.
+    let dir = tempfile::tempdir().unwrap();
+    let cap = dir.path().join("cap");
+    common::make_capture(&cap);
+    let json = write(
+        dir.path(),
+        "dgx.json",
+        load(&fixture("dgx-h100.xml")).unwrap().to_json().as_bytes(),
+    );
+    let nesting = MAX_XML_DEPTH - 8;
+    let deep = format!(
+        "{}{}",
+        r#"<object type="Misc" name="m">"#.repeat(nesting),
+        "</object>".repeat(nesting)
+    );
+    let deep = write(dir.path(), "deep.xml", hwloc_xml_with(&deep).as_bytes());
+    let results = std::thread::Builder::new()
+        .stack_size(64 << 10)
+        .spawn(move || {
+            [fixture("dgx-h100.xml"), cap, json, deep]
+                .iter()
+                .map(|p| load(p).map(|t| t.gpus.len()).map_err(|e| e.to_string()))
+                .collect::<Vec<_>>()
+        })
+        .unwrap()
+        .join()
+        .unwrap();
+    assert_eq!(results[..3], [Ok(8), Ok(1), Ok(8)], "{results:?}");
+    // hwloc refuses Misc objects nested so; it does not crash on them.
+    assert!(
+        results[3].as_ref().is_err_and(|e| !e.contains("crash")),
+        "{:?}",
+        results[3]
+    );
 }
 
 #[test]

@@ -16,6 +16,7 @@ mod error;
 mod exec;
 mod output;
 mod source;
+mod stack;
 mod topo;
 
 use clap::{Parser, Subcommand};
@@ -102,19 +103,24 @@ where
             "numapin: warning: signals will not clean up temporary files: {e}"
         ));
     }
-    let cli = match Cli::try_parse_from(args) {
-        Ok(cli) => cli,
-        Err(e) => return clap_exit(e),
-    };
-    let r = match cli.command {
-        Command::Topo(a) => topo::run(&a),
-        Command::Affinity(a) => affinity::run(&a),
-        Command::Exec(a) => exec::run(&a),
-        Command::Bench(a) => bench::run(&a),
-        Command::Doctor(a) => doctor::run(&a),
-    };
-    match r {
-        Ok(code) => code,
-        Err(e) => report(&e),
-    }
+    let args: Vec<std::ffi::OsString> = args.into_iter().map(Into::into).collect();
+    // Each command runs on a thread whose stack numapin sizes: a small
+    // `ulimit -s` changes nothing.
+    stack::on_sized_stack(move || {
+        let cli = match Cli::try_parse_from(args) {
+            Ok(cli) => cli,
+            Err(e) => return clap_exit(e),
+        };
+        let r = match cli.command {
+            Command::Topo(a) => topo::run(&a),
+            Command::Affinity(a) => affinity::run(&a),
+            Command::Exec(a) => exec::run(&a),
+            Command::Bench(a) => bench::run(&a),
+            Command::Doctor(a) => doctor::run(&a),
+        };
+        match r {
+            Ok(code) => code,
+            Err(e) => report(&e),
+        }
+    })
 }

@@ -677,6 +677,38 @@ fn a_file_size_limit_is_a_write_error_not_a_silent_death() {
     assert!(err(&o).contains("ulimit -f"), "{}", err(&o));
 }
 
+// ---- Class 12: the process's own limits.
+
+#[test]
+fn a_small_stack_limit_changes_nothing() {
+    // `ulimit -s 64`: the main thread's stack is 64 KiB.
+    let dgx = fixture("dgx-h100.xml");
+    let dir = tempfile::tempdir().unwrap();
+    let cap = dir.path().join("cap");
+    common::make_capture(&cap);
+    let cap = cap.to_str().unwrap();
+    for args in [
+        vec!["topo", "--input", &dgx],
+        vec!["topo", "--input", &dgx, "--json"],
+        vec!["topo", "--input", cap],
+        vec!["affinity", "--input", &dgx],
+        vec!["doctor", "--input", &dgx],
+    ] {
+        let free = run(numapin(&args));
+        let mut c = numapin(&args);
+        with_soft_limit(&mut c, nix::sys::resource::Resource::RLIMIT_STACK, 64 << 10);
+        let small = run(c);
+        no_panic(&small);
+        assert_eq!(
+            small.status.code(),
+            free.status.code(),
+            "{args:?}: {}",
+            err(&small)
+        );
+        assert_eq!(out(&small), out(&free), "{args:?}");
+    }
+}
+
 /// As user `nobody` with a 64 KiB memlock limit: the figures that pin no
 /// memory are printed, then the failure.
 #[test]

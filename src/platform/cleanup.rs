@@ -116,30 +116,51 @@ impl Drop for ChildGuard {
 
 /// Removes `path` and everything below it without following links, with at
 /// most one directory open at a time (the standard library's version keeps
-/// one open per level, and fails near the open-file limit).
+/// one open per level, and fails near the open-file limit). It works
+/// through the tree with a list of its own rather than by recursion, so a
+/// deep tree needs no more stack than a flat one.
 pub(crate) fn remove_tree(path: &Path) -> io::Result<()> {
     let meta = std::fs::symlink_metadata(path)?;
     if !meta.is_dir() {
         return std::fs::remove_file(path);
     }
-    loop {
-        // A batch of names, with the directory closed again before any of
-        // them is removed.
-        let batch: Vec<PathBuf> = std::fs::read_dir(path)?
-            .take(4096)
-            .map(|e| e.map(|e| e.path()))
-            .collect::<io::Result<_>>()?;
+    // Folders still to empty, innermost last: a folder is read again once
+    // the folders found in it are gone.
+    let mut todo = vec![path.to_path_buf()];
+    while let Some(dir) = todo.pop() {
+        let batch = match names_in(&dir) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound && dir != path => continue,
+            r => r?,
+        };
         if batch.is_empty() {
-            break;
+            match std::fs::remove_dir(&dir) {
+                Err(e) if e.kind() != io::ErrorKind::NotFound || dir == path => return Err(e),
+                _ => continue,
+            }
         }
-        for p in batch {
-            match remove_tree(&p) {
+        todo.push(dir);
+        for (p, is_dir) in batch {
+            if is_dir {
+                todo.push(p);
+                continue;
+            }
+            match std::fs::remove_file(&p) {
                 Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
                 _ => {}
             }
         }
     }
-    std::fs::remove_dir(path)
+    Ok(())
+}
+
+/// A batch of the names in `dir`, each with whether it is a folder (not a
+/// link to one), read with the directory closed again before they are
+/// removed.
+fn names_in(dir: &Path) -> io::Result<Vec<(PathBuf, bool)>> {
+    std::fs::read_dir(dir)?
+        .take(4096)
+        .map(|e| e.and_then(|e| Ok((e.path(), e.file_type()?.is_dir()))))
+        .collect()
 }
 
 /// Kills the registered children and removes the registered folders; the
@@ -255,6 +276,30 @@ pub(crate) fn restore_for_exec() -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_deep_tree_is_removed_on_a_small_stack() {
+        // 300 levels took more than 64 KiB of stack when each level was a
+        // call.
+        let t = tempfile::tempdir().unwrap();
+        let top = t.path().join("top");
+        let mut deep = top.clone();
+        for _ in 0..300 {
+            deep.push("d");
+        }
+        std::fs::create_dir_all(&deep).unwrap();
+        std::fs::write(deep.join("f"), b"x").unwrap();
+        let removed = top.clone();
+        std::thread::Builder::new()
+            .stack_size(64 << 10)
+            .spawn(move || remove_tree(&removed))
+            .unwrap()
+            .join()
+            .unwrap()
+            .unwrap();
+        assert!(!top.exists());
+        assert!(remove_tree(&top).is_err(), "a missing tree is an error");
+    }
 
     #[test]
     fn remove_tree_removes_deep_trees_and_links() {

@@ -31,18 +31,18 @@ pub(crate) struct ChildError {
 
 /// Runs `f` in a forked child and returns what it returned. `input` names
 /// the file for the error when the child crashes.
-pub(crate) fn in_child<T: Serialize + DeserializeOwned>(
+pub(crate) fn in_child<T: Serialize + DeserializeOwned + Send>(
     input: &str,
-    f: impl FnOnce() -> Result<T, ChildError>,
+    f: impl FnOnce() -> Result<T, ChildError> + Send,
 ) -> Result<T, ChildError> {
     in_child_with_deadline(input, READ_DEADLINE, f)
 }
 
 /// [`in_child`], the child stopped after `deadline`.
-fn in_child_with_deadline<T: Serialize + DeserializeOwned>(
+fn in_child_with_deadline<T: Serialize + DeserializeOwned + Send>(
     input: &str,
     deadline: std::time::Duration,
-    f: impl FnOnce() -> Result<T, ChildError>,
+    f: impl FnOnce() -> Result<T, ChildError> + Send,
 ) -> Result<T, ChildError> {
     let crashed = |problem: String| {
         ChildError {
@@ -84,8 +84,13 @@ fn in_child_with_deadline<T: Serialize + DeserializeOwned>(
             unsafe { libc::dup2(errlog.as_raw_fd(), 2) };
             // One descriptor fewer for the reader to run short of.
             drop(errlog);
-            let r = super::panic_guard::catch(f)
-                .unwrap_or_else(|msg| Err(crashed(format!("internal error: {msg}"))));
+            // On a stack of the reader's own: hwloc's recursion must not
+            // depend on the caller's thread.
+            let r = on_reader_stack(|| {
+                super::panic_guard::catch(f)
+                    .unwrap_or_else(|msg| Err(crashed(format!("internal error: {msg}"))))
+            })
+            .unwrap_or_else(|| Err(crashed("internal error: the reader's thread failed".into())));
             let text = serde_json::to_vec(&r).unwrap_or_default();
             let mut w = std::fs::File::from(wr);
             let ok = w.write_all(&text).is_ok();
@@ -160,6 +165,34 @@ fn in_child_with_deadline<T: Serialize + DeserializeOwned>(
     }
 }
 
+/// The stack a reader runs on: hwloc reads nested objects recursively,
+/// and the caller's thread (forked with its stack) may be small.
+const READER_STACK: usize = 16 << 20;
+
+/// Runs `f` on a thread with a [`READER_STACK`] stack (on this one when
+/// no thread can be made); `None` if it could not finish (a panic that
+/// escaped it).
+fn on_reader_stack<T: Send>(f: impl FnOnce() -> T + Send) -> Option<T> {
+    let work = std::sync::Mutex::new(Some(f));
+    let take = || work.lock().ok().and_then(|mut w| w.take());
+    std::thread::scope(|s| {
+        let spawned = std::thread::Builder::new()
+            .stack_size(READER_STACK)
+            .spawn_scoped(s, || take().map(call));
+        match spawned {
+            Ok(h) => h.join().ok().flatten(),
+            Err(_) => take().map(call),
+        }
+    })
+}
+
+/// Calls `f` in a frame of its own (inlined, its locals would be reserved
+/// on the caller's stack).
+#[inline(never)]
+fn call<T>(f: impl FnOnce() -> T) -> T {
+    f()
+}
+
 /// How long a reader may take before it is killed (a sysfs capture of a
 /// large machine reads in well under a second).
 const READ_DEADLINE: std::time::Duration = std::time::Duration::from_secs(120);
@@ -173,7 +206,8 @@ fn read_with_deadline(rd: OwnedFd, limit: std::time::Duration) -> (Vec<u8>, std:
     let deadline = std::time::Instant::now() + limit;
     let mut file = std::fs::File::from(rd);
     let mut buf = Vec::new();
-    let mut chunk = [0u8; 65536];
+    // On the heap: the caller's thread may have a small stack.
+    let mut chunk = vec![0u8; 65536];
     loop {
         let left = deadline.saturating_duration_since(std::time::Instant::now());
         if left.is_zero() {

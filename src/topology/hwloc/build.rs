@@ -72,7 +72,7 @@ pub(super) fn guarded<T>(input: Option<&Path>, f: impl FnOnce() -> Result<T>) ->
 /// Runs a file reader in a child process (see [`crate::platform::isolate`]).
 pub(super) fn isolated(
     source: &str,
-    f: impl FnOnce() -> Result<RawTopology>,
+    f: impl FnOnce() -> Result<RawTopology> + Send,
 ) -> Result<RawTopology> {
     use crate::platform::isolate::in_child;
     in_child(source, || {
