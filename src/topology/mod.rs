@@ -16,6 +16,9 @@
 //!
 //! The JSON form of a `Topology` (`numapin topo --json`) is documented in
 //! `docs/topology-json.md`; its field names are stable.
+// Functions short enough to read at once: the readers, the finishing and
+// the checks are written as named steps.
+#![warn(clippy::too_many_lines)]
 
 mod capture;
 mod census;

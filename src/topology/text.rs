@@ -26,45 +26,15 @@ fn opt<T: std::fmt::Display>(v: Option<T>, none: &str) -> String {
     v.map_or_else(|| none.to_string(), |v| v.to_string())
 }
 
-/// The human-readable report.
+/// The human-readable report: a summary line, the GPUs (with the
+/// locality matrix), the NICs and storage devices, the nodes, the
+/// packages, the CUDA ordinals and the warnings.
 pub(crate) fn render(t: &Topology) -> String {
-    let mut out = String::new();
-    let nodes: Vec<String> = t.allowed.numa_nodes.iter().map(u32::to_string).collect();
-    out.push_str(&format!(
-        "{}: {} package(s), {} NUMA node(s), {} GPU(s); this process may use CPUs {} and nodes {}\n\n",
-        t.source,
-        t.packages.len(),
-        t.numa_nodes.len(),
-        t.gpus.len(),
-        if t.allowed.cpus.is_empty() { "-".into() } else { t.allowed.cpus.to_string() },
-        if nodes.is_empty() { "-".into() } else { nodes.join(",") },
-    ));
+    let mut out = summary(t);
     if t.gpus.is_empty() {
         out.push_str("GPUs: none found\n\n");
     } else {
-        let mut g = Table::new([
-            "GPU",
-            "CUDA",
-            "BUS ID",
-            "NAME",
-            "NODE",
-            "PKG",
-            "LOCAL CPUS",
-            "PCIE",
-        ]);
-        for gpu in &t.gpus {
-            g.row([
-                gpu.index.to_string(),
-                opt(gpu.cuda_ordinal, "-"),
-                gpu.pci_bus_id.clone(),
-                gpu.name.clone().unwrap_or_else(|| "-".into()),
-                opt(gpu.numa_node, "unknown"),
-                opt(gpu.package, "?"),
-                gpu.local_cpus.to_string(),
-                pcie(&gpu.pcie),
-            ]);
-        }
-        out.push_str(&g.render());
+        out.push_str(&gpu_table(t));
         out.push('\n');
         if t.gpus.len() > 1 || !t.nics.is_empty() {
             out.push_str(&matrix(t));
@@ -72,6 +42,64 @@ pub(crate) fn render(t: &Topology) -> String {
         }
     }
     out.push_str(&devices(t));
+    out.push_str(&node_table(t));
+    if !t.packages.is_empty() {
+        out.push('\n');
+        out.push_str(&package_table(t));
+    }
+    out.push('\n');
+    out.push_str(&cuda_line(t));
+    if !t.warnings.is_empty() {
+        out.push_str("\nWarnings:\n");
+        for w in &t.warnings {
+            out.push_str(&format!("  - {}\n", w.message));
+        }
+    }
+    out
+}
+
+/// The first line: what the description holds and what this process may
+/// use.
+fn summary(t: &Topology) -> String {
+    let nodes: Vec<String> = t.allowed.numa_nodes.iter().map(u32::to_string).collect();
+    format!(
+        "{}: {} package(s), {} NUMA node(s), {} GPU(s); this process may use CPUs {} and nodes {}\n\n",
+        t.source,
+        t.packages.len(),
+        t.numa_nodes.len(),
+        t.gpus.len(),
+        if t.allowed.cpus.is_empty() { "-".into() } else { t.allowed.cpus.to_string() },
+        if nodes.is_empty() { "-".into() } else { nodes.join(",") },
+    )
+}
+
+fn gpu_table(t: &Topology) -> String {
+    let mut g = Table::new([
+        "GPU",
+        "CUDA",
+        "BUS ID",
+        "NAME",
+        "NODE",
+        "PKG",
+        "LOCAL CPUS",
+        "PCIE",
+    ]);
+    for gpu in &t.gpus {
+        g.row([
+            gpu.index.to_string(),
+            opt(gpu.cuda_ordinal, "-"),
+            gpu.pci_bus_id.clone(),
+            gpu.name.clone().unwrap_or_else(|| "-".into()),
+            opt(gpu.numa_node, "unknown"),
+            opt(gpu.package, "?"),
+            gpu.local_cpus.to_string(),
+            pcie(&gpu.pcie),
+        ]);
+    }
+    g.render()
+}
+
+fn node_table(t: &Topology) -> String {
     let mut n = Table::new(["NODE", "PKG", "CPUS", "MEMORY", "KIND", "DISTANCES"]);
     for node in &t.numa_nodes {
         n.row([
@@ -101,34 +129,37 @@ pub(crate) fn render(t: &Topology) -> String {
                 .join(" "),
         ]);
     }
-    out.push_str(&n.render());
-    if !t.packages.is_empty() {
-        out.push('\n');
-        let mut p = Table::new(["PKG", "CPUS", "NODES", "CORES"]);
-        for pkg in &t.packages {
-            let cores = t
-                .cores
+    n.render()
+}
+
+fn package_table(t: &Topology) -> String {
+    let mut p = Table::new(["PKG", "CPUS", "NODES", "CORES"]);
+    for pkg in &t.packages {
+        let cores = t
+            .cores
+            .iter()
+            .filter(|c| c.cpus.is_subset(&pkg.cpus))
+            .count();
+        p.row([
+            pkg.index.to_string(),
+            pkg.cpus.to_string(),
+            pkg.numa_nodes
                 .iter()
-                .filter(|c| c.cpus.is_subset(&pkg.cpus))
-                .count();
-            p.row([
-                pkg.index.to_string(),
-                pkg.cpus.to_string(),
-                pkg.numa_nodes
-                    .iter()
-                    .map(u32::to_string)
-                    .collect::<Vec<_>>()
-                    .join(","),
-                if t.cores.is_empty() {
-                    "?".into()
-                } else {
-                    cores.to_string()
-                },
-            ]);
-        }
-        out.push_str(&p.render());
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join(","),
+            if t.cores.is_empty() {
+                "?".into()
+            } else {
+                cores.to_string()
+            },
+        ]);
     }
-    out.push('\n');
+    p.render()
+}
+
+/// The CUDA line: the driver, the variables and each ordinal's GPU.
+fn cuda_line(t: &Topology) -> String {
     let driver = t
         .cuda
         .driver_version
@@ -153,7 +184,7 @@ pub(crate) fn render(t: &Topology) -> String {
             )
         })
         .collect();
-    out.push_str(&format!(
+    format!(
         "{driver}; CUDA_VISIBLE_DEVICES {cvd}; order {}; ordinals (CUDA->GPU, {}): {}\n",
         t.cuda.device_order,
         t.cuda.ordinal_source,
@@ -162,14 +193,7 @@ pub(crate) fn render(t: &Topology) -> String {
         } else {
             map.join(" ")
         }
-    ));
-    if !t.warnings.is_empty() {
-        out.push_str("\nWarnings:\n");
-        for w in &t.warnings {
-            out.push_str(&format!("  - {}\n", w.message));
-        }
-    }
-    out
+    )
 }
 
 /// How two GPUs relate through the host: the path a peer copy staged in
