@@ -117,6 +117,30 @@ fn counts_beyond_the_limits_are_refused() {
 }
 
 #[test]
+fn json_lists_are_refused_before_the_item_over_the_limit_is_built() {
+    // The 1,025th GPU is not even a GPU: the list is refused by its length
+    // before anything is made of it (a 60 MB file of a million GPUs took
+    // 360 MB of memory before it was counted).
+    let mut v = json_of("cloud-vm-1n.xml");
+    let gpu = v["gpus"][0].clone();
+    let mut gpus: Vec<Value> = (0..MAX_GPUS)
+        .map(|i| {
+            let mut g = gpu.clone();
+            g["index"] = json!(i);
+            g
+        })
+        .collect();
+    gpus.push(json!("not a GPU"));
+    v["gpus"] = Value::Array(gpus);
+    refused(&v, "1025 or more GPUs, more than the limit of 1024");
+    let mut v = json_of("cloud-vm-1n.xml");
+    let mut distances = vec![json!(10); MAX_NODES as usize];
+    distances.push(json!("not a distance"));
+    v["numa_nodes"][0]["distances"] = Value::Array(distances);
+    refused(&v, "1025 or more distances");
+}
+
+#[test]
 fn nccl_files_are_held_to_the_limits_while_parsed() {
     let dir = tempfile::tempdir().unwrap();
     let gpus: String = (0..100_000)

@@ -134,3 +134,84 @@ pub(crate) fn check_node(source: &str, what: &str, node: u32) -> Result<(), Erro
     }
     Ok(())
 }
+
+/// The lists of a JSON description, each refused at the first item over
+/// its limit, before that item is built: a file of 60 MB that lists a
+/// million GPUs never becomes a million GPUs in memory.
+pub(crate) mod listed {
+    use std::marker::PhantomData;
+
+    use serde::de::{Deserialize, Deserializer, Error as _, IgnoredAny, SeqAccess, Visitor};
+
+    use super::{MAX_CPUS, MAX_GPUS, MAX_IO_DEVICES, MAX_NODES};
+
+    /// A list of at most `max` items (`what` names them in the error).
+    fn at_most<'de, D, T>(d: D, max: usize, what: &'static str) -> Result<Vec<T>, D::Error>
+    where
+        D: Deserializer<'de>,
+        T: Deserialize<'de>,
+    {
+        struct Bounded<T> {
+            max: usize,
+            what: &'static str,
+            item: PhantomData<T>,
+        }
+        impl<'de, T: Deserialize<'de>> Visitor<'de> for Bounded<T> {
+            type Value = Vec<T>;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                write!(f, "a list of at most {} {}", self.max, self.what)
+            }
+
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<T>, A::Error> {
+                let mut out = Vec::new();
+                while out.len() < self.max {
+                    match seq.next_element()? {
+                        Some(item) => out.push(item),
+                        None => return Ok(out),
+                    }
+                }
+                // One more is read but not built.
+                match seq.next_element::<IgnoredAny>()? {
+                    None => Ok(out),
+                    Some(_) => Err(A::Error::custom(format!(
+                        "it lists {} or more {}, more than the limit of {}",
+                        self.max + 1,
+                        self.what,
+                        self.max
+                    ))),
+                }
+            }
+        }
+        d.deserialize_seq(Bounded {
+            max,
+            what,
+            item: PhantomData,
+        })
+    }
+
+    macro_rules! lists {
+        ($($name:ident: $max:expr, $what:literal;)*) => {$(
+            #[doc = concat!("A list of at most [`", stringify!($max), "`] ", $what, ".")]
+            pub(crate) fn $name<'de, D, T>(d: D) -> Result<Vec<T>, D::Error>
+            where
+                D: Deserializer<'de>,
+                T: Deserialize<'de>,
+            {
+                at_most(d, $max as usize, $what)
+            }
+        )*};
+    }
+
+    lists! {
+        packages: MAX_CPUS, "packages";
+        cores: MAX_CPUS, "cores";
+        caches: MAX_CPUS, "caches";
+        nodes: MAX_NODES, "NUMA nodes";
+        distances: MAX_NODES, "distances";
+        gpus: MAX_GPUS, "GPUs";
+        ordinals: MAX_GPUS, "CUDA ordinals";
+        relations: MAX_GPUS, "relations to GPUs";
+        io_devices: MAX_IO_DEVICES, "NICs and storage devices";
+    }
+}

@@ -64,10 +64,13 @@ pub struct Topology {
     /// `"live"` for this machine, otherwise the path of the file read.
     pub source: String,
     /// Processor packages (sockets), in logical order.
+    #[serde(deserialize_with = "limits::listed::packages")]
     pub packages: Vec<Package>,
     /// NUMA nodes, by ascending OS index.
+    #[serde(deserialize_with = "limits::listed::nodes")]
     pub numa_nodes: Vec<NumaNode>,
     /// GPUs (and chosen accelerators), in PCI bus id order.
+    #[serde(deserialize_with = "limits::listed::gpus")]
     pub gpus: Vec<Gpu>,
     /// The CPUs and nodes this process may use.
     pub allowed: Allowed,
@@ -75,10 +78,10 @@ pub struct Topology {
     pub warnings: Vec<Warning>,
     /// Physical cores with their hardware threads, when known (empty for
     /// sources that carry no core information, such as NCCL XML).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "limits::listed::cores")]
     pub cores: Vec<Core>,
     /// Last-level caches, when known.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "limits::listed::caches")]
     pub caches: Vec<Cache>,
     /// How CUDA ordinals were worked out.
     #[serde(default)]
@@ -86,11 +89,11 @@ pub struct Topology {
     /// Network devices (InfiniBand, RoCE, EFA, Ethernet, ...) in PCI bus id
     /// order, each with its relation to every GPU (empty when the source
     /// has none, or was written before numapin read them).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "limits::listed::io_devices")]
     pub nics: Vec<IoDevice>,
     /// Storage devices (NVMe drives, SATA/SAS/RAID controllers, ...) in PCI
     /// bus id order, each with its relation to every GPU.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "limits::listed::io_devices")]
     pub storage: Vec<IoDevice>,
 }
 
@@ -102,6 +105,7 @@ pub struct Package {
     /// All CPUs of the package (including ones this process may not use).
     pub cpus: CpuList,
     /// OS indexes of the NUMA nodes in the package.
+    #[serde(deserialize_with = "limits::listed::nodes")]
     pub numa_nodes: Vec<u32>,
 }
 
@@ -133,6 +137,7 @@ pub struct NumaNode {
     pub memory_bytes: u64,
     /// Distances from this node to each node of [`Topology::numa_nodes`], in
     /// the same order (empty when unknown).
+    #[serde(deserialize_with = "limits::listed::distances")]
     pub distances: Vec<u32>,
     /// What the node holds.
     #[serde(default)]
@@ -194,6 +199,7 @@ pub struct Allowed {
     /// cgroups and taskset; for files, what the capture recorded).
     pub cpus: CpuList,
     /// NUMA nodes this process may allocate on.
+    #[serde(deserialize_with = "limits::listed::nodes")]
     pub numa_nodes: Vec<u32>,
 }
 
@@ -231,6 +237,7 @@ pub struct CudaInfo {
     /// `FASTEST_FIRST` (CUDA's default) or `PCI_BUS_ID`.
     pub device_order: String,
     /// Each ordinal the process sees and the GPU it maps to.
+    #[serde(deserialize_with = "limits::listed::ordinals")]
     pub ordinals: Vec<VisibleEntry>,
 }
 

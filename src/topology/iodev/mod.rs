@@ -194,6 +194,7 @@ pub struct IoDevice {
     /// PCIe link, when known.
     pub pcie: Option<PcieLink>,
     /// Its relation to each GPU, in the order of [`Topology::gpus`](super::Topology::gpus).
+    #[serde(deserialize_with = "crate::topology::limits::listed::relations")]
     pub gpu_relations: Vec<Relation>,
     /// PCI vendor id (`0x15b3` for NVIDIA/Mellanox), empty when unknown.
     #[serde(default)]
