@@ -229,15 +229,7 @@ const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 /// each entry is the exact set of files of one loop. The lead empties it
 /// as those changes land (a loop that is gone must leave the list: the
 /// test says so); any other loop fails the test.
-const KNOWN_FILE_LOOPS: &[&[&str]] = &[
-    &["cli/src/bench/figures.rs", "cli/src/bench/pinning.rs"],
-    &[
-        "cli/src/doctor/checks/tests.rs",
-        "cli/src/doctor/huge_pages.rs",
-        "cli/src/doctor/system.rs",
-    ],
-    &["cli/src/error.rs", "cli/src/output.rs"],
-];
+const KNOWN_FILE_LOOPS: &[&[&str]] = &[];
 
 /// The crates whose files are checked: the library, and the command line
 /// (its library and binary roots, whichever exist).
