@@ -577,7 +577,7 @@ fn check(t: &Topology, p: &Plan, what: &str) {
 fn shared_files() -> Option<Vec<PathBuf>> {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/topologies");
     if !dir.is_dir() {
-        eprintln!("skipped: ../shared/topologies is not there (the real-machine data set lives beside the checkout)");
+        common::skip(common::Need::Shared, "../shared/topologies is not there (the real-machine data set lives beside the checkout)");
         return None;
     }
     let mut files = Vec::new();

@@ -430,7 +430,7 @@ fn unprivileged_memlock_limit_gives_a_clear_error() {
 /// and asserts that it passed (skipped with a message unless root).
 fn run_as_nobody(name: &str, env: &[(&str, &str)], memlock: u64) {
     if !is_root() {
-        eprintln!("skipped: needs root to run a child as user nobody");
+        common::skip(common::Need::Root, "needs root to run a child as user nobody");
         return;
     }
     if let Some(out) = run_child(name, env, as_nobody(memlock)) {
@@ -913,7 +913,7 @@ fn a_real_memory_cgroup_caps_what_is_pinned() {
     let cg = match TestCgroup::new(256 * MIB as u64) {
         Ok(cg) => cg,
         Err(why) => {
-            eprintln!("skipped: cannot make a memory cgroup here: {why}");
+            common::skip(common::Need::Kernel, &format!("cannot make a memory cgroup here: {why}"));
             return;
         }
     };
@@ -981,7 +981,7 @@ fn child_in_memory_cgroup() {
 
 fn gpu_runtime() -> Option<(Runtime, numapin::CudaOrdinal)> {
     if !numapin::gpu::available() {
-        eprintln!("skipped: no CUDA driver");
+        common::skip(common::Need::Gpu, "no CUDA driver");
         return None;
     }
     let t = Topology::probe(&ProbeOptions::from_process()).unwrap();
@@ -1851,7 +1851,7 @@ fn hugetlb_pages_the_kernel_refuses_after_the_check_fail_cleanly() {
     };
     let (Some(free), Some(overcommit)) = (pool("free_hugepages"), pool("nr_overcommit_hugepages"))
     else {
-        eprintln!("skipped: no 2 MiB hugetlb pool on this kernel");
+        common::skip(common::Need::Kernel, "no 2 MiB hugetlb pool on this kernel");
         return;
     };
     let node = 0;

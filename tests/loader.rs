@@ -7,6 +7,8 @@
 //! fails the test instead of hanging it.
 #![allow(clippy::unwrap_used)] // tests and examples fail loudly
 
+mod common;
+
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
@@ -649,14 +651,14 @@ mod gpu {
 
     fn gpu_runtime() -> Option<(Arc<Runtime>, Vec<numapin::CudaOrdinal>)> {
         if !cuda::available() {
-            eprintln!("skipped: no CUDA driver");
+            common::skip(common::Need::Gpu, "no CUDA driver");
             return None;
         }
         let t = Topology::probe(&ProbeOptions::from_process()).unwrap();
         let gpus: Vec<numapin::CudaOrdinal> =
             t.gpus.iter().filter_map(|g| g.cuda_ordinal).collect();
         if gpus.is_empty() {
-            eprintln!("skipped: no CUDA GPU visible");
+            common::skip(common::Need::Gpu, "no CUDA GPU visible");
             return None;
         }
         Some((

@@ -5,6 +5,8 @@
 //! folder is there.
 #![allow(clippy::unwrap_used)] // tests and examples fail loudly
 
+mod common;
+
 use std::path::PathBuf;
 
 use numapin::topology::{DeviceKind, IoDevice, ProbeOptions, Relation, Topology};
@@ -245,7 +247,7 @@ fn shared(rel: &str) -> Option<PathBuf> {
     if p.exists() {
         Some(p)
     } else {
-        eprintln!("skipped: ../shared/topologies/{rel} is not there (the real-machine data set lives beside the checkout)");
+        common::skip(common::Need::Shared, &format!("../shared/topologies/{rel} is not there (the real-machine data set lives beside the checkout)"));
         None
     }
 }

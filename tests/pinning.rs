@@ -255,12 +255,12 @@ fn child_driver_backend_without_a_driver() {
 /// (said on stderr) without a driver or a GPU: the test then skips.
 fn gpu_topology() -> Option<(Topology, numapin::CudaOrdinal)> {
     if !numapin::gpu::available() {
-        eprintln!("skipped: no CUDA driver");
+        common::skip(common::Need::Gpu, "no CUDA driver");
         return None;
     }
     let t = topology(CudaMode::Auto);
     let Some(gpu) = t.gpus.iter().find_map(|g| g.cuda_ordinal) else {
-        eprintln!("skipped: no GPU");
+        common::skip(common::Need::Gpu, "no GPU");
         return None;
     };
     Some((t, gpu))

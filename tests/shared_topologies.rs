@@ -2,6 +2,8 @@
 //! compared with hwloc's own answer in its `expected.json`.
 #![allow(clippy::unwrap_used)] // tests and examples fail loudly
 
+mod common;
+
 use std::path::PathBuf;
 
 use numapin::topology::{ProbeOptions, Topology};
@@ -13,7 +15,7 @@ fn shared() -> Option<PathBuf> {
     if dir.join("expected.json").is_file() {
         Some(dir)
     } else {
-        eprintln!("skipped: ../shared/topologies/expected.json is not there (the real-machine data set lives beside the checkout)");
+        common::skip(common::Need::Shared, "../shared/topologies/expected.json is not there (the real-machine data set lives beside the checkout)");
         None
     }
 }

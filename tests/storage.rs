@@ -6,6 +6,8 @@
 //! `--ignored` on a GPU machine; they skip without a driver).
 #![allow(clippy::unwrap_used)] // tests fail loudly
 
+mod common;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
@@ -484,13 +486,13 @@ mod gpu {
 
     fn gpu_runtime() -> Option<(Runtime, CudaOrdinal)> {
         if !numapin::gpu::available() {
-            eprintln!("skipped: no CUDA driver");
+            common::skip(common::Need::Gpu, "no CUDA driver");
             return None;
         }
         let t = Topology::probe(&ProbeOptions::from_process()).unwrap();
         let g = t.gpus.iter().find_map(|g| g.cuda_ordinal);
         let Some(g) = g else {
-            eprintln!("skipped: no CUDA GPU visible");
+            common::skip(common::Need::Gpu, "no CUDA GPU visible");
             return None;
         };
         Some((Runtime::new(t, RuntimeConfig::default()).unwrap(), g))

@@ -436,7 +436,7 @@ fn cuda_visible_devices_on_a_real_description() {
     let file = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../../shared/topologies/hwloc-xml/24em64t-2n6c2t-pci.xml");
     if !file.is_file() {
-        eprintln!("skipped: ../shared/topologies is not there");
+        common::skip(common::Need::Shared, "../shared/topologies is not there");
         return;
     }
     let f = file.to_str().unwrap();

@@ -2,6 +2,9 @@
 //! GPU's NUMA node. Run with `cargo test --release -- --ignored` there.
 #![allow(clippy::unwrap_used)] // tests and examples fail loudly
 
+#[path = "../../tests/common/mod.rs"]
+mod common;
+
 use std::process::Command;
 
 use numapin::affinity::{launcher, plan, Mode, PlanOptions};
@@ -12,7 +15,7 @@ use numapin::CpuList;
 #[ignore = "needs a CUDA GPU: run with --ignored on a GPU machine"]
 fn every_local_rank_binds_near_its_gpu() {
     if !numapin::gpu::available() {
-        eprintln!("skipped: no CUDA driver or GPU here");
+        common::skip(common::Need::Gpu, "no CUDA driver or GPU here");
         return;
     }
     let t = Topology::probe(&ProbeOptions::from_process()).unwrap();

@@ -294,7 +294,7 @@ fn no_pin_probe_is_listed_as_not_run() {
 #[test]
 fn unprivileged_user_below_the_memlock_need_fails_with_the_fix() {
     if !nix::unistd::geteuid().is_root() {
-        eprintln!("skipped: needs root to run numapin as user nobody");
+        common::skip(common::Need::Root, "needs root to run numapin as user nobody");
         return;
     }
     let (_dir, exe) =
@@ -532,7 +532,7 @@ fn usage_and_input_errors_exit_2() {
 #[ignore = "needs a CUDA GPU: run with --ignored on a GPU machine"]
 fn on_a_gpu_machine_the_driver_and_every_gpu_check_out() {
     if !numapin::gpu::available() {
-        eprintln!("skipped: no CUDA driver on this machine");
+        common::skip(common::Need::Gpu, "no CUDA driver on this machine");
         return;
     }
     let o = run(numapin(&["doctor", "--json"]));

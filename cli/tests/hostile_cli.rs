@@ -549,7 +549,7 @@ fn long_values_are_shortened_in_messages() {
 #[test]
 fn control_characters_from_files_are_escaped_on_a_terminal() {
     if Command::new("script").arg("--version").output().is_err() {
-        eprintln!("skipped: needs script(1) for a terminal");
+        common::skip(common::Need::Tool, "needs script(1) for a terminal");
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -714,7 +714,7 @@ fn a_small_stack_limit_changes_nothing() {
 #[test]
 fn bench_under_a_memlock_limit_prints_what_it_could_measure() {
     if !nix::unistd::geteuid().is_root() {
-        eprintln!("skipped: needs root to run numapin as user nobody");
+        common::skip(common::Need::Root, "needs root to run numapin as user nobody");
         return;
     }
     let (_dir, exe) = common::runnable_by_everyone(Path::new(env!("CARGO_BIN_EXE_numapin")));

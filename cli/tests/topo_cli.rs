@@ -2,6 +2,9 @@
 //! and the live probe checked against the kernel's own files.
 #![allow(clippy::unwrap_used)] // tests and examples fail loudly
 
+#[path = "../../tests/common/mod.rs"]
+mod common;
+
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
@@ -87,7 +90,7 @@ fn json_is_the_documented_schema() {
 #[test]
 fn taskset_restriction_shows_in_allowed_cpus() {
     if Command::new("taskset").arg("--version").output().is_err() {
-        eprintln!("skipped: taskset is not installed");
+        common::skip(common::Need::Tool, "taskset is not installed");
         return;
     }
     let o = Command::new("taskset")

@@ -67,3 +67,36 @@ def cuda_ok() -> bool:
     except ImportError:
         return False
     return bool(torch.cuda.is_available())
+
+
+# NUMAPIN_REQUIRE (a comma list, or "all"): tests skipped for want of a
+# listed need fail instead, on a machine where they must run (as in the
+# Rust tests). A skip's reason names its need by these words.
+NEEDS = {
+    "gpu": ("cuda", "gpu"),
+    "root": ("root",),
+    "shared": ("shared/topologies",),
+    "tool": ("not installed", "needs script"),
+    "wheel": ("wheel",),
+}
+
+
+def _required(reason: str) -> str | None:
+    want = {n.strip() for n in os.environ.get("NUMAPIN_REQUIRE", "").split(",") if n.strip()}
+    low = reason.lower()
+    for need, words in NEEDS.items():
+        if ("all" in want or need in want) and any(w in low for w in words):
+            return need
+    return None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.skipped and isinstance(report.longrepr, tuple):
+        reason = str(report.longrepr[2])
+        need = _required(reason)
+        if need is not None:
+            report.outcome = "failed"
+            report.longrepr = f"NUMAPIN_REQUIRE asks for {need}, and this test was skipped: {reason}"

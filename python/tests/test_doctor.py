@@ -18,11 +18,12 @@ CHECKS = [
     "memlock", "cgroup_memory", "cuda_driver", "gpu_visible", "pcie_link", "gpu_locality",
     "gpu_cpus_allowed", "gpu_memory_allowed", "nic_locality", "nic_pcie_link", "memory_policy",
     "numa_syscalls", "container", "transparent_hugepages", "huge_pages", "numa_balancing", "iommu",
-    "pin_probe",
+    "storage_locality", "pin_probe",
 ]
 LIVE = [
     "memlock", "cgroup_memory", "cuda_driver", "memory_policy", "numa_syscalls", "container",
-    "transparent_hugepages", "huge_pages", "numa_balancing", "iommu", "pin_probe",
+    "transparent_hugepages", "huge_pages", "numa_balancing", "iommu", "storage_locality",
+    "pin_probe",
 ]
 
 

@@ -490,3 +490,61 @@ pub(crate) fn smaps_of(addr: usize) -> String {
     }
     out
 }
+
+/// What a test that cannot run here needed. `NUMAPIN_REQUIRE` (a comma
+/// list of these names, or `all`) turns a skip for a listed need into a
+/// failure, for a machine where the test must run (the GPU machine, a
+/// root CI, a checkout with the real-machine data beside it);
+/// `NUMAPIN_VM_REQUIRED=1` is `NUMAPIN_REQUIRE=vm`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Need {
+    /// A CUDA driver and a GPU.
+    Gpu,
+    /// Root (to run a child as `nobody`, make cgroups, reserve huge pages).
+    Root,
+    /// `../shared/topologies`, the real machines' data.
+    Shared,
+    /// The emulated multi-node machine (QEMU, a kernel, busybox).
+    Vm,
+    /// A kernel feature (hugetlb pools, memory cgroups, MADV_POPULATE_WRITE).
+    Kernel,
+    /// A program the test drives (`script`, `taskset`).
+    Tool,
+}
+
+impl Need {
+    fn name(self) -> &'static str {
+        match self {
+            Need::Gpu => "gpu",
+            Need::Root => "root",
+            Need::Shared => "shared",
+            Need::Vm => "vm",
+            Need::Kernel => "kernel",
+            Need::Tool => "tool",
+        }
+    }
+
+    /// Whether `NUMAPIN_REQUIRE` (or, for the VM, `NUMAPIN_VM_REQUIRED`)
+    /// asks for this need to be met.
+    pub(crate) fn required(self) -> bool {
+        if self == Need::Vm && std::env::var_os("NUMAPIN_VM_REQUIRED").is_some() {
+            return true;
+        }
+        std::env::var("NUMAPIN_REQUIRE").is_ok_and(|v| {
+            v.split(',')
+                .map(str::trim)
+                .any(|n| n == "all" || n == self.name())
+        })
+    }
+}
+
+/// Skips the calling test for want of `need` (a line on standard error),
+/// or fails it when `NUMAPIN_REQUIRE` says this machine must meet it.
+pub(crate) fn skip(need: Need, why: &str) {
+    assert!(
+        !need.required(),
+        "NUMAPIN_REQUIRE asks for {}, and this test cannot run: {why}",
+        need.name()
+    );
+    eprintln!("skipped: {why}");
+}

@@ -157,9 +157,9 @@ impl Machine {
                     .lines()
                     .find_map(|l| l.strip_prefix("vm-harness: skipped: "))
                     .unwrap_or("?");
-                if std::env::var_os("NUMAPIN_VM_REQUIRED").is_some() {
+                if crate::common::Need::Vm.required() {
                     return Outcome::Failed(format!(
-                        "NUMAPIN_VM_REQUIRED is set but the VM cannot run: {why}"
+                        "NUMAPIN_REQUIRE (or NUMAPIN_VM_REQUIRED) asks for the VM, and it cannot run: {why}"
                     ));
                 }
                 note(&format!(
