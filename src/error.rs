@@ -19,6 +19,7 @@ pub use crate::report::{with_causes, ErrorKind};
 pub use crate::affinity::AffinityError;
 pub use crate::arena::ArenaError;
 pub use crate::loader::LoaderError;
+pub use crate::process::ProcessError;
 pub use crate::shared::SharedError;
 pub use crate::storage::StorageError;
 pub use crate::topology::TopologyError;
@@ -45,6 +46,9 @@ pub enum Error {
     /// Reading files (a checkpoint, a dataset) failed.
     #[error(transparent)]
     Storage(#[from] StorageError),
+    /// Reading another process ([`crate::process`]).
+    #[error(transparent)]
+    Process(#[from] ProcessError),
 }
 
 /// `Result` with numapin's [`Error`].
@@ -60,6 +64,7 @@ impl Error {
             Error::Loader(e) => e.kind(),
             Error::Shared(e) => e.kind(),
             Error::Storage(e) => e.kind(),
+            Error::Process(e) => e.kind(),
         }
     }
 
@@ -72,6 +77,7 @@ impl Error {
             Error::Loader(e) => e.fix(),
             Error::Shared(e) => e.fix(),
             Error::Storage(e) => e.fix(),
+            Error::Process(e) => e.fix(),
         }
     }
 }

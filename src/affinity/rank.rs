@@ -19,12 +19,21 @@ pub struct RankChoice {
     /// What named [`gpu`](Self::gpu), for messages: a command-line flag
     /// such as `--gpu` (`None`: "the chosen GPU").
     pub gpu_from: Option<&'static str>,
+    /// Where [`local_rank`](Self::local_rank) came from, for messages: a
+    /// launcher variable such as `LOCAL_RANK` (`None`: "the caller").
+    pub local_rank_from: Option<&'static str>,
+    /// Do not read this process's launcher variables when
+    /// [`local_rank`](Self::local_rank) is `None`: the plan is for another
+    /// process, whose variables the caller read (`numapin ps`).
+    pub ignore_environment: bool,
 }
 
 with_setters!(RankChoice {
     with_gpu => gpu: Option<CudaOrdinal>,
     with_local_rank => local_rank: Option<u32>,
     with_gpu_from => gpu_from: Option<&'static str>,
+    with_local_rank_from => local_rank_from: Option<&'static str>,
+    with_ignore_environment => ignore_environment: bool,
 });
 
 /// The binding of one rank, planned among all the ranks of this machine
@@ -44,8 +53,9 @@ pub fn rank_plan(
     let rank = match choice.local_rank {
         Some(r) => Some(LocalRank {
             rank: r,
-            variable: "the caller",
+            variable: choice.local_rank_from.unwrap_or("the caller"),
         }),
+        None if choice.ignore_environment => None,
         None => launcher::local_rank()?,
     };
     let (slot, gpu, why) =

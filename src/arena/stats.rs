@@ -5,7 +5,10 @@ use super::{
 };
 
 /// One node's counters, as [`crate::runtime::Runtime::stats`] reports them.
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+/// Deserializing fills counters a writer did not send with zero (another
+/// version's stats, read by `numapin ps`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 #[non_exhaustive]
 pub struct NodeStats {
     /// The node.

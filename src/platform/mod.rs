@@ -18,6 +18,7 @@ pub(crate) mod numa_maps;
 pub(crate) mod panic_guard;
 pub(crate) mod pci;
 pub(crate) mod probe;
+pub(crate) mod procfs;
 pub(crate) mod shm;
 pub(crate) mod sys;
 

@@ -513,6 +513,99 @@ pub(crate) fn placement(
     Ok(out)
 }
 
+/// What a whole `/proc/<pid>/numa_maps` holds, summed line by line
+/// ([`Totals::add_line`]): present bytes per node, split into the
+/// process's own data (anonymous memory, heap, stack, memfd and shared
+/// memory files, hugetlb) and pages of files on disk (libraries, mapped
+/// files: page cache that any process may have read in first), and the
+/// task's memory policy as the `stack` (else `heap`) line shows it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Totals {
+    /// Data bytes per node.
+    pub data: BTreeMap<u32, u64>,
+    /// File bytes per node.
+    pub file: BTreeMap<u32, u64>,
+    /// The task's policy (`default`, `bind:1`, ...), when a line shows it.
+    pub policy: Option<String>,
+    /// Lines read.
+    pub vmas: u64,
+    /// Lines that could not be read (counted, not fatal: the kernel's format
+    /// may grow).
+    pub bad_lines: u64,
+    /// Node numbers at or above the limit given to [`Totals::add_line`]
+    /// (their bytes are not counted).
+    pub bad_nodes: u64,
+    policy_from_stack: bool,
+}
+
+/// Whether a line's VMA is the process's own data rather than a file on
+/// disk: no `file=`, or a memfd, `/dev/shm` or `SYSV` shared memory file,
+/// or hugetlb pages.
+fn is_data(line: &[u8]) -> bool {
+    let mut file = None;
+    let mut huge = false;
+    for t in tokens(line) {
+        if let Some(f) = t.strip_prefix(b"file=") {
+            file = Some(f);
+        } else if t == b"huge" {
+            huge = true;
+        }
+    }
+    match file {
+        None => true,
+        Some(f) => {
+            huge || f.starts_with(b"/memfd:")
+                || f.starts_with(b"/dev/shm/")
+                || f.starts_with(b"/SYSV")
+        }
+    }
+}
+
+impl Totals {
+    /// Adds one line (without its newline); node numbers at or above
+    /// `max_nodes` are counted in [`bad_nodes`](Self::bad_nodes) instead.
+    pub fn add_line(&mut self, line: &[u8], max_nodes: u32) {
+        if line.iter().all(u8::is_ascii_whitespace) {
+            return;
+        }
+        self.vmas += 1;
+        let Some(bytes) = parse_line(line).ok().and_then(|l| l.node_bytes()) else {
+            self.bad_lines += 1;
+            return;
+        };
+        let into = if is_data(line) {
+            &mut self.data
+        } else {
+            &mut self.file
+        };
+        for (node, b) in bytes {
+            if node >= max_nodes {
+                self.bad_nodes += 1;
+                continue;
+            }
+            let e = into.entry(node).or_insert(0);
+            *e = e.saturating_add(b);
+        }
+        if !self.policy_from_stack {
+            let stack = tokens(line).any(|t| t == b"stack");
+            if stack || (self.policy.is_none() && tokens(line).any(|t| t == b"heap")) {
+                self.policy = line_policy(line);
+                self.policy_from_stack = stack;
+            }
+        }
+    }
+
+    /// Data and file bytes together, per node.
+    pub fn resident(&self) -> BTreeMap<u32, u64> {
+        let mut all = self.data.clone();
+        for (&n, &b) in &self.file {
+            let e = all.entry(n).or_insert(0);
+            *e = e.saturating_add(b);
+        }
+        all
+    }
+}
+
 /// The shortest line `numa_maps` can print (`0 local` and a newline): a
 /// read asking for `8 * n` bytes makes the kernel generate at most `n` more
 /// lines.

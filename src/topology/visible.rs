@@ -277,6 +277,101 @@ impl VisibleDevices {
     }
 }
 
+impl super::Topology {
+    /// This description as a process with the CUDA variables `env` sees it
+    /// (another process's `CUDA_VISIBLE_DEVICES` and `CUDA_DEVICE_ORDER`):
+    /// [`CudaInfo::ordinals`](super::CudaInfo::ordinals), each GPU's
+    /// [`cuda_ordinal`](super::Gpu::cuda_ordinal) and the
+    /// `CUDA_VISIBLE_DEVICES` warnings worked out again; everything else
+    /// is kept.
+    ///
+    /// CUDA's enumeration order comes from this description: PCI order for
+    /// `PCI_BUS_ID` and when the ordinals were assumed from PCI order; the
+    /// driver's order for `FASTEST_FIRST` when this description was made
+    /// with every GPU visible in that order (as `numapin ps` makes it).
+    /// Otherwise PCI order is assumed, with a warning.
+    ///
+    /// # Errors
+    ///
+    /// [`TopologyError::Env`](Error::Env) for values CUDA would not accept
+    /// (the same as [`Topology::probe`](super::Topology::probe) gives).
+    pub fn with_cuda_env(&self, env: &super::ProbeEnv) -> Result<super::Topology, Error> {
+        let target = DeviceOrder::from_env(env.cuda_device_order.as_deref())?;
+        let (order, mut notes) = self.enumeration_order(target);
+        let uuids: Vec<Option<String>> = self.gpus.iter().map(|g| g.uuid.clone()).collect();
+        let entries = match &env.cuda_visible_devices {
+            Some(v) => {
+                let parsed = VisibleDevices::parse(v)?;
+                let (entries, more) = parsed.resolve(&order, &uuids)?;
+                notes.extend(more);
+                if parsed.tokens.is_empty() {
+                    notes.push(format!(
+                        "CUDA_VISIBLE_DEVICES={} hides every GPU from CUDA",
+                        crate::report::quote(v)
+                    ));
+                }
+                entries
+            }
+            None => order
+                .iter()
+                .enumerate()
+                .map(|(i, &g)| VisibleEntry {
+                    ordinal: CudaOrdinal(i as u32),
+                    entry: "*".into(),
+                    gpu: Some(GpuIndex(g)),
+                    mig: false,
+                })
+                .collect(),
+        };
+        let mut t = self.clone();
+        for g in &mut t.gpus {
+            g.cuda_ordinal = entries
+                .iter()
+                .find(|e| e.gpu == Some(g.index))
+                .map(|e| e.ordinal);
+        }
+        t.cuda.visible_devices = env.cuda_visible_devices.clone();
+        t.cuda.device_order = target.as_str().into();
+        t.cuda.ordinals = entries;
+        t.warnings
+            .retain(|w| w.kind != super::WarningKind::CudaVisibleDevices);
+        t.warnings
+            .extend(notes.into_iter().map(|message| super::Warning {
+                kind: super::WarningKind::CudaVisibleDevices,
+                gpu: None,
+                message,
+            }));
+        Ok(t)
+    }
+
+    /// GPU indices in CUDA's enumeration order `target`, as far as this
+    /// description knows it, and a note when it had to assume PCI order.
+    fn enumeration_order(&self, target: DeviceOrder) -> (Vec<u32>, Vec<String>) {
+        let n = self.gpus.len() as u32;
+        let pci: Vec<u32> = (0..n).collect();
+        let own = DeviceOrder::from_env(Some(&self.cuda.device_order)).unwrap_or_default();
+        if target == DeviceOrder::PciBusId || self.cuda.ordinal_source != "driver" {
+            return (pci, Vec::new());
+        }
+        if self.cuda.visible_devices.is_some() || own != target {
+            return (pci, vec![format!(
+                "CUDA's {} order of every GPU is unknown from {} (made with CUDA_VISIBLE_DEVICES or another order): PCI order assumed",
+                target.as_str(),
+                self.source
+            )]);
+        }
+        let mut order: Vec<u32> = Vec::with_capacity(pci.len());
+        for g in self.cuda.ordinals.iter().filter_map(|e| e.gpu) {
+            if !order.contains(&g.0) {
+                order.push(g.0);
+            }
+        }
+        // GPUs the driver does not enumerate (other vendors' accelerators)
+        // have no CUDA ordinal, as in the probe.
+        (order, Vec::new())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -423,5 +518,65 @@ mod tests {
             let (e, _) = VisibleDevices::parse(&text).unwrap().resolve(&(0..8).collect::<Vec<_>>(), &vec![None; 8]).unwrap();
             prop_assert_eq!(e.iter().map(|e| e.gpu.unwrap().get()).collect::<Vec<_>>(), pick.to_vec());
         }
+    }
+
+    fn env(cvd: Option<&str>, order: Option<&str>) -> crate::topology::ProbeEnv {
+        crate::topology::ProbeEnv {
+            cuda_visible_devices: cvd.map(String::from),
+            cuda_device_order: order.map(String::from),
+        }
+    }
+
+    fn ordinals(t: &crate::Topology) -> Vec<(u32, Option<u32>)> {
+        t.cuda
+            .ordinals
+            .iter()
+            .map(|e| (e.ordinal.0, e.gpu.map(GpuIndex::get)))
+            .collect()
+    }
+
+    #[test]
+    fn another_process_view_of_the_gpus() {
+        let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("topology/dgx-h100.xml");
+        let t = crate::Topology::load(&p, &Default::default()).unwrap();
+        assert_eq!(t.cuda.ordinal_source, "pci_order");
+        let v = t.with_cuda_env(&env(Some("5,2"), None)).unwrap();
+        assert_eq!(ordinals(&v), [(0, Some(5)), (1, Some(2))]);
+        assert_eq!(v.gpus[5].cuda_ordinal, Some(CudaOrdinal(0)));
+        assert_eq!(v.gpus[0].cuda_ordinal, None);
+        assert_eq!(v.cuda.visible_devices.as_deref(), Some("5,2"));
+        let all = t.with_cuda_env(&env(None, None)).unwrap();
+        assert_eq!(ordinals(&all).len(), 8);
+        let none = t.with_cuda_env(&env(Some(""), None)).unwrap();
+        assert!(none.cuda.ordinals.is_empty());
+        assert!(none
+            .warnings
+            .iter()
+            .any(|w| w.message.contains("hides every GPU")));
+        assert!(t.with_cuda_env(&env(Some("0,banana"), None)).is_err());
+        assert!(t.with_cuda_env(&env(None, Some("SLOWEST"))).is_err());
+        // A driver that enumerated the GPUs in another order (FASTEST_FIRST
+        // with mixed models): indices follow it; PCI_BUS_ID follows PCI order.
+        let mut d = t.clone();
+        d.cuda.ordinal_source = "driver".into();
+        d.cuda.ordinals.reverse();
+        for (i, e) in d.cuda.ordinals.iter_mut().enumerate() {
+            e.ordinal = CudaOrdinal(i as u32);
+        }
+        let v = d.with_cuda_env(&env(Some("0"), None)).unwrap();
+        assert_eq!(ordinals(&v), [(0, Some(7))]);
+        let v = d
+            .with_cuda_env(&env(Some("0"), Some("PCI_BUS_ID")))
+            .unwrap();
+        assert_eq!(ordinals(&v), [(0, Some(0))]);
+        // Made with CUDA_VISIBLE_DEVICES: the driver's order of every GPU is
+        // unknown, PCI order is assumed and said.
+        d.cuda.visible_devices = Some("7,6".into());
+        let v = d.with_cuda_env(&env(Some("0"), None)).unwrap();
+        assert_eq!(ordinals(&v), [(0, Some(0))]);
+        assert!(v
+            .warnings
+            .iter()
+            .any(|w| w.message.contains("PCI order assumed")));
     }
 }

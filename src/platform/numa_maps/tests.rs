@@ -602,3 +602,51 @@ fn read_lines_on_proc_stops_at_the_line() {
         n / 2
     );
 }
+
+#[test]
+fn totals_split_data_from_files_and_read_the_task_policy() {
+    let text: &[u8] = b"\
+55d0a000 default file=/usr/bin/python3 mapped=10 N0=10 kernelpagesize_kB=4
+55d1a000 default heap anon=100 dirty=100 N0=60 N1=40 kernelpagesize_kB=4
+7f0000000000 bind:1 anon=512 dirty=512 N1=512 kernelpagesize_kB=4
+7f1000000000 default file=/memfd:numapin-shared-1\\040(deleted) dirty=8 N1=8 kernelpagesize_kB=4
+7f2000000000 default file=/dev/hugepages/x huge dirty=2 N0=2 kernelpagesize_kB=2048
+7f3000000000 default file=/usr/lib/libtorch.so mapped=1000 N1=1000 kernelpagesize_kB=4
+7ffd1000 bind:1 stack anon=33 dirty=33 N1=33 kernelpagesize_kB=4
+7ffd9000 default
+garbage line
+7ffe0000 default anon=1 N4096=1 kernelpagesize_kB=4
+";
+    let mut t = Totals::default();
+    for l in text.split(|&b| b == b'\n') {
+        t.add_line(l, 1024);
+    }
+    let k = |p: u64| p * 4096;
+    assert_eq!(
+        t.data,
+        BTreeMap::from([(0, k(60) + (4 << 20)), (1, k(40 + 512 + 8 + 33))])
+    );
+    assert_eq!(t.file, BTreeMap::from([(0, k(10)), (1, k(1000))]));
+    assert_eq!(t.policy.as_deref(), Some("bind:1"));
+    assert_eq!((t.vmas, t.bad_lines, t.bad_nodes), (10, 1, 1));
+    assert_eq!(t.resident()[&1], k(40 + 512 + 8 + 33 + 1000));
+    // Without a stack line, the heap's.
+    let mut h = Totals::default();
+    h.add_line(
+        b"55d1a000 prefer:0 heap anon=1 N0=1 kernelpagesize_kB=4",
+        1024,
+    );
+    assert_eq!(h.policy.as_deref(), Some("prefer:0"));
+}
+
+proptest! {
+    #[test]
+    fn totals_take_any_lines(lines in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..80), 0..20)) {
+        let mut t = Totals::default();
+        for l in &lines {
+            t.add_line(l, 8);
+        }
+        prop_assert!(t.data.keys().chain(t.file.keys()).all(|&n| n < 8));
+        prop_assert!(t.vmas <= lines.len() as u64);
+    }
+}

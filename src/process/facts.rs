@@ -1,0 +1,141 @@
+//! What was read of a process, in sentences for the text report.
+
+use super::place::{nodes_of, threads_by_node};
+use super::publish::Publication;
+use super::snapshot::ProcessSnapshot;
+use super::verdict::node_list;
+use crate::arena::fmt_bytes;
+use crate::topology::Topology;
+
+/// `node 0 1.0 GiB, node 1 2.0 MiB`.
+fn per_node(m: &std::collections::BTreeMap<u32, u64>) -> String {
+    if m.is_empty() {
+        return "none".into();
+    }
+    m.iter()
+        .map(|(n, &b)| format!("node {n} {}", fmt_bytes(b)))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn opt_bytes(b: Option<u64>) -> String {
+    b.map_or("?".into(), fmt_bytes)
+}
+
+/// The sentences, one per aspect: environment, GPUs, threads, memory,
+/// numapin, and what could not be read.
+pub(super) fn facts(t: &Topology, s: &ProcessSnapshot) -> Vec<String> {
+    let mut out = Vec::new();
+    out.push(match &s.environment {
+        None => "environment: not readable".into(),
+        Some(e) => {
+            let mut vars: Vec<String> = e
+                .launcher
+                .iter()
+                .chain(&e.nic)
+                .map(|(k, v)| format!("{k}={}", crate::report::shorten(v)))
+                .collect();
+            vars.push(match &e.cuda_visible_devices {
+                Some(v) => format!("CUDA_VISIBLE_DEVICES={}", crate::report::quote(v)),
+                None => "CUDA_VISIBLE_DEVICES unset".into(),
+            });
+            if let Some(o) = &e.cuda_device_order {
+                vars.push(format!("CUDA_DEVICE_ORDER={}", crate::report::shorten(o)));
+            }
+            format!("environment: {}", vars.join(" "))
+        }
+    });
+    let gpus: Vec<String> = s
+        .gpus
+        .iter()
+        .map(|g| {
+            let name = match (g.gpu, &g.bus_id) {
+                (Some(i), Some(b)) => format!("GPU {i} ({b})"),
+                (None, Some(b)) => format!("{b} (not a GPU of the description)"),
+                _ => format!("{} (bus id unknown)", g.path),
+            };
+            let how = match (g.mapped, g.descriptor) {
+                (true, true) => "open and mapped",
+                (true, false) => "mapped",
+                _ => "open",
+            };
+            format!("{name} {how}")
+        })
+        .collect();
+    let driver = if s.nvidia_driver {
+        "; the NVIDIA driver open"
+    } else {
+        ""
+    };
+    out.push(format!(
+        "GPUs: {}{driver}",
+        if gpus.is_empty() {
+            "none open or mapped".into()
+        } else {
+            gpus.join(", ")
+        }
+    ));
+    let ran = threads_by_node(t, s)
+        .iter()
+        .map(|(n, (c, cpus))| {
+            let n = n.map_or("no known node".into(), |n| format!("node {n}"));
+            format!("{c} on {n} (CPUs {cpus})")
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
+    let may = s.allowed_cpus.as_ref().map_or("?".into(), |a| {
+        format!("{a} ({})", node_list(&nodes_of(t, a)))
+    });
+    out.push(format!(
+        "threads: {} last ran {}; may run on CPUs {may}",
+        s.threads.count,
+        if ran.is_empty() {
+            "nowhere known".into()
+        } else {
+            ran
+        }
+    ));
+    out.push(match &s.memory {
+        None => "memory: not readable".into(),
+        Some(m) => format!(
+            "memory: data {}; files {}; policy {}; VmRSS {}, VmLck {}, VmPin {}",
+            per_node(&m.data),
+            per_node(&m.file),
+            m.policy.as_deref().unwrap_or("unknown"),
+            opt_bytes(s.rss_bytes),
+            opt_bytes(s.locked_bytes),
+            opt_bytes(s.pinned_bytes)
+        ),
+    });
+    match &s.numapin {
+        Publication::NotFound => {}
+        Publication::Unusable(why) => out.push(format!("numapin: stats not published: {why}")),
+        Publication::Read(p) => {
+            let nodes: Vec<String> = p
+                .per_node()
+                .iter()
+                .map(|(n, b)| {
+                    format!(
+                        "node {n} {} region(s) {} pinned, {} in use",
+                        b.regions,
+                        fmt_bytes(b.pinned),
+                        fmt_bytes(b.in_use)
+                    )
+                })
+                .collect();
+            out.push(format!(
+                "numapin: {} runtime(s); {}",
+                p.runtimes.len(),
+                if nodes.is_empty() {
+                    "no node used".into()
+                } else {
+                    nodes.join("; ")
+                }
+            ));
+        }
+    }
+    for u in &s.unread {
+        out.push(format!("not read: {}: {}", u.part, u.why));
+    }
+    out
+}

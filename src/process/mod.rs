@@ -1,0 +1,80 @@
+//! Running processes and whether they sit near their GPU: what
+//! `numapin ps` shows.
+//!
+//! * [`ProcReader`] reads a process's `/proc/<pid>` files into a
+//!   [`ProcessSnapshot`]: its command, launcher rank variables,
+//!   `CUDA_VISIBLE_DEVICES` and NIC variables, the GPUs it has open or
+//!   mapped, the CPUs it may run on and the CPU each thread last ran on,
+//!   its memory per node and memory policy (`numa_maps`), what it has
+//!   locked or pinned, and numapin's own arenas in it ([`Publication`]).
+//!   [`ProcReader::scan`] finds every process with a GPU open;
+//!   [`ProcReader::read_pids`] reads the ones named. Everything is read
+//!   under a root (`/` live, a folder in tests), within [`ReadLimits`]
+//!   checked before anything is allocated; a process that ends while read,
+//!   or a file this user may not read, gives a line, never a crash.
+//! * [`judge`] compares a snapshot with the [`Topology`](crate::Topology):
+//!   its GPU (the one the launcher's local rank or `CUDA_VISIBLE_DEVICES`
+//!   gives, as [`rank_plan`](crate::affinity::rank_plan) chooses it for
+//!   `numapin exec`, else the one it has open), that GPU's node, and its
+//!   nearest NIC ([`Topology::nic_pairing`](crate::Topology::nic_pairing)).
+//!   Each [`Check`] has a [`Verdict`] with the evidence and the fix, in
+//!   `numapin doctor`'s words; [`node_use`] sums memory per node.
+//!
+//! # Which open files are a GPU
+//!
+//! `/dev/nvidia<N>` (the GPU whose `Device Minor` is `N` in
+//! `/proc/driver/nvidia/gpus/<bus id>/information`), and a PCI device's own
+//! sysfs files (`/sys/devices/.../<bus id>/config` or `resource<N>`) when
+//! the topology lists that device as a GPU or accelerator: a test names the
+//! stand-in accelerator a process uses by opening its `config` file.
+//! `/dev/nvidiactl` and `/dev/nvidia-uvm` mark a CUDA process without
+//! naming a GPU. A device file mapped means a CUDA context on that GPU; a
+//! descriptor alone only that the process opened it (CUDA opens every
+//! visible GPU), so mappings win when there are any.
+//!
+//! ```no_run
+//! use numapin::process::{judge, ProcReader};
+//! use numapin::topology::{ProbeOptions, Topology};
+//!
+//! let topo = Topology::probe(&ProbeOptions::default())?;
+//! let scan = ProcReader::new(&topo).scan()?;
+//! for s in scan.processes {
+//!     let report = judge(&topo, s);
+//!     for c in &report.checks {
+//!         println!("{} {} {}: {}", c.verdict.as_str(), c.name, c.subject, c.evidence);
+//!     }
+//! }
+//! # Ok::<(), numapin::Error>(())
+//! ```
+
+mod devices;
+mod error;
+mod expect;
+mod facts;
+mod nic;
+mod nodes;
+mod place;
+mod publish;
+mod read;
+mod scan;
+mod snapshot;
+mod verdict;
+
+pub use devices::STATS_MEMFD_NAME;
+pub use error::ProcessError;
+pub use expect::Expected;
+pub use nodes::{node_use, NodeUse};
+pub use place::MIN_OFF_NODE_BYTES;
+pub use publish::{
+    ArenaBytes, Publication, Published, PublishedRuntime, STATS_FILE_BYTES, STATS_MAGIC,
+    STATS_VERSION,
+};
+pub use read::{ProcReader, ReadLimits};
+pub use scan::{Scan, Unlisted};
+pub use snapshot::{
+    Environment, MemoryUse, OpenGpu, ProcessSnapshot, Threads, Unread, NIC_VARS, RANK_VARS,
+};
+pub use verdict::{judge, Check, ProcessReport, Subject, Verdict};
+
+#[cfg(test)]
+mod tests;

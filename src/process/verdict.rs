@@ -1,0 +1,258 @@
+//! Verdicts in `numapin doctor`'s words: each [`Check`] names what it
+//! checked, whom it is about, the [`Verdict`], the evidence it read and, when
+//! there is something to do, the fix. [`judge`] gives one process's checks:
+//!
+//! | name | fails when |
+//! | --- | --- |
+//! | `gpu` | its launcher variables choose one GPU and it works on another |
+//! | `cpus` | most of its threads last ran off its GPU's node |
+//! | `memory` | most of its data (16 MiB or more) is off its GPU's node, or its memory policy takes memory from other nodes only |
+//! | `nic` | `UCX_NET_DEVICES` or `NCCL_IB_HCA` selects only NICs farther from its GPU than its nearest |
+//! | `numapin` | (warns only) numapin's arenas hold memory off its GPU's node |
+//!
+//! and warn for the milder cases (a process not bound, a minority of threads
+//! or data elsewhere, several GPUs on several nodes, nothing to judge).
+
+use serde::Serialize;
+
+use super::expect::{expect, Expected};
+use super::publish::Publication;
+use super::snapshot::ProcessSnapshot;
+use crate::arena::fmt_bytes;
+use crate::cpulist::CpuList;
+use crate::topology::Topology;
+
+/// How a check came out. Ordered: `Ok < Warn < Fail`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Verdict {
+    /// Nothing to do.
+    Ok,
+    /// Worth a look: costs performance now or may later.
+    Warn,
+    /// Data crosses the socket link (or goes to the wrong GPU) this way.
+    Fail,
+}
+
+impl Verdict {
+    /// `ok`, `WARN`, `FAIL`, as the text reports print it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verdict::Ok => "ok",
+            Verdict::Warn => "WARN",
+            Verdict::Fail => "FAIL",
+        }
+    }
+}
+
+/// Whom a check is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Subject {
+    /// A process.
+    Process {
+        /// Its id.
+        pid: u32,
+    },
+    /// A NUMA node (the summary over every process listed).
+    Node {
+        /// Its OS index.
+        node: u32,
+    },
+}
+
+impl std::fmt::Display for Subject {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Subject::Process { pid } => write!(f, "pid {pid}"),
+            Subject::Node { node } => write!(f, "node {node}"),
+        }
+    }
+}
+
+/// One diagnosis (the shape of `numapin doctor`'s checks: name, subject,
+/// verdict, evidence, fix).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Check {
+    /// A stable name (`gpu`, `cpus`, `memory`, `nic`, `numapin`,
+    /// `node_budget`).
+    pub name: &'static str,
+    /// Whom it is about.
+    pub subject: Subject,
+    /// The verdict.
+    pub verdict: Verdict,
+    /// What was read, with the values, in a sentence a person can check.
+    pub evidence: String,
+    /// What to do (`None` when there is nothing to do).
+    pub fix: Option<String>,
+}
+
+impl Check {
+    /// A passing check.
+    pub fn ok(name: &'static str, subject: Subject, evidence: impl Into<String>) -> Self {
+        Self::new(name, subject, Verdict::Ok, evidence, None)
+    }
+
+    /// A warning with its fix.
+    pub fn warn(
+        name: &'static str,
+        subject: Subject,
+        evidence: impl Into<String>,
+        fix: impl Into<String>,
+    ) -> Self {
+        Self::new(name, subject, Verdict::Warn, evidence, Some(fix.into()))
+    }
+
+    /// A failure with its fix.
+    pub fn fail(
+        name: &'static str,
+        subject: Subject,
+        evidence: impl Into<String>,
+        fix: impl Into<String>,
+    ) -> Self {
+        Self::new(name, subject, Verdict::Fail, evidence, Some(fix.into()))
+    }
+
+    fn new(
+        name: &'static str,
+        subject: Subject,
+        verdict: Verdict,
+        evidence: impl Into<String>,
+        fix: Option<String>,
+    ) -> Self {
+        Self {
+            name,
+            subject,
+            verdict,
+            evidence: evidence.into(),
+            fix,
+        }
+    }
+
+    /// `verdict` with `evidence` and `fix`: ok (no fix) for [`Verdict::Ok`].
+    pub(super) fn with(
+        name: &'static str,
+        subject: Subject,
+        verdict: Verdict,
+        evidence: String,
+        fix: String,
+    ) -> Self {
+        let fix = (verdict != Verdict::Ok).then_some(fix);
+        Self::new(name, subject, verdict, evidence, fix)
+    }
+}
+
+/// One process judged.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ProcessReport {
+    /// What was read.
+    #[serde(flatten)]
+    pub snapshot: ProcessSnapshot,
+    /// What it was judged against (`None`: no GPU to judge against).
+    pub expected: Option<Expected>,
+    /// What was read, in sentences (threads and memory per node, ...).
+    pub facts: Vec<String>,
+    /// The checks, in the order of the module's table.
+    pub checks: Vec<Check>,
+}
+
+impl ProcessReport {
+    /// The worst verdict of its checks (`Ok` without checks).
+    pub fn verdict(&self) -> Verdict {
+        self.checks
+            .iter()
+            .map(|c| c.verdict)
+            .max()
+            .unwrap_or(Verdict::Ok)
+    }
+}
+
+/// Judges one process against the topology: which GPU it works for
+/// (`gpu`), where its threads ran (`cpus`), where its data is (`memory`),
+/// which NICs it was told to use (`nic`) and where numapin's arenas in it
+/// are (`numapin`). A pure function of its inputs.
+pub fn judge(topo: &Topology, snapshot: ProcessSnapshot) -> ProcessReport {
+    let s = &snapshot;
+    let (gpu, expected) = expect(topo, s);
+    let mut checks = vec![gpu];
+    if let Some(e) = &expected {
+        checks.extend(super::place::cpus(topo, s, e));
+        checks.extend(super::place::memory(topo, s, e));
+        checks.extend(super::nic::nic(topo, s, e));
+    }
+    checks.extend(numapin(s, expected.as_ref()));
+    let facts = super::facts::facts(topo, s);
+    ProcessReport {
+        snapshot,
+        expected,
+        facts,
+        checks,
+    }
+}
+
+/// numapin's own arenas against the GPU's node.
+fn numapin(s: &ProcessSnapshot, e: Option<&Expected>) -> Option<Check> {
+    let Publication::Read(p) = &s.numapin else {
+        return None;
+    };
+    let subject = Subject::Process { pid: s.pid };
+    let per_node = p.per_node();
+    let held: Vec<String> = per_node
+        .iter()
+        .filter(|(_, b)| b.regions > 0)
+        .map(|(n, b)| {
+            format!(
+                "node {n}: {} pinned in {} region(s)",
+                fmt_bytes(b.pinned),
+                b.regions
+            )
+        })
+        .collect();
+    let held = if held.is_empty() {
+        "numapin holds no region".to_string()
+    } else {
+        format!("numapin holds {}", held.join(", "))
+    };
+    let away: Vec<u32> = per_node
+        .iter()
+        .filter(|(n, b)| {
+            b.pinned > 0 && e.is_some_and(|e| !e.nodes.is_empty() && !e.nodes.contains(n))
+        })
+        .map(|(&n, _)| n)
+        .collect();
+    let off: u64 = per_node.values().map(|b| b.pages_off_node).sum();
+    if !away.is_empty() {
+        let nodes = e.map(|e| node_list(&e.nodes)).unwrap_or_default();
+        return Some(Check::warn(
+            "numapin",
+            subject,
+            format!("{held}; its GPU is on {nodes}"),
+            "allocate for the GPU (`Runtime::alloc_for_gpu`, `numapin.empty(..., gpu=N)`): buffers then come from its node's arena",
+        ));
+    }
+    if off > 0 {
+        return Some(Check::warn(
+            "numapin",
+            subject,
+            format!("{held}; {off} page(s) of its regions are off their node (placement rule `Warn`)"),
+            "see the method notes in the process's `stats()`; `numapin doctor` checks pinning on every node",
+        ));
+    }
+    Some(Check::ok("numapin", subject, held))
+}
+
+/// `node 1`, `nodes 0-1`.
+pub(super) fn node_list(nodes: &[u32]) -> String {
+    match nodes {
+        [n] => format!("node {n}"),
+        _ => format!("nodes {}", nodes.iter().copied().collect::<CpuList>()),
+    }
+}
+
+/// Where the process's GPU(s) are, to start evidence: `GPU 3 is on node 1`.
+pub(super) fn gpu_where(topo: &Topology, e: &Expected) -> String {
+    match e.gpus.as_slice() {
+        [g] if topo.gpu(*g).is_some() => format!("GPU {g} is on {}", node_list(&e.nodes)),
+        _ => format!("its GPUs are on {}", node_list(&e.nodes)),
+    }
+}
