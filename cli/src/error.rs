@@ -43,7 +43,8 @@ from_domain!(
     numapin::topology::TopologyError,
     numapin::affinity::AffinityError,
     numapin::runtime::ArenaError,
-    numapin::LoaderError
+    numapin::LoaderError,
+    numapin::process::ProcessError
 );
 
 /// `Result` with [`CliError`].

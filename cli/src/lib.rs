@@ -1,5 +1,5 @@
-//! The `numapin` command line: `topo`, `affinity`, `exec`, `bench` and
-//! `doctor`, on the numapin library. This crate alone owns argument
+//! The `numapin` command line: `topo`, `affinity`, `exec`, `bench`,
+//! `doctor` and `ps`, on the numapin library. This crate alone owns argument
 //! parsing, printing and exit codes; everything it prints goes through
 //! `output` (the `print!` family would panic on a full disk).
 //!
@@ -15,6 +15,7 @@ mod doctor;
 mod error;
 mod exec;
 mod output;
+mod ps;
 mod source;
 mod stack;
 mod topo;
@@ -47,6 +48,9 @@ pub(crate) enum Command {
     /// Check this machine for what keeps GPU data movement slow or broken
     /// (memlock, driver, PCIe links, locality, kernel settings, pinning).
     Doctor(doctor::DoctorArgs),
+    /// Check running processes: which GPU each uses, and whether its
+    /// threads, memory and NICs are on that GPU's side of the socket.
+    Ps(ps::PsArgs),
 }
 
 /// The exit code for a command line clap did not accept, or for
@@ -67,7 +71,7 @@ fn clap_exit(e: clap::Error) -> i32 {
 /// Runs the `numapin` command line with `args` (the program name first, as
 /// in [`std::env::args_os`]) and returns the exit code: 0 on success, 2 for
 /// a usage or input error, 1 for a system failure, or a command's own code
-/// (`doctor`'s verdict). Errors are reported on standard error, results on
+/// (`doctor`'s and `ps`'s verdicts). Errors are reported on standard error, results on
 /// standard output, each written and flushed as it is produced.
 ///
 /// It acts on the whole process, as the binary's `main` would, so call it
@@ -117,6 +121,7 @@ where
             Command::Exec(a) => exec::run(&a),
             Command::Bench(a) => bench::run(&a),
             Command::Doctor(a) => doctor::run(&a),
+            Command::Ps(a) => ps::run(&a),
         };
         match r {
             Ok(code) => code,

@@ -74,10 +74,14 @@ impl TopoSource {
 
     /// Probes this machine or reads `--input`.
     pub(crate) fn topology(&self) -> Result<Topology> {
-        let o = self.options();
+        self.topology_with(&self.options())
+    }
+
+    /// Probes this machine or reads `--input`, with options `o`.
+    pub(crate) fn topology_with(&self, o: &ProbeOptions) -> Result<Topology> {
         Ok(match &self.input {
-            Some(p) => Topology::load(p, &o)?,
-            None => Topology::probe(&o)?,
+            Some(p) => Topology::load(p, o)?,
+            None => Topology::probe(o)?,
         })
     }
 }

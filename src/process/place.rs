@@ -228,9 +228,18 @@ pub(super) fn memory(t: &Topology, s: &ProcessSnapshot, e: &Expected) -> Option<
         .join(", ");
     let share = match (off * 100).checked_div(total) {
         None => "no data present".to_string(),
+        Some(_) if off == 0 => format!("all of its {} of data is on it", fmt_bytes(total)),
         Some(pct) => format!(
-            "{pct}% of its {} of data is off it ({per_node})",
-            fmt_bytes(total)
+            "{pct}% of its {} of data is off it ({per_node}){}",
+            fmt_bytes(total),
+            if off < MIN_OFF_NODE_BYTES {
+                format!(
+                    ", under the {} worth judging",
+                    fmt_bytes(MIN_OFF_NODE_BYTES)
+                )
+            } else {
+                String::new()
+            }
         ),
     };
     let evidence = format!("{}; {share}; {policy}", gpu_where(t, e));

@@ -1,0 +1,212 @@
+//! `numapin ps`: each process that uses a GPU, and whether it sits near it.
+//!
+//! The reading and the verdicts are the library's ([`numapin::process`]);
+//! this module chooses the processes, repeats the pass for `--watch`,
+//! prints the report and decides the exit code: 1 when a verdict fails, 2
+//! for a `--pid` that does not exist or bad flags.
+
+mod render;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use numapin::process::{
+    judge, node_use, Check, NodeUse, ProcReader, ProcessError, ProcessReport, Scan, Unlisted,
+    Verdict,
+};
+use numapin::topology::{ProbeEnv, Topology};
+
+use crate::error::{CliError, Result};
+use crate::source::TopoSource;
+
+/// Arguments of `numapin ps`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct PsArgs {
+    /// The machine the processes are judged against. Other processes'
+    /// CUDA_VISIBLE_DEVICES are theirs: numapin's own is ignored here.
+    #[command(flatten)]
+    pub(crate) source: TopoSource,
+    /// Check these processes (repeatable, or comma-separated) instead of
+    /// every process that has a GPU open.
+    #[arg(long, value_name = "PID", value_delimiter = ',',
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) pid: Vec<u32>,
+    /// Print the report as JSON (with --watch, one line per pass).
+    #[arg(long)]
+    pub(crate) json: bool,
+    /// Check again every SECONDS (0.1 to 86400) until interrupted.
+    #[arg(long, value_name = "SECONDS", value_parser = parse_interval)]
+    pub(crate) watch: Option<f64>,
+    /// With --watch: stop after N passes.
+    #[arg(long, value_name = "N", requires = "watch",
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) count: Option<u64>,
+    /// Read the processes under DIR/proc instead of /proc (a container's
+    /// or a saved /proc; tests use folders of fake processes).
+    #[arg(long, value_name = "DIR")]
+    pub(crate) root: Option<PathBuf>,
+}
+
+fn parse_interval(s: &str) -> std::result::Result<f64, String> {
+    let v: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{s}` is not a number of seconds"))?;
+    if !(0.1..=86_400.0).contains(&v) {
+        return Err(format!("{v} s is outside 0.1 to 86400"));
+    }
+    Ok(v)
+}
+
+/// One pass's report.
+#[derive(Debug, Serialize)]
+pub(crate) struct Report {
+    /// Where the topology came from (`live` or a file).
+    pub(crate) source: String,
+    /// The root read below (`/`).
+    pub(crate) root: String,
+    /// Which pass (1 without --watch).
+    pub(crate) pass: u64,
+    /// Seconds since the first pass began.
+    pub(crate) elapsed_s: f64,
+    /// Whether the processes were named with --pid.
+    pub(crate) named: bool,
+    /// Processes looked at.
+    pub(crate) looked_at: usize,
+    /// Each process and its checks.
+    pub(crate) processes: Vec<ProcessReport>,
+    /// Processes whose descriptors this user may not read.
+    pub(crate) unreadable: Vec<Unlisted>,
+    /// Processes that ended while read.
+    pub(crate) exited: Vec<Unlisted>,
+    /// Memory per node over the processes listed.
+    pub(crate) nodes: Vec<NodeUse>,
+    /// Checks of the nodes (numapin's pins against the default budget).
+    pub(crate) node_checks: Vec<Check>,
+    /// What the reader could not use (the NVIDIA driver's GPU files).
+    pub(crate) notes: Vec<String>,
+    /// Verdict counts and the exit code.
+    pub(crate) summary: Summary,
+}
+
+/// Verdict counts.
+#[derive(Debug, Serialize)]
+pub(crate) struct Summary {
+    pub(crate) ok: usize,
+    pub(crate) warn: usize,
+    pub(crate) fail: usize,
+    pub(crate) exit_code: i32,
+}
+
+pub(crate) fn run(a: &PsArgs) -> Result<i32> {
+    let root = a.root.clone().unwrap_or_else(|| PathBuf::from("/"));
+    if !root.join("proc").is_dir() {
+        return Err(CliError::Usage {
+            problem: format!(
+                "--root {}: no proc folder in it",
+                crate::output::escape_controls(&root.display().to_string())
+            ),
+            fix: "give the folder that holds proc/ (`/` for this machine)".into(),
+        });
+    }
+    let mut o = a.source.options();
+    o.env = ProbeEnv::default();
+    let topo = a.source.topology_with(&o)?;
+    let started = Instant::now();
+    let mut pids = a.pid.clone();
+    let mut gone: Vec<Unlisted> = Vec::new();
+    let mut worst = 0;
+    for pass in 1.. {
+        let r = one_pass(&topo, &root, &mut pids, &mut gone, pass, started)?;
+        worst = worst.max(r.summary.exit_code);
+        render::print(&r, a.json, a.watch.is_some())?;
+        match (a.watch, a.count) {
+            (Some(_), Some(n)) if pass >= n => break,
+            (Some(_), _) if !a.pid.is_empty() && pids.is_empty() => break,
+            (Some(s), _) => std::thread::sleep(Duration::from_secs_f64(s)),
+            (None, _) => break,
+        }
+    }
+    Ok(worst)
+}
+
+/// Reads and judges once. A `--pid` that does not exist is an error on the
+/// first pass; on later ones (--watch) it is listed as exited and dropped.
+fn one_pass(
+    topo: &Topology,
+    root: &std::path::Path,
+    pids: &mut Vec<u32>,
+    gone: &mut Vec<Unlisted>,
+    pass: u64,
+    started: Instant,
+) -> Result<Report> {
+    let reader = ProcReader::with_root(topo, root);
+    let named = !pids.is_empty() || !gone.is_empty();
+    let mut scan = if !named {
+        reader.scan()?
+    } else {
+        loop {
+            match reader.read_pids(pids) {
+                Err(ProcessError::NoSuchProcess { pid }) if pass > 1 => {
+                    pids.retain(|&p| p != pid);
+                    gone.push(Unlisted {
+                        pid,
+                        command: None,
+                        uid: None,
+                        why: "exited".into(),
+                    });
+                }
+                r => break r?,
+            }
+        }
+    };
+    scan.exited.extend(gone.iter().cloned());
+    Ok(report(
+        topo,
+        root,
+        scan,
+        named,
+        pass,
+        started,
+        reader.notes(),
+    ))
+}
+
+fn report(
+    topo: &Topology,
+    root: &std::path::Path,
+    scan: Scan,
+    named: bool,
+    pass: u64,
+    started: Instant,
+    notes: &[String],
+) -> Report {
+    let processes: Vec<ProcessReport> =
+        scan.processes.into_iter().map(|s| judge(topo, s)).collect();
+    let (nodes, node_checks) = node_use(topo, &processes);
+    let all = || processes.iter().flat_map(|p| &p.checks).chain(&node_checks);
+    let count = |v: Verdict| all().filter(|c| c.verdict == v).count();
+    let fail = count(Verdict::Fail);
+    Report {
+        source: topo.source.clone(),
+        root: root.display().to_string(),
+        pass,
+        elapsed_s: started.elapsed().as_secs_f64(),
+        named,
+        looked_at: scan.looked_at,
+        summary: Summary {
+            ok: count(Verdict::Ok),
+            warn: count(Verdict::Warn),
+            fail,
+            exit_code: i32::from(fail > 0),
+        },
+        processes,
+        unreadable: scan.unreadable,
+        exited: scan.exited,
+        nodes,
+        node_checks,
+        notes: notes.to_vec(),
+    }
+}

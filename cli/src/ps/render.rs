@@ -1,0 +1,206 @@
+//! The text and JSON forms of a `numapin ps` report.
+
+use numapin::process::{Check, NodeUse, ProcessReport, Subject, Unlisted};
+
+use super::Report;
+use crate::error::Result;
+
+/// Prints one pass: pretty JSON, one JSON line per pass with --watch, or text.
+pub(super) fn print(r: &Report, json: bool, watch: bool) -> Result<()> {
+    if json {
+        let text = if watch {
+            serde_json::to_string(r)
+        } else {
+            serde_json::to_string_pretty(r)
+        };
+        return crate::output::println(&text.expect("a report always serializes"));
+    }
+    crate::output::print(&text(r, watch))
+}
+
+/// `1.5 GiB`, `512 MiB`, `0 B`.
+fn bytes(b: u64) -> String {
+    const UNITS: [(&str, u64); 4] = [
+        ("TiB", 1 << 40),
+        ("GiB", 1 << 30),
+        ("MiB", 1 << 20),
+        ("KiB", 1 << 10),
+    ];
+    for (name, u) in UNITS {
+        if b >= u {
+            return if b % u == 0 {
+                format!("{} {name}", b / u)
+            } else {
+                format!("{:.1} {name}", b as f64 / u as f64)
+            };
+        }
+    }
+    format!("{b} B")
+}
+
+/// The whole text report.
+fn text(r: &Report, watch: bool) -> String {
+    let mut out = String::new();
+    let what = if r.named {
+        format!("{} process(es) named", r.processes.len())
+    } else {
+        format!(
+            "{} process(es) with a GPU open, of {} looked at",
+            r.processes.len(),
+            r.looked_at
+        )
+    };
+    let machine = if r.source == "live" {
+        "this machine".to_string()
+    } else {
+        format!("judged against {}", r.source)
+    };
+    let pass = if watch {
+        format!("pass {} at +{:.1} s; ", r.pass, r.elapsed_s)
+    } else {
+        String::new()
+    };
+    let root = if r.root == "/" {
+        String::new()
+    } else {
+        format!("; processes under {}", r.root)
+    };
+    out.push_str(&format!("numapin ps: {pass}{what} ({machine}{root})\n"));
+    for p in &r.processes {
+        out.push('\n');
+        process(&mut out, p);
+    }
+    if !r.nodes.is_empty() && !r.processes.is_empty() {
+        out.push('\n');
+        nodes(&mut out, &r.nodes);
+        checks(&mut out, &r.node_checks, "");
+    }
+    unlisted(
+        &mut out,
+        &r.unreadable,
+        "not readable by this user (run as root, or as their user, to check them)",
+    );
+    unlisted(&mut out, &r.exited, "ended while read");
+    for n in &r.notes {
+        out.push_str(&format!("note: {n}\n"));
+    }
+    let s = &r.summary;
+    out.push_str(&format!(
+        "\n{} process(es); checks: {} ok, {} warn, {} fail\n",
+        r.processes.len(),
+        s.ok,
+        s.warn,
+        s.fail
+    ));
+    out
+}
+
+/// A process: header, facts, checks.
+fn process(out: &mut String, p: &ProcessReport) {
+    let s = &p.snapshot;
+    let uid = s.uid.map_or(String::new(), |u| format!("  uid {u}"));
+    let cmd = if s.cmdline.is_empty() {
+        format!("[{}]", s.command)
+    } else {
+        s.cmdline.clone()
+    };
+    out.push_str(&format!("pid {}  {}{uid}  {cmd}\n", s.pid, s.command));
+    for f in &p.facts {
+        out.push_str(&format!("    {f}\n"));
+    }
+    checks(out, &p.checks, "  ");
+}
+
+/// Checks as `numapin doctor` prints them: verdict, name, evidence; the fix
+/// below.
+fn checks(out: &mut String, cs: &[Check], indent: &str) {
+    let width = cs.iter().map(|c| c.name.len()).max().unwrap_or(0);
+    for c in cs {
+        let name = match c.subject {
+            Subject::Node { .. } => format!("{} ({})", c.name, c.subject),
+            Subject::Process { .. } => c.name.to_string(),
+        };
+        out.push_str(&format!(
+            "{indent}{:<4}  {name:<width$}  {}\n",
+            c.verdict.as_str(),
+            c.evidence
+        ));
+        if let Some(fix) = &c.fix {
+            out.push_str(&format!("{indent}      {:<width$}  fix: {fix}\n", ""));
+        }
+    }
+}
+
+/// The table per node.
+fn nodes(out: &mut String, rows: &[NodeUse]) {
+    let head = [
+        "NODE", "MEMORY", "BUDGET", "DATA", "FILES", "NUMAPIN", "PROCS",
+    ];
+    let cells: Vec<[String; 7]> = rows
+        .iter()
+        .map(|r| {
+            [
+                r.node.to_string(),
+                bytes(r.memory_bytes),
+                bytes(r.default_budget_bytes),
+                bytes(r.data_bytes),
+                bytes(r.file_bytes),
+                bytes(r.numapin_pinned_bytes),
+                r.processes.to_string(),
+            ]
+        })
+        .collect();
+    let width = |i: usize| {
+        cells
+            .iter()
+            .map(|c| c[i].len())
+            .chain([head[i].len()])
+            .max()
+            .unwrap_or(0)
+    };
+    let widths: Vec<usize> = (0..head.len()).map(width).collect();
+    let line = |cols: Vec<&str>| {
+        let cols: Vec<String> = cols
+            .iter()
+            .zip(&widths)
+            .map(|(c, &w)| format!("{c:<w$}"))
+            .collect();
+        format!("{}\n", cols.join("  ").trim_end())
+    };
+    out.push_str(&line(head.to_vec()));
+    for c in &cells {
+        out.push_str(&line(c.iter().map(String::as_str).collect()));
+    }
+    out.push_str("DATA, FILES = the listed processes' own memory and mapped files on the node; BUDGET = one numapin runtime's default pinned budget (half the node); NUMAPIN = what their numapin arenas pin there\n");
+}
+
+/// A line for processes not listed.
+fn unlisted(out: &mut String, list: &[Unlisted], what: &str) {
+    if list.is_empty() {
+        return;
+    }
+    const SHOWN: usize = 10;
+    let shown: Vec<String> = list
+        .iter()
+        .take(SHOWN)
+        .map(|u| match &u.command {
+            Some(c) => format!("{} ({c})", u.pid),
+            None => u.pid.to_string(),
+        })
+        .collect();
+    let more = if list.len() > SHOWN {
+        format!(" and {} more", list.len() - SHOWN)
+    } else {
+        String::new()
+    };
+    out.push_str(&format!(
+        "\n{what}: {} process(es): pid {}{more}\n",
+        list.len(),
+        shown.join(", ")
+    ));
+    if list.len() <= SHOWN {
+        for u in list {
+            out.push_str(&format!("    pid {}: {}\n", u.pid, u.why));
+        }
+    }
+}

@@ -1,0 +1,512 @@
+//! `numapin ps` on this machine's real processes (no GPU needed): ranks
+//! named with `--pid` and judged against a saved two-socket machine, a
+//! process found by the scan through an accelerator's sysfs file, hostile
+//! `/proc` folders, another user's processes, `--watch`, and bad usage.
+#![allow(clippy::unwrap_used)] // tests and examples fail loudly
+
+#[path = "../../tests/common/mod.rs"]
+mod common;
+
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+fn numapin(args: &[&str]) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_numapin"));
+    c.args(args)
+        .env_remove("CUDA_VISIBLE_DEVICES")
+        .env_remove("CUDA_DEVICE_ORDER")
+        .env_remove("LOCAL_RANK");
+    c
+}
+
+fn run(mut c: Command) -> Output {
+    c.output().expect("numapin runs")
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn fixture(name: &str) -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../topology")
+        .join(name)
+        .display()
+        .to_string()
+}
+
+/// Processes this test started, killed and reaped when dropped.
+struct Procs(Vec<Child>);
+
+impl Procs {
+    fn new() -> Self {
+        Self(Vec::new())
+    }
+
+    /// Starts `sh -c script` with `env`; it creates `ready` (in a temporary
+    /// folder) when set up. Returns its pid once it is ready.
+    fn start(&mut self, script: &str, env: &[(&str, &str)], ready: &Path) -> u32 {
+        let child = Command::new("sh")
+            .args([
+                "-c",
+                &format!("{script}; : > {}; exec sleep 120", ready.display()),
+            ])
+            .env_remove("LOCAL_RANK")
+            .env_remove("CUDA_VISIBLE_DEVICES")
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("sh starts");
+        let pid = child.id();
+        self.0.push(child);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !ready.exists() {
+            assert!(Instant::now() < deadline, "{script}: never ready");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        // Past the `exec`: the pid is sleep's now, with what sh set up.
+        std::thread::sleep(Duration::from_millis(50));
+        pid
+    }
+}
+
+impl Drop for Procs {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn report(o: &Output) -> Value {
+    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("not JSON ({e}):\n{}", text(o)))
+}
+
+/// The `(name, verdict)` of each check of process `pid`.
+fn verdicts(r: &Value, pid: u32) -> Vec<(String, String)> {
+    let p = r["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["pid"] == pid)
+        .unwrap_or_else(|| panic!("pid {pid} not in {r:#}"));
+    p["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            (
+                c["name"].as_str().unwrap().to_string(),
+                c["verdict"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+fn v(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+    pairs
+        .iter()
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+        .collect()
+}
+
+/// Whether this machine's CPUs all fall in node 0 of the DGX H100 fixture
+/// (CPUs 0-55): then every thread here "runs on node 0" there.
+fn fits_dgx_node0() -> bool {
+    let n = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if n > 56 {
+        eprintln!("skipped: {n} CPUs here; the test needs at most 56 (node 0 of the DGX fixture)");
+        return false;
+    }
+    true
+}
+
+/// Rank 0 (GPU 0, node 0 of the DGX H100 fixture) is where it belongs;
+/// rank 4 (GPU 4, node 1), told to use GPU 0's NIC, fails on threads and
+/// NIC; the exit code is 1.
+#[test]
+fn ranks_judged_against_a_saved_two_socket_machine() {
+    if !fits_dgx_node0() {
+        return;
+    }
+    let d = tempfile::tempdir().unwrap();
+    let mut procs = Procs::new();
+    let right = procs.start("true", &[("LOCAL_RANK", "0")], &d.path().join("a"));
+    let wrong = procs.start(
+        "true",
+        &[("LOCAL_RANK", "4"), ("UCX_NET_DEVICES", "mlx5_0:1")],
+        &d.path().join("b"),
+    );
+    let dgx = fixture("dgx-h100.xml");
+    let pids = format!("{right},{wrong}");
+    let o = run(numapin(&["ps", "--json", "--input", &dgx, "--pid", &pids]));
+    let r = report(&o);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert_eq!(r["summary"]["exit_code"], 1);
+    // Every CPU here is in node 0 of the fixture: rank 0 is bound there
+    // by its cpuset. sleep has too little data for a memory verdict.
+    assert_eq!(
+        verdicts(&r, right),
+        v(&[
+            ("gpu", "ok"),
+            ("cpus", "ok"),
+            ("memory", "ok"),
+            ("nic", "ok")
+        ]),
+        "{r:#}"
+    );
+    assert_eq!(
+        verdicts(&r, wrong),
+        v(&[
+            ("gpu", "ok"),
+            ("cpus", "fail"),
+            ("memory", "ok"),
+            ("nic", "fail")
+        ]),
+        "{r:#}"
+    );
+    let out = run(numapin(&["ps", "--input", &dgx, "--pid", &pids]));
+    let t = String::from_utf8_lossy(&out.stdout);
+    assert!(t.contains(&format!("pid {wrong}  sleep")), "{t}");
+    assert!(t.contains("FAIL  cpus    GPU 4 is on node 1"), "{t}");
+    assert!(t.contains("fix: start it with `numapin exec --nic-env ucx -- CMD`, which sets UCX_NET_DEVICES=mlx5_4:1 for GPU 4"), "{t}");
+    assert!(t.contains("NODE  MEMORY"), "{t}");
+}
+
+/// A process holding 32 MiB (a shell variable) whose GPU is on the other
+/// socket of the saved machine: its memory check fails.
+#[test]
+fn data_on_the_other_node_fails_the_memory_check() {
+    if !fits_dgx_node0() {
+        return;
+    }
+    let d = tempfile::tempdir().unwrap();
+    let ready = d.path().join("ready");
+    let mut sh = Command::new("sh")
+        .args([
+            "-c",
+            &format!(
+                "x=$(head -c 33554432 /dev/zero | tr '\\0' a); : > {}; sleep 120; echo ${{#x}}",
+                ready.display()
+            ),
+        ])
+        .env("LOCAL_RANK", "5")
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !ready.exists() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let pid = sh.id().to_string();
+    let o = run(numapin(&[
+        "ps",
+        "--json",
+        "--input",
+        &fixture("dgx-h100.xml"),
+        "--pid",
+        &pid,
+    ]));
+    let _ = sh.kill();
+    let _ = sh.wait();
+    let r = report(&o);
+    let checks = r["processes"][0]["checks"].as_array().unwrap();
+    let mem = checks.iter().find(|c| c["name"] == "memory").unwrap();
+    assert_eq!(mem["verdict"], "fail", "{mem}");
+    let ev = mem["evidence"].as_str().unwrap();
+    assert!(ev.starts_with("GPU 5 is on node 1; 100% of its "), "{ev}");
+    assert!(mem["fix"]
+        .as_str()
+        .unwrap()
+        .contains(&format!("migratepages {pid} <from-nodes> 1")));
+    assert_eq!(o.status.code(), Some(1));
+}
+
+#[test]
+fn missing_processes_and_bad_flags_exit_2() {
+    let o = run(numapin(&["ps", "--pid", "4194304"]));
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    let t = text(&o);
+    assert!(
+        t.contains("numapin: error: pid 4194304: no such process"),
+        "{t}"
+    );
+    assert!(t.contains("fix: check the process id"), "{t}");
+    let me = std::process::id().to_string();
+    for args in [
+        &["ps", "--pid", "0"][..],
+        &["ps", "--pid", "abc"],
+        &["ps", "--watch", "0"],
+        &["ps", "--watch", "x"],
+        &["ps", "--count", "2"],
+        &["ps", "--watch", "1", "--count", "0"],
+        &["ps", "--root", "/nonexistent", "--pid", &me],
+        &["ps", "--bogus"],
+    ] {
+        let o = run(numapin(args));
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o));
+    }
+    let o = run(numapin(&["ps", "--root", "/nonexistent"]));
+    assert!(
+        text(&o).contains("--root /nonexistent: no proc folder in it"),
+        "{}",
+        text(&o)
+    );
+}
+
+/// `--watch` prints one JSON line per pass; a process that ends is listed
+/// as exited and the watch ends when none is left.
+#[test]
+fn watch_passes_and_a_process_that_ends() {
+    let mut short = Command::new("sleep").arg("0.6").spawn().unwrap();
+    let pid = short.id().to_string();
+    // Reaped by a thread as soon as it ends, so it does not linger as a zombie.
+    let reaper = std::thread::spawn(move || short.wait());
+    let o = run(numapin(&[
+        "ps", "--json", "--watch", "0.25", "--count", "20", "--pid", &pid,
+    ]));
+    reaper.join().unwrap().unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let passes: Vec<Value> = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert!(
+        passes.len() >= 2 && passes.len() < 20,
+        "{} passes",
+        passes.len()
+    );
+    assert_eq!(passes[0]["pass"], 1);
+    assert_eq!(passes[0]["processes"][0]["pid"].to_string(), pid);
+    let last = passes.last().unwrap();
+    assert!(last["processes"].as_array().unwrap().is_empty(), "{last}");
+    assert_eq!(last["exited"][0]["pid"].to_string(), pid, "{last}");
+    // Text passes say which pass.
+    let me = std::process::id().to_string();
+    let o = run(numapin(&[
+        "ps", "--watch", "0.1", "--count", "2", "--pid", &me,
+    ]));
+    let t = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        t.contains("numapin ps: pass 1 at +") && t.contains("numapin ps: pass 2 at +"),
+        "{t}"
+    );
+}
+
+/// A PCI device of this machine treated as an accelerator: a process with
+/// its sysfs `config` open is found by the scan (no --pid), this test
+/// process is not.
+#[test]
+fn the_scan_finds_a_process_with_an_accelerator_open() {
+    let Some((bus, id)) = some_pci_device() else {
+        eprintln!("skipped: no PCI device in /sys/bus/pci/devices");
+        return;
+    };
+    let d = tempfile::tempdir().unwrap();
+    let mut procs = Procs::new();
+    let config = format!("/sys/bus/pci/devices/{bus}/config");
+    let pid = procs.start(&format!("exec 3< {config}"), &[], &d.path().join("r"));
+    let o = run(numapin(&[
+        "ps",
+        "--json",
+        "--no-cuda",
+        "--accelerator-pci-id",
+        &id,
+    ]));
+    let r = report(&o);
+    let listed: Vec<u64> = r["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["pid"].as_u64().unwrap())
+        .collect();
+    assert!(listed.contains(&u64::from(pid)), "{listed:?}: {r:#}");
+    let p = r["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["pid"] == pid)
+        .unwrap();
+    assert_eq!(p["gpus"][0]["bus_id"], bus.as_str(), "{p:#}");
+    assert_eq!(p["gpus"][0]["descriptor"], true);
+    assert_eq!(p["checks"][0]["name"], "gpu");
+    assert_eq!(p["checks"][0]["verdict"], "ok", "{p:#}");
+    assert!(!listed.contains(&u64::from(std::process::id())));
+    assert!(r["looked_at"].as_u64().unwrap() > 2);
+}
+
+/// `(bus id, VENDOR:DEVICE)` of a PCI device that is no bridge.
+fn some_pci_device() -> Option<(String, String)> {
+    let read = |p: PathBuf| {
+        std::fs::read_to_string(p)
+            .ok()
+            .map(|s| s.trim().to_string())
+    };
+    let mut entries: Vec<_> = std::fs::read_dir("/sys/bus/pci/devices")
+        .ok()?
+        .flatten()
+        .collect();
+    entries.sort_by_key(|e| e.file_name());
+    entries.into_iter().find_map(|e| {
+        let p = e.path();
+        let class = read(p.join("class"))?;
+        if class.starts_with("0x06") {
+            return None;
+        }
+        let (v, dv) = (read(p.join("vendor"))?, read(p.join("device"))?);
+        let bus = e.file_name().to_string_lossy().into_owned();
+        Some((
+            bus,
+            format!(
+                "{}:{}",
+                v.trim_start_matches("0x"),
+                dv.trim_start_matches("0x")
+            ),
+        ))
+    })
+}
+
+/// A fake `/proc` with hostile contents: a `numa_maps` past the line
+/// limit, a line of a MiB, binary environments, dangling links. Lines,
+/// never a crash, and the exit code of the verdicts.
+#[test]
+fn hostile_proc_folders_give_lines() {
+    let d = tempfile::tempdir().unwrap();
+    let proc_dir = |pid: u32| d.path().join(format!("proc/{pid}"));
+    for pid in [10, 11] {
+        let p = proc_dir(pid);
+        std::fs::create_dir_all(p.join("fd")).unwrap();
+        std::fs::create_dir_all(p.join("task/1")).unwrap();
+        std::fs::write(
+            p.join("status"),
+            "Name:\tx\nState:\tS\nCpus_allowed_list:\t0\n",
+        )
+        .unwrap();
+        std::fs::write(p.join("task/1/stat"), "1 (x) S 1").unwrap();
+        std::fs::write(p.join("environ"), [0xff, 0, b'=', 0, b'L', b'O']).unwrap();
+        std::os::unix::fs::symlink("/dev/nvidia0", p.join("fd/3")).unwrap();
+        std::fs::write(p.join("maps"), "").unwrap();
+    }
+    // 4,194,305 one-line mappings: past the default limit of 4,194,304.
+    {
+        use std::io::Write;
+        let mut f =
+            std::io::BufWriter::new(std::fs::File::create(proc_dir(10).join("numa_maps")).unwrap());
+        for _ in 0..=(1u32 << 22) {
+            f.write_all(b"1 default\n").unwrap();
+        }
+    }
+    std::fs::write(
+        proc_dir(11).join("numa_maps"),
+        "7f default ".to_string() + &"x".repeat(1 << 20),
+    )
+    .unwrap();
+    let root = d.path().to_str().unwrap();
+    let started = Instant::now();
+    let o = run(numapin(&[
+        "ps",
+        "--json",
+        "--root",
+        root,
+        "--input",
+        &fixture("dgx-h100.xml"),
+    ]));
+    eprintln!(
+        "a pass over 4 million numa_maps lines: {:?}",
+        started.elapsed()
+    );
+    let r = report(&o);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let procs = r["processes"].as_array().unwrap();
+    assert_eq!(procs.len(), 2, "{r:#}");
+    let why = |i: usize| procs[i]["unread"].to_string();
+    assert!(
+        why(0).contains("more than the 4194304-line limit"),
+        "{}",
+        why(0)
+    );
+    assert!(
+        why(1).contains("line 1 is longer than the 65536-byte limit"),
+        "{}",
+        why(1)
+    );
+    // Each has GPU 0 open (minor 0, but no driver files: bus id unknown).
+    assert_eq!(procs[0]["gpus"][0]["path"], "/dev/nvidia0");
+    assert_eq!(procs[0]["gpus"][0]["bus_id"], Value::Null);
+    let t = String::from_utf8_lossy(&run(numapin(&["ps", "--root", root])).stdout).into_owned();
+    assert!(t.contains("not read: memory:"), "{t}");
+}
+
+/// As user `nobody`: another user's process is read as far as allowed,
+/// with a line for each part that is not; the scan lists it as not readable.
+#[test]
+fn another_users_process_gives_lines_not_guesses() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: needs root to run numapin as user nobody");
+        return;
+    }
+    let d = tempfile::tempdir().unwrap();
+    let mut procs = Procs::new();
+    let pid = procs.start("true", &[("LOCAL_RANK", "0")], &d.path().join("r"));
+    let (_dir, exe) = common::runnable_by_everyone(Path::new(env!("CARGO_BIN_EXE_numapin")));
+    let as_nobody = |args: &[&str]| {
+        let mut c = Command::new(&exe);
+        c.args(args).current_dir("/").env("HOME", "/");
+        // SAFETY: only system calls (setrlimit, setgroups, setgid, setuid)
+        // run between fork and exec.
+        unsafe {
+            c.pre_exec(common::as_nobody(8 << 20));
+        }
+        run(c)
+    };
+    let o = as_nobody(&["ps", "--json", "--no-cuda", "--pid", &pid.to_string()]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let r = report(&o);
+    let p = &r["processes"][0];
+    let parts: Vec<&str> = p["unread"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|u| {
+            assert_eq!(u["permission"], true, "{u}");
+            u["part"].as_str().unwrap()
+        })
+        .collect();
+    assert_eq!(
+        parts,
+        ["descriptors", "mappings", "environment", "memory"],
+        "{p:#}"
+    );
+    assert!(
+        p["threads"]["count"].as_u64().unwrap() >= 1,
+        "threads are world-readable"
+    );
+    assert_eq!(p["checks"][0]["verdict"], "warn");
+    assert!(p["checks"][0]["evidence"]
+        .as_str()
+        .unwrap()
+        .contains("its environment is not readable"));
+    let o = as_nobody(&["ps", "--json", "--no-cuda"]);
+    let r = report(&o);
+    let unreadable: Vec<u64> = r["unreadable"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|u| u["pid"].as_u64().unwrap())
+        .collect();
+    assert!(unreadable.contains(&u64::from(pid)), "{unreadable:?}");
+    let t = String::from_utf8_lossy(&as_nobody(&["ps", "--no-cuda"]).stdout).into_owned();
+    assert!(
+        t.contains("not readable by this user (run as root, or as their user, to check them):"),
+        "{t}"
+    );
+}
