@@ -64,6 +64,46 @@ fn four_node_script() -> String {
     ]
     .join("\n")
         + "\n"
+        + &ps_script()
+}
+
+/// `numapin ps`: processes that have an accelerator's sysfs `config` open
+/// (the documented way a process names the device it uses, see
+/// docs/ps.md), started with different bindings, and two ranks named by
+/// their launcher variables alone. Each writes `/tmp/ps-ready-NAME` once
+/// set up and its pid to `/tmp/ps-pid-NAME`; `ps-pids` lists them.
+fn ps_script() -> String {
+    let acc = TESTDEV_PCI_ID;
+    let ps = format!("numapin ps --no-cuda --accelerator-pci-id {acc}");
+    [
+        // ACC2, ACC3: the config files of the accelerators on nodes 2 and 3;
+        // FAR: the NIC interface on node 2 (for a rank of node 3).
+        "for d in /sys/bus/pci/devices/*; do [ \"$(cat $d/vendor):$(cat $d/device)\" = 0x1b36:0x0005 ] && export ACC$(cat $d/numa_node)=$d/config; done".to_string(),
+        "FAR=; for i in /sys/class/net/*; do [ \"$(cat $i/device/numa_node 2>/dev/null)\" = 2 ] && FAR=${i##*/}; done".into(),
+        "psbg() { name=$1; shift; \"$@\" & echo $! > /tmp/ps-pid-$name; }".into(),
+        // GPU 0 (node 2), bound there by numapin exec.
+        format!("psbg right numapin exec --no-cuda --accelerator-pci-id {acc} --gpu 0 -- sh -c 'exec 3<$ACC2; : > /tmp/ps-ready-right; exec sleep 600'"),
+        // GPU 0 (node 2), bound to node 0.
+        "psbg wrong numapin exec --no-cuda --node 0 -- sh -c 'exec 3<$ACC2; : > /tmp/ps-ready-wrong; exec sleep 600'".into(),
+        // GPU 1 (node 3), not bound.
+        "psbg unbound sh -c 'exec 3<$ACC3; : > /tmp/ps-ready-unbound; exec sleep 600'".into(),
+        // GPU 0 (node 2): 32 MiB first touched on node 0's CPU, then moved
+        // to node 2's CPU; its sleeping child does not hold the device.
+        "psbg memory taskset -c 0 sh -c 'exec 3<$ACC2; x=$(head -c 33554432 /dev/zero | tr \"\\0\" a); taskset -p 4 $$ >/dev/null; : > /tmp/ps-ready-memory; while :; do sleep 600 3<&-; done'".into(),
+        // Local rank 1 (GPU 1, node 3) by its variables: on node 3, and on
+        // node 0 told to use node 2's NIC.
+        "psbg rank-right env LOCAL_RANK=1 taskset -c 3 sh -c ': > /tmp/ps-ready-rank-right; exec sleep 600'".into(),
+        "psbg rank-wrong env LOCAL_RANK=1 UCX_NET_DEVICES=${FAR:-eth0} taskset -c 0 sh -c ': > /tmp/ps-ready-rank-wrong; exec sleep 600'".into(),
+        "for i in $(seq 600); do [ $(ls /tmp/ps-ready-* 2>/dev/null | wc -l) = 6 ] && break; sleep 0.1; done".into(),
+        "step ps-pids sh -c 'for f in /tmp/ps-pid-*; do echo ${f#/tmp/ps-pid-} $(cat $f); done; ls /tmp/ps-ready-*'".into(),
+        format!("step ps-scan {ps} --json"),
+        format!("step ps-text {ps}"),
+        format!("step ps-ranks sh -c '{ps} --json --pid $(cat /tmp/ps-pid-rank-right),$(cat /tmp/ps-pid-rank-wrong)'"),
+        format!("step ps-missing {ps} --pid 4194304"),
+        "kill $(cat /tmp/ps-pid-*) 2>/dev/null".into(),
+    ]
+    .join("\n")
+        + "\n"
 }
 
 /// Node 2's pool of 2 MiB hugetlb pages, inside the guest.
@@ -419,6 +459,219 @@ fn loader_workers_and_slots_stay_on_the_accelerators_node() {
     boot.guest_test_passed(
         "guest-loader",
         "guest::loader_for_the_node_2_accelerator_stays_on_node_2",
+    );
+}
+
+/// The pid of each `numapin ps` test process, by name (step `ps-pids`).
+fn ps_pids(boot: &Boot) -> std::collections::BTreeMap<String, u64> {
+    let s = boot.ok("ps-pids");
+    let pids: std::collections::BTreeMap<String, u64> = s
+        .stdout
+        .lines()
+        .filter_map(|l| {
+            let (name, pid) = l.split_once(' ')?;
+            Some((name.to_string(), pid.trim().parse().ok()?))
+        })
+        .collect();
+    assert_eq!(pids.len(), 6, "{}", s.stdout);
+    assert_eq!(
+        s.stdout.matches("/tmp/ps-ready-").count(),
+        6,
+        "not all ready:\n{}",
+        s.stdout
+    );
+    pids
+}
+
+/// A `numapin ps --json` step: its report, after checking that the exit
+/// code is 1 exactly when a verdict fails.
+fn ps_report(boot: &Boot, step: &str) -> serde_json::Value {
+    let s = boot.step(step);
+    let v: serde_json::Value = serde_json::from_str(&s.stdout)
+        .unwrap_or_else(|e| panic!("step {step}: not JSON ({e}):\n{}\n{}", s.stdout, s.stderr));
+    let fails = v["summary"]["fail"].as_u64().unwrap();
+    assert_eq!(
+        s.rc,
+        i32::from(fails > 0),
+        "step {step}: exit code\n{}",
+        s.stdout
+    );
+    v
+}
+
+/// The process `pid` of a report, and its `(check, verdict)` pairs.
+fn ps_process(v: &serde_json::Value, pid: u64) -> (serde_json::Value, Vec<(String, String)>) {
+    let p = v["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["pid"] == pid)
+        .unwrap_or_else(|| panic!("pid {pid} not listed: {v:#}"))
+        .clone();
+    let checks = p["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            (
+                c["name"].as_str().unwrap().to_string(),
+                c["verdict"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    (p, checks)
+}
+
+fn pairs(p: &[(&str, &str)]) -> Vec<(String, String)> {
+    p.iter()
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+        .collect()
+}
+
+/// The scan finds exactly the four processes with an accelerator open and
+/// judges each: bound right (ok), bound to node 0 (threads and memory
+/// policy fail), not bound (warn, or fail if its thread ran off node 3),
+/// threads right but 32 MiB on node 0 (memory fails).
+#[test]
+fn ps_judges_processes_bound_right_and_wrong() {
+    let Some(boot) = four_nodes() else { return };
+    let pids = ps_pids(boot);
+    let v = ps_report(boot, "ps-scan");
+    let listed: Vec<u64> = v["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["pid"].as_u64().unwrap())
+        .collect();
+    let mut want: Vec<u64> = ["right", "wrong", "unbound", "memory"]
+        .iter()
+        .map(|n| pids[*n])
+        .collect();
+    want.sort_unstable();
+    assert_eq!(
+        listed, want,
+        "only the processes holding an accelerator: {v:#}"
+    );
+    let (p, right) = ps_process(&v, pids["right"]);
+    assert_eq!(
+        right,
+        pairs(&[
+            ("gpu", "ok"),
+            ("cpus", "ok"),
+            ("memory", "ok"),
+            ("nic", "ok")
+        ]),
+        "{p:#}"
+    );
+    assert_eq!(p["expected"]["nodes"], serde_json::json!([2]), "{p:#}");
+    assert_eq!(p["memory"]["policy"], "bind:2", "{p:#}");
+    let (p, wrong) = ps_process(&v, pids["wrong"]);
+    assert_eq!(
+        wrong,
+        pairs(&[
+            ("gpu", "ok"),
+            ("cpus", "fail"),
+            ("memory", "fail"),
+            ("nic", "ok")
+        ]),
+        "{p:#}"
+    );
+    let cpus = &p["checks"][1]["evidence"];
+    assert!(
+        cpus.as_str().unwrap().starts_with("GPU 0 is on node 2; its thread last ran on CPU 0 (node 0); it may run on CPUs 0 (node 0)"),
+        "{cpus}"
+    );
+    let mem = p["checks"][2]["evidence"].as_str().unwrap();
+    assert!(
+        mem.contains("memory policy bind:0: its new memory comes from node 0 only"),
+        "{mem}"
+    );
+    let (p, unbound) = ps_process(&v, pids["unbound"]);
+    let on3 = p["threads"]["last_cpu"].get("3").is_some();
+    assert_eq!(
+        unbound,
+        pairs(&[
+            ("gpu", "ok"),
+            ("cpus", if on3 { "warn" } else { "fail" }),
+            ("memory", "ok"),
+            ("nic", "ok")
+        ]),
+        "{p:#}"
+    );
+    assert_eq!(p["expected"]["nodes"], serde_json::json!([3]));
+    let (p, memory) = ps_process(&v, pids["memory"]);
+    assert_eq!(
+        memory,
+        pairs(&[
+            ("gpu", "ok"),
+            ("cpus", "ok"),
+            ("memory", "fail"),
+            ("nic", "ok")
+        ]),
+        "{p:#}"
+    );
+    let data0 = p["memory"]["data"]["0"].as_u64().unwrap();
+    assert!(data0 >= 32 << 20, "{p:#}");
+    // The summary per node counts that process's data on node 0.
+    let n0 = &v["nodes"][0];
+    assert!(n0["data_bytes"].as_u64().unwrap() >= data0, "{n0}");
+    let text = &boot.step("ps-text").stdout;
+    assert!(
+        text.starts_with("numapin ps: 4 process(es) with a GPU open, of "),
+        "{text}"
+    );
+    assert!(
+        text.contains("  FAIL  memory  GPU 0 is on node 2; "),
+        "{text}"
+    );
+    assert!(text.contains("fix: start it bound near its GPU: `numapin exec -- CMD` under the launcher (CPUs 2, memory on node 2)"), "{text}");
+}
+
+/// Ranks named with --pid and found by their launcher variables alone (no
+/// device open): local rank 1 is the accelerator on node 3; on node 0 and
+/// told to use node 2's NIC it fails; a pid that is not there exits 2.
+#[test]
+fn ps_judges_ranks_named_by_their_launcher_variables() {
+    let Some(boot) = four_nodes() else { return };
+    let pids = ps_pids(boot);
+    let v = ps_report(boot, "ps-ranks");
+    let (p, right) = ps_process(&v, pids["rank-right"]);
+    assert_eq!(
+        right,
+        pairs(&[
+            ("gpu", "ok"),
+            ("cpus", "ok"),
+            ("memory", "ok"),
+            ("nic", "ok")
+        ]),
+        "{p:#}"
+    );
+    let gpu = p["checks"][0]["evidence"].as_str().unwrap();
+    assert!(
+        gpu.contains("chosen by local rank 1 from LOCAL_RANK"),
+        "{gpu}"
+    );
+    let (p, wrong) = ps_process(&v, pids["rank-wrong"]);
+    let named = boot.ok("net-interfaces").stdout.contains("eth");
+    // Without the NIC driver the interfaces have no names: the variable
+    // then names none of the NICs, a warning.
+    let nic = if named { "fail" } else { "warn" };
+    assert_eq!(
+        wrong,
+        pairs(&[
+            ("gpu", "ok"),
+            ("cpus", "fail"),
+            ("memory", "ok"),
+            ("nic", nic)
+        ]),
+        "{p:#}"
+    );
+    let missing = boot.step("ps-missing");
+    assert_eq!(missing.rc, 2, "{}", missing.stderr);
+    assert!(
+        missing.stderr.contains("pid 4194304: no such process"),
+        "{}",
+        missing.stderr
     );
 }
 

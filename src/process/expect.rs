@@ -4,6 +4,7 @@
 //! [`rank_plan`] chooses it for `numapin exec` (under the process's own
 //! `CUDA_VISIBLE_DEVICES` and cpuset), else the one GPU the process has open.
 
+use std::borrow::Cow;
 use std::ffi::OsString;
 
 use serde::Serialize;
@@ -13,7 +14,7 @@ use super::verdict::{Check, Subject, Verdict};
 use crate::affinity::{launcher, plan, rank_plan, Mode, PlanOptions, RankChoice, RankPlan};
 use crate::cpulist::CpuList;
 use crate::gpu::GpuIndex;
-use crate::topology::{Allowed, ProbeEnv, Topology};
+use crate::topology::{ProbeEnv, Topology};
 
 /// What a process is judged against.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -66,37 +67,41 @@ fn list(gpus: &[GpuIndex]) -> String {
         .to_string()
 }
 
-/// The topology as the process sees it: its CUDA variables and cpuset.
-/// A value CUDA would not accept is a note, and the description is used as
+/// The topology as the process sees it: its CUDA variables and its
+/// cpuset's memory nodes (`Mems_allowed_list`). Its CPUs are left as the
+/// description has them: a process's CPU list is usually the affinity
+/// mask it was started with (`taskset`, a launcher's binding), which
+/// `numapin exec` replaces; the plan says what it would bind instead. A
+/// value CUDA would not accept is a note, and the description is used as
 /// it is.
-pub(super) fn seen_by(topo: &Topology, s: &ProcessSnapshot) -> (Topology, Option<String>) {
+pub(super) fn seen_by<'a>(
+    topo: &'a Topology,
+    s: &ProcessSnapshot,
+) -> (Cow<'a, Topology>, Option<String>) {
     let env = s.environment.as_ref();
     let probe_env = ProbeEnv {
         cuda_visible_devices: env.and_then(|e| e.cuda_visible_devices.clone()),
         cuda_device_order: env.and_then(|e| e.cuda_device_order.clone()),
     };
+    let nodes: Option<Vec<u32>> = s.allowed_nodes.as_ref().map(|n| {
+        n.iter()
+            .copied()
+            .filter(|n| topo.allowed.numa_nodes.contains(n))
+            .collect()
+    });
+    let nodes = nodes.filter(|n| !n.is_empty() && *n != topo.allowed.numa_nodes);
+    // Most processes see what the description says: no copy for them.
+    if probe_env == ProbeEnv::default() && nodes.is_none() && topo.cuda.visible_devices.is_none() {
+        return (Cow::Borrowed(topo), None);
+    }
     let (mut t, note) = match topo.with_cuda_env(&probe_env) {
         Ok(t) => (t, None),
         Err(e) => (topo.clone(), Some(crate::report::with_causes(&e))),
     };
-    let all = topo.all_cpus();
-    if let Some(cpus) = s.allowed_cpus.as_ref().map(|c| c.intersection(&all)) {
-        if !cpus.is_empty() {
-            let nodes: Vec<u32> = match &s.allowed_nodes {
-                Some(n) => n
-                    .iter()
-                    .copied()
-                    .filter(|n| topo.node(*n).is_some())
-                    .collect(),
-                None => t.allowed.numa_nodes.clone(),
-            };
-            t.allowed = Allowed {
-                cpus,
-                numa_nodes: nodes,
-            };
-        }
+    if let Some(nodes) = nodes {
+        t.allowed.numa_nodes = nodes;
     }
-    (t, note)
+    (Cow::Owned(t), note)
 }
 
 /// The `gpu` check and what the process is judged against.

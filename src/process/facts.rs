@@ -87,7 +87,7 @@ pub(super) fn facts(t: &Topology, s: &ProcessSnapshot) -> Vec<String> {
         format!("{a} ({})", node_list(&nodes_of(t, a)))
     });
     out.push(format!(
-        "threads: {} last ran {}; may run on CPUs {may}",
+        "threads: {}, last ran {}; may run on CPUs {may}",
         s.threads.count,
         if ran.is_empty() {
             "nowhere known".into()

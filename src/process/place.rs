@@ -49,25 +49,59 @@ fn cpus_of(t: &Topology, nodes: &[u32]) -> CpuList {
         .fold(CpuList::new(), |a, n| a.union(&n.cpus))
 }
 
-/// The fix for a process bound away from its GPU (or not bound): its
-/// cpuset's when that excludes the GPU's CPUs, `numapin exec` otherwise.
+/// The fix for a process bound away from its GPU (or not bound):
+/// `numapin exec` or `numapin.bind()`, and when its CPUs exclude the GPU's
+/// node, where such a binding may come from.
 fn bind_fix(t: &Topology, s: &ProcessSnapshot, e: &Expected) -> String {
-    let home = cpus_of(t, &e.nodes);
-    if let Some(a) = &s.allowed_cpus {
-        if !home.is_empty() && a.is_disjoint(&home) {
-            return format!(
-                "its cpuset allows only CPUs {a}, none of {}'s ({home}): numapin exec cannot bind outside it; give the job its GPU's CPUs (Slurm `--cpu-bind` / `--gres-flags=enforce-binding`, `docker --cpuset-cpus`, the Kubernetes topology manager `single-numa-node`)",
-                node_list(&e.nodes)
-            );
-        }
-    }
     let binding = match &e.plan {
         Some(p) => format!(" (CPUs {}, memory on {})", p.cpus, node_list(&p.mems)),
         None => String::new(),
     };
-    format!(
+    let mut fix = format!(
         "start it bound near its GPU: `numapin exec -- CMD` under the launcher{binding}, or `numapin.bind()` first thing in the Python script"
-    )
+    );
+    let home = cpus_of(t, &e.nodes);
+    if let Some(a) = s
+        .allowed_cpus
+        .as_ref()
+        .filter(|a| !home.is_empty() && a.is_disjoint(&home))
+    {
+        fix = format!(
+            "it may run only on CPUs {a}, none of {}'s: drop the binding that put it there (`taskset`, `numactl`, the launcher's) and {fix}; if the job's cgroup is what excludes CPUs {home}, give the job its GPU's CPUs (Slurm `--cpu-bind` / `--gres-flags=enforce-binding`, `docker --cpuset-cpus`, the Kubernetes topology manager `single-numa-node`)",
+            node_list(&e.nodes)
+        );
+    }
+    fix
+}
+
+/// How the threads are spread, in words: `its thread last ran on CPU 2
+/// (node 2)`, `its 12 threads last ran on node 0 (CPUs 0-5)`, `of its 12
+/// threads, 10 last ran on node 0 (CPUs 0-5), 2 on node 1 (CPUs 56-57)`.
+fn ran_text(t: &Topology, s: &ProcessSnapshot) -> String {
+    let by_node = threads_by_node(t, s);
+    let count = s.threads.count;
+    match by_node.iter().next() {
+        Some((n, (_, cpus))) if by_node.len() == 1 && count == 1 => {
+            format!("its thread last ran on CPU {cpus} ({})", node_name(*n))
+        }
+        Some((n, (_, cpus))) if by_node.len() == 1 => {
+            format!(
+                "its {count} threads last ran on {} (CPUs {cpus})",
+                node_name(*n)
+            )
+        }
+        _ => {
+            let parts: Vec<String> = by_node
+                .iter()
+                .enumerate()
+                .map(|(i, (n, (c, cpus)))| {
+                    let verb = if i == 0 { " last ran" } else { "" };
+                    format!("{c}{verb} on {} (CPUs {cpus})", node_name(*n))
+                })
+                .collect();
+            format!("of its {count} threads, {}", parts.join(", "))
+        }
+    }
 }
 
 /// Where the threads last ran.
@@ -80,25 +114,12 @@ pub(super) fn cpus(t: &Topology, s: &ProcessSnapshot, e: &Expected) -> Option<Ch
     if count == 0 {
         return None;
     }
-    let by_node = threads_by_node(t, s);
-    let on: u32 = by_node
+    let on: u32 = threads_by_node(t, s)
         .iter()
         .filter(|(n, _)| n.is_some_and(|n| e.nodes.contains(&n)))
         .map(|(_, (c, _))| c)
         .sum();
     let off = count - on;
-    let ran = by_node
-        .iter()
-        .map(|(n, (c, cpus))| {
-            let here = n.is_some_and(|n| e.nodes.contains(&n));
-            format!(
-                "{c} on {}{} (CPUs {cpus})",
-                node_name(*n),
-                if here { ", its GPU's" } else { "" }
-            )
-        })
-        .collect::<Vec<_>>()
-        .join(", ");
     let home = cpus_of(t, &e.nodes);
     let (bound, may) = match &s.allowed_cpus {
         Some(a) => (
@@ -107,10 +128,7 @@ pub(super) fn cpus(t: &Topology, s: &ProcessSnapshot, e: &Expected) -> Option<Ch
         ),
         None => (false, "its allowed CPUs are unknown".into()),
     };
-    let mut evidence = format!(
-        "{}; its {count} thread(s) last ran: {ran}; {may}",
-        gpu_where(t, e)
-    );
+    let mut evidence = format!("{}; {}; {may}", gpu_where(t, e), ran_text(t, s));
     let verdict = if off * 2 > count {
         Verdict::Fail
     } else if off > 0 {

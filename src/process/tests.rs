@@ -226,7 +226,7 @@ fn a_rank_bound_near_its_gpu_is_ok() {
     assert!(
         r.facts
             .iter()
-            .any(|f| f.starts_with("threads: 12 last ran 12 on node 1 (CPUs 56-57)")),
+            .any(|f| f.starts_with("threads: 12, last ran 12 on node 1 (CPUs 56-57)")),
         "{:?}",
         r.facts
     );
@@ -252,7 +252,7 @@ fn a_rank_on_the_other_socket_fails_with_the_fix() {
     );
     let cpus = check(&r, "cpus");
     assert!(
-        cpus.evidence.starts_with("GPU 4 is on node 1; its 12 thread(s) last ran: 12 on node 0 (CPUs 0-1); it may run on CPUs 0-223 (nodes 0-1)"),
+        cpus.evidence.starts_with("GPU 4 is on node 1; its 12 threads last ran on node 0 (CPUs 0-1); it may run on CPUs 0-223 (nodes 0-1)"),
         "{}",
         cpus.evidence
     );
@@ -323,8 +323,42 @@ fn unbound_processes_and_minorities_warn() {
         .fd("/dev/nvidia4")
         .memory("default", &[(1, 400), (0, 100)]);
     let r = judged(p);
-    assert_eq!(check(&r, "cpus").verdict, Verdict::Warn);
+    let cpus = check(&r, "cpus");
+    assert_eq!(cpus.verdict, Verdict::Warn);
+    assert!(
+        cpus.evidence
+            .contains("of its 4 threads, 1 last ran on node 0 (CPUs 0), 3 on node 1 (CPUs 56)"),
+        "{}",
+        cpus.evidence
+    );
     assert_eq!(check(&r, "memory").verdict, Verdict::Warn);
+    // Bound to the other socket's CPUs: the fix says where that may come from.
+    let p = Fake::new(117)
+        .env("LOCAL_RANK", "4")
+        .threads(&[(3, 1)])
+        .allowed("0-55");
+    let r = judged(p);
+    let cpus = check(&r, "cpus");
+    assert_eq!(cpus.verdict, Verdict::Fail);
+    assert!(
+        cpus.evidence
+            .contains("its thread last ran on CPU 3 (node 0)"),
+        "{}",
+        cpus.evidence
+    );
+    let fix = cpus.fix.as_deref().unwrap();
+    assert!(
+        fix.starts_with(
+            "it may run only on CPUs 0-55, none of node 1's: drop the binding that put it there"
+        ),
+        "{fix}"
+    );
+    assert!(
+        fix.contains(
+            "`numapin exec -- CMD` under the launcher (CPUs 56-111,168-223, memory on node 1)"
+        ),
+        "{fix}"
+    );
 }
 
 #[test]
