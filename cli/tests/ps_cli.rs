@@ -510,3 +510,88 @@ fn another_users_process_gives_lines_not_guesses() {
         "{t}"
     );
 }
+
+/// Set in the child [`a_process_using_numapin_shows_its_arenas`] starts:
+/// the file it writes its node to once its buffer is made.
+const ARENA_CHILD: &str = "NUMAPIN_TEST_PS_ARENA_CHILD";
+
+/// The child: a numapin runtime with a 1 MiB buffer on the first node
+/// (one 32 MiB region), held until standard input closes.
+#[test]
+#[ignore = "runs as the child of a_process_using_numapin_shows_its_arenas"]
+fn arena_child() {
+    use numapin::runtime::{Runtime, RuntimeConfig};
+    use numapin::topology::{CudaMode, ProbeOptions, Topology};
+    let Some(ready) = std::env::var_os(ARENA_CHILD) else {
+        return;
+    };
+    let t = Topology::probe(&ProbeOptions::default().with_cuda(CudaMode::Off)).unwrap();
+    let node = t.numa_nodes[0].os_index;
+    let rt = Runtime::new(t, RuntimeConfig::default().with_region_bytes(32 << 20)).unwrap();
+    let mut b = rt.alloc_on_node(node, 1 << 20).unwrap();
+    b.fill(1);
+    std::fs::write(ready, node.to_string()).unwrap();
+    let mut line = String::new();
+    let _ = std::io::stdin().read_line(&mut line);
+    drop(b);
+}
+
+/// A process using numapin publishes its arenas; `numapin ps --pid` shows
+/// them (the region on its node, pinned) with an `ok` numapin check.
+#[test]
+fn a_process_using_numapin_shows_its_arenas() {
+    use std::io::Write;
+    let d = tempfile::tempdir().unwrap();
+    let ready = d.path().join("ready");
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "arena_child", "--ignored", "--test-threads=1"])
+        .env(ARENA_CHILD, &ready)
+        .env("LOCAL_RANK", "0")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let node: u64 = loop {
+        if let Some(n) = std::fs::read_to_string(&ready)
+            .ok()
+            .and_then(|n| n.parse().ok())
+        {
+            break n;
+        }
+        if Instant::now() > deadline || child.try_wait().unwrap().is_some() {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the child never made its buffer");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let pid = child.id().to_string();
+    let o = run(numapin(&["ps", "--json", "--no-cuda", "--pid", &pid]));
+    let t = run(numapin(&["ps", "--no-cuda", "--pid", &pid]));
+    let _ = child.stdin.take().unwrap().write_all(b"\n");
+    let _ = child.wait();
+    let r = report(&o);
+    let p = &r["processes"][0];
+    let runtimes = &p["numapin"]["read"]["runtimes"];
+    assert_eq!(runtimes.as_array().map(Vec::len), Some(1), "{p:#}");
+    let stats = runtimes[0]["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["node"] == node)
+        .unwrap_or_else(|| panic!("node {node}: {p:#}"));
+    assert_eq!(stats["regions"], 1, "{stats}");
+    assert_eq!(stats["bytes_reserved"], 32 << 20, "{stats}");
+    assert_eq!(stats["bytes_in_use"], 1 << 20, "{stats}");
+    let nodes = &r["nodes"].as_array().unwrap();
+    let row = nodes.iter().find(|n| n["node"] == node).unwrap();
+    assert_eq!(row["numapin_pinned_bytes"], 32 << 20, "{row}");
+    let text = String::from_utf8_lossy(&t.stdout);
+    assert!(
+        text.contains(&format!(
+            "numapin: 1 runtime(s); node {node} 1 region(s) 32 MiB pinned, 1 MiB in use"
+        )),
+        "{text}"
+    );
+}

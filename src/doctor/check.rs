@@ -51,16 +51,19 @@ pub enum Subject {
     Node(u32),
     /// A NIC (its position in [`crate::Topology::nics`]).
     Nic(usize),
+    /// A running process, by pid (`numapin ps`: [`crate::process`]).
+    Process(u32),
 }
 
 impl Subject {
-    /// `GPU 0`, `node 1`, `NIC 2`; `None` for [`Subject::Machine`].
+    /// `GPU 0`, `node 1`, `NIC 2`, `pid 42`; `None` for [`Subject::Machine`].
     pub fn label(&self) -> Option<String> {
         match self {
             Subject::Machine => None,
             Subject::Gpu(g) => Some(format!("GPU {g}")),
             Subject::Node(n) => Some(format!("node {n}")),
             Subject::Nic(n) => Some(format!("NIC {n}")),
+            Subject::Process(p) => Some(format!("pid {p}")),
         }
     }
 }
@@ -143,6 +146,12 @@ impl Check {
     /// The same check, about NUMA node `node`.
     pub(crate) fn for_node(mut self, node: u32) -> Self {
         self.subject = Subject::Node(node);
+        self
+    }
+
+    /// The same check, about process `pid`.
+    pub(crate) fn for_process(mut self, pid: u32) -> Self {
+        self.subject = Subject::Process(pid);
         self
     }
 

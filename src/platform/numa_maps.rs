@@ -520,7 +520,7 @@ pub(crate) fn placement(
 /// files: page cache that any process may have read in first), and the
 /// task's memory policy as the `stack` (else `heap`) line shows it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Totals {
+pub(crate) struct Totals {
     /// Data bytes per node.
     pub data: BTreeMap<u32, u64>,
     /// File bytes per node.
@@ -564,7 +564,7 @@ fn is_data(line: &[u8]) -> bool {
 impl Totals {
     /// Adds one line (without its newline); node numbers at or above
     /// `max_nodes` are counted in [`bad_nodes`](Self::bad_nodes) instead.
-    pub fn add_line(&mut self, line: &[u8], max_nodes: u32) {
+    pub(crate) fn add_line(&mut self, line: &[u8], max_nodes: u32) {
         if line.iter().all(u8::is_ascii_whitespace) {
             return;
         }
@@ -593,16 +593,6 @@ impl Totals {
                 self.policy_from_stack = stack;
             }
         }
-    }
-
-    /// Data and file bytes together, per node.
-    pub fn resident(&self) -> BTreeMap<u32, u64> {
-        let mut all = self.data.clone();
-        for (&n, &b) in &self.file {
-            let e = all.entry(n).or_insert(0);
-            *e = e.saturating_add(b);
-        }
-        all
     }
 }
 

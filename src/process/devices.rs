@@ -18,8 +18,8 @@ use crate::gpu::GpuIndex;
 use crate::topology::Topology;
 
 /// The name the stats publication's memfd has (its `/proc/<pid>/fd/<n>`
-/// link reads `/memfd:numapin-stats (deleted)`).
-pub const STATS_MEMFD_NAME: &str = "numapin-stats";
+/// link reads `/memfd:numapin-stats (deleted)`): the writer's own constant.
+pub const STATS_MEMFD_NAME: &str = crate::arena::publish::MEMFD_NAME;
 
 /// What an open file is, for `numapin ps`.
 #[derive(Debug, Clone, PartialEq, Eq)]

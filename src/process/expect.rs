@@ -10,9 +10,10 @@ use std::ffi::OsString;
 use serde::Serialize;
 
 use super::snapshot::ProcessSnapshot;
-use super::verdict::{Check, Subject, Verdict};
+use super::verdict::check;
 use crate::affinity::{launcher, plan, rank_plan, Mode, PlanOptions, RankChoice, RankPlan};
 use crate::cpulist::CpuList;
+use crate::doctor::{Check, Verdict};
 use crate::gpu::GpuIndex;
 use crate::topology::{ProbeEnv, Topology};
 
@@ -106,7 +107,7 @@ pub(super) fn seen_by<'a>(
 
 /// The `gpu` check and what the process is judged against.
 pub(super) fn expect(topo: &Topology, s: &ProcessSnapshot) -> (Check, Option<Expected>) {
-    let subject = Subject::Process { pid: s.pid };
+    let pid = s.pid;
     let (t, cuda_note) = seen_by(topo, s);
     let (used, mapped, unknown) = used(s);
     let how_used = if mapped { "mapped" } else { "open" };
@@ -150,9 +151,10 @@ pub(super) fn expect(topo: &Topology, s: &ProcessSnapshot) -> (Check, Option<Exp
         c.evidence.push_str(&format!("; {n}"));
     }
     if trouble && c.verdict == Verdict::Ok {
-        c = Check::warn(
+        c = check(
             "gpu",
-            subject,
+            pid,
+            Verdict::Warn,
             c.evidence,
             "check the job's launcher variables and CUDA_VISIBLE_DEVICES",
         );
@@ -167,21 +169,22 @@ fn by_devices(
     used: &[GpuIndex],
     how_used: &str,
 ) -> (Check, Option<Expected>) {
-    let subject = Subject::Process { pid: s.pid };
+    let pid = s.pid;
     let expected = match used {
         [g] => Some(one_open(t, *g, how_used)),
         [] => None,
         many => Some(several(t, many, how_used)),
     };
     let c = match &expected {
-        Some(e) if e.nodes.len() > 1 => Check::warn(
+        Some(e) if e.nodes.len() > 1 => check(
             "gpu",
-            subject,
+            pid,
+            Verdict::Warn,
             e.how.clone(),
             "run one process per GPU (`torchrun --nproc-per-node`), each bound near its own GPU with `numapin exec -- CMD`",
         ),
-        Some(e) => Check::ok("gpu", subject, e.how.clone()),
-        None => no_gpu(s, subject),
+        Some(e) => check("gpu", pid, Verdict::Ok, e.how.clone(), ""),
+        None => no_gpu(s),
     };
     (c, expected)
 }
@@ -195,7 +198,7 @@ fn by_launcher(
     used: &[GpuIndex],
     how_used: &str,
 ) -> (Check, Option<Expected>) {
-    let subject = Subject::Process { pid: s.pid };
+    let pid = s.pid;
     let g = plan.gpu.expect("a rank plan names its GPU");
     let nodes: Vec<u32> = t.gpu(g).and_then(|x| x.numa_node).into_iter().collect();
     let how = format!("{}: {line}", gpu_label(t, g));
@@ -205,16 +208,18 @@ fn by_launcher(
     };
     let others: Vec<GpuIndex> = used.iter().copied().filter(|&u| u != g).collect();
     let check = if !used.is_empty() && !used.contains(&g) {
-        Check::fail(
+        check(
             "gpu",
-            subject,
+            pid,
+            Verdict::Fail,
             format!("{evidence}: not its rank's GPU"),
             "make each rank use its own GPU: `torch.cuda.set_device(int(os.environ[\"LOCAL_RANK\"]))` before any CUDA work, or let the launcher give each rank one GPU in CUDA_VISIBLE_DEVICES",
         )
     } else if how_used == "mapped" && !others.is_empty() {
-        Check::warn(
+        check(
             "gpu",
-            subject,
+            pid,
+            Verdict::Warn,
             format!(
                 "{evidence}: GPU {} as well, not its rank's (a CUDA context there: a tensor or call on the wrong device before `torch.cuda.set_device`)",
                 list(&others)
@@ -222,7 +227,7 @@ fn by_launcher(
             "set the rank's device first thing (`torch.cuda.set_device(local_rank)`), and use `cuda:{local_rank}` rather than `cuda` or `cuda:0`",
         )
     } else {
-        Check::ok("gpu", subject, evidence)
+        check("gpu", pid, Verdict::Ok, evidence, "")
     };
     let expected = Expected {
         gpus: vec![g],
@@ -290,7 +295,8 @@ fn several(t: &Topology, gpus: &[GpuIndex], how_used: &str) -> Expected {
 }
 
 /// No GPU to judge against.
-fn no_gpu(s: &ProcessSnapshot, subject: Subject) -> Check {
+fn no_gpu(s: &ProcessSnapshot) -> Check {
+    let pid = s.pid;
     let env = match &s.environment {
         None => "its environment is not readable",
         Some(_) => "no launcher rank variable (LOCAL_RANK, SLURM_LOCALID, ...) and no single GPU in CUDA_VISIBLE_DEVICES",
@@ -300,9 +306,10 @@ fn no_gpu(s: &ProcessSnapshot, subject: Subject) -> Check {
     } else {
         "no GPU device open or mapped"
     };
-    Check::warn(
+    check(
         "gpu",
-        subject,
+        pid,
+        Verdict::Warn,
         format!("{devices}; {env}: nothing to judge its placement against"),
         "give each rank its GPU the usual way (a launcher's LOCAL_RANK, or one GPU in CUDA_VISIBLE_DEVICES), or check it once it has started its CUDA work",
     )

@@ -123,8 +123,13 @@ pub(super) fn facts(t: &Topology, s: &ProcessSnapshot) -> Vec<String> {
                     )
                 })
                 .collect();
+            let cut = if p.truncated {
+                " (truncated by the writer: too many runtimes to publish)"
+            } else {
+                ""
+            };
             out.push(format!(
-                "numapin: {} runtime(s); {}",
+                "numapin: {} runtime(s){cut}; {}",
                 p.runtimes.len(),
                 if nodes.is_empty() {
                     "no node used".into()

@@ -17,8 +17,10 @@
 //!   gives, as [`rank_plan`](crate::affinity::rank_plan) chooses it for
 //!   `numapin exec`, else the one it has open), that GPU's node, and its
 //!   nearest NIC ([`Topology::nic_pairing`](crate::Topology::nic_pairing)).
-//!   Each [`Check`] has a [`Verdict`] with the evidence and the fix, in
-//!   `numapin doctor`'s words; [`node_use`] sums memory per node.
+//!   Each check is a [`doctor::Check`](crate::doctor::Check) about the
+//!   process ([`Subject::Process`](crate::doctor::Subject::Process)): a
+//!   verdict with the evidence and the fix, in `numapin doctor`'s words;
+//!   [`node_use`] sums memory per node.
 //!
 //! # Which open files are a GPU
 //!
@@ -41,7 +43,7 @@
 //! for s in scan.processes {
 //!     let report = judge(&topo, s);
 //!     for c in &report.checks {
-//!         println!("{} {} {}: {}", c.verdict.as_str(), c.name, c.subject, c.evidence);
+//!         println!("{} {} pid {}: {}", c.verdict, c.name, report.snapshot.pid, c.evidence);
 //!     }
 //! }
 //! # Ok::<(), numapin::Error>(())
@@ -74,7 +76,7 @@ pub use scan::{Scan, Unlisted};
 pub use snapshot::{
     Environment, MemoryUse, OpenGpu, ProcessSnapshot, Threads, Unread, NIC_VARS, RANK_VARS,
 };
-pub use verdict::{judge, Check, ProcessReport, Subject, Verdict};
+pub use verdict::{judge, ProcessReport};
 
 #[cfg(test)]
 mod tests;

@@ -4,8 +4,9 @@
 
 use super::expect::Expected;
 use super::snapshot::ProcessSnapshot;
-use super::verdict::{Check, Subject, Verdict};
+use super::verdict::check;
 use crate::affinity::{nic_env, NicEnv};
+use crate::doctor::{Check, Verdict};
 use crate::gpu::GpuIndex;
 use crate::topology::{IoDevice, Relation, Topology};
 
@@ -65,7 +66,7 @@ pub(super) fn nic(t: &Topology, s: &ProcessSnapshot, e: &Expected) -> Option<Che
     let gpu = plan.gpu?;
     let best = plan.nics.first()?;
     let env = s.environment.as_ref()?;
-    let subject = Subject::Process { pid: s.pid };
+    let pid = s.pid;
     let nearest = format!("its nearest NIC is {}", nic_text(t, best.nic, gpu));
     let mut parts = Vec::new();
     let mut verdict = Verdict::Ok;
@@ -96,7 +97,7 @@ pub(super) fn nic(t: &Topology, s: &ProcessSnapshot, e: &Expected) -> Option<Che
         },
         None => String::new(),
     };
-    Some(Check::with("nic", subject, verdict, evidence, fix))
+    Some(check("nic", pid, verdict, evidence, fix))
 }
 
 /// One variable's verdict and sentence.

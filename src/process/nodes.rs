@@ -6,8 +6,9 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use super::verdict::{Check, ProcessReport, Subject};
+use super::verdict::ProcessReport;
 use crate::arena::{fmt_bytes, DEFAULT_BUDGET_FRACTION};
+use crate::doctor::Check;
 use crate::topology::Topology;
 
 /// One node's row.
@@ -87,7 +88,6 @@ pub fn node_use(topo: &Topology, reports: &[ProcessReport]) -> (Vec<NodeUse>, Ve
         .map(|r| {
             Check::warn(
                 "node_budget",
-                Subject::Node { node: r.node },
                 format!(
                     "numapin pins {} on node {} over the processes listed, more than one runtime's default budget ({}, {}% of the node's {}): together they may leave the node short",
                     fmt_bytes(r.numapin_pinned_bytes),
@@ -98,6 +98,7 @@ pub fn node_use(topo: &Topology, reports: &[ProcessReport]) -> (Vec<NodeUse>, Ve
                 ),
                 "give each process a share of the node: `RuntimeConfig::with_budget_bytes`, `numapin.configure(budget=...)`",
             )
+            .for_node(r.node)
         })
         .collect();
     (rows.into_values().collect(), checks)

@@ -5,9 +5,10 @@ use std::collections::BTreeMap;
 
 use super::expect::Expected;
 use super::snapshot::ProcessSnapshot;
-use super::verdict::{gpu_where, node_list, Check, Subject, Verdict};
+use super::verdict::{check, gpu_where, node_list};
 use crate::arena::fmt_bytes;
 use crate::cpulist::CpuList;
+use crate::doctor::{Check, Verdict};
 use crate::topology::Topology;
 
 /// Data off the GPU's node below this is not worth a verdict (a small
@@ -106,9 +107,9 @@ fn ran_text(t: &Topology, s: &ProcessSnapshot) -> String {
 
 /// Where the threads last ran.
 pub(super) fn cpus(t: &Topology, s: &ProcessSnapshot, e: &Expected) -> Option<Check> {
-    let subject = Subject::Process { pid: s.pid };
+    let pid = s.pid;
     if e.nodes.is_empty() {
-        return Some(unknown_node(t, e, "cpus", subject));
+        return Some(unknown_node(t, e, "cpus", pid));
     }
     let count = s.threads.count;
     if count == 0 {
@@ -139,24 +140,19 @@ pub(super) fn cpus(t: &Topology, s: &ProcessSnapshot, e: &Expected) -> Option<Ch
     } else {
         Verdict::Ok
     };
-    Some(Check::with(
-        "cpus",
-        subject,
-        verdict,
-        evidence,
-        bind_fix(t, s, e),
-    ))
+    Some(check("cpus", pid, verdict, evidence, bind_fix(t, s, e)))
 }
 
-fn unknown_node(t: &Topology, e: &Expected, name: &'static str, subject: Subject) -> Check {
+fn unknown_node(t: &Topology, e: &Expected, name: &'static str, pid: u32) -> Check {
     let gpus: Vec<String> = e
         .gpus
         .iter()
         .map(|&g| super::expect::gpu_label(t, g))
         .collect();
-    Check::warn(
+    check(
         name,
-        subject,
+        pid,
+        Verdict::Warn,
         format!(
             "{}: the NUMA node is unknown (the firmware gives none), so its placement cannot be judged",
             gpus.join(", ")
@@ -198,16 +194,16 @@ fn policy_verdict(policy: Option<&str>, e: &Expected) -> (Verdict, String) {
             node_list(&nodes)
         ),
         Verdict::Warn => format!("memory policy {p}: new memory also goes to other nodes"),
-        Verdict::Ok => format!("memory policy {p}"),
+        _ => format!("memory policy {p}"),
     };
     (v, text)
 }
 
 /// Where the process's own data is.
 pub(super) fn memory(t: &Topology, s: &ProcessSnapshot, e: &Expected) -> Option<Check> {
-    let subject = Subject::Process { pid: s.pid };
+    let pid = s.pid;
     if e.nodes.is_empty() {
-        return Some(unknown_node(t, e, "memory", subject));
+        return Some(unknown_node(t, e, "memory", pid));
     }
     let Some(m) = &s.memory else {
         let why = s
@@ -215,9 +211,10 @@ pub(super) fn memory(t: &Topology, s: &ProcessSnapshot, e: &Expected) -> Option<
             .iter()
             .find(|u| u.part == "memory")
             .map_or("not read".to_string(), |u| u.why.clone());
-        return Some(Check::warn(
+        return Some(check(
             "memory",
-            subject,
+            pid,
+            Verdict::Warn,
             format!("where its memory is cannot be told: {why}"),
             "run numapin ps as the process's user, or as root",
         ));
@@ -267,11 +264,5 @@ pub(super) fn memory(t: &Topology, s: &ProcessSnapshot, e: &Expected) -> Option<
         s.pid,
         e.nodes.iter().copied().collect::<CpuList>()
     );
-    Some(Check::with(
-        "memory",
-        subject,
-        pv.max(bytes_v),
-        evidence,
-        fix,
-    ))
+    Some(check("memory", pid, pv.max(bytes_v), evidence, fix))
 }

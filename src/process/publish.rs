@@ -23,11 +23,11 @@ use serde::{Deserialize, Serialize};
 use crate::runtime::NodeStats;
 
 /// The magic at the start of the stats memfd (`numapst1` read as a
-/// little-endian `u64`).
-pub const STATS_MAGIC: u64 = 0x6e75_6d61_7073_7431;
+/// little-endian `u64`): the writer's own constant.
+pub const STATS_MAGIC: u64 = crate::arena::publish::MAGIC;
 
-/// The size of the stats memfd.
-pub const STATS_FILE_BYTES: usize = 64 << 10;
+/// The size of the stats memfd (the writer's).
+pub const STATS_FILE_BYTES: usize = crate::arena::publish::FILE_BYTES;
 
 /// The version of the JSON this reader understands.
 pub const STATS_VERSION: u32 = 1;
@@ -45,6 +45,10 @@ pub struct Published {
     /// One entry per numapin runtime in the process (a Rust program and
     /// the Python package in one process have one each).
     pub runtimes: Vec<PublishedRuntime>,
+    /// Set by the writer when every runtime's stats did not fit in the
+    /// file: `runtimes` is then empty.
+    #[serde(default)]
+    pub truncated: bool,
 }
 
 /// One runtime's arenas.

@@ -5,6 +5,7 @@
 use std::path::Path;
 
 use super::*;
+use crate::doctor::{Check, Subject, Verdict};
 use crate::topology::{ProbeOptions, Topology};
 
 fn dgx() -> Topology {
@@ -641,7 +642,7 @@ fn node_use_sums_processes_and_warns_past_the_budget() {
     assert_eq!(n1.default_budget_bytes, t.node(1).unwrap().memory_bytes / 2);
     assert_eq!(rows[0].file_bytes, 2 * 100 * 4096);
     assert_eq!(checks.len(), 1);
-    assert_eq!(checks[0].subject, Subject::Node { node: 1 });
+    assert_eq!(checks[0].subject, Subject::Node(1));
     assert_eq!(checks[0].verdict, Verdict::Warn);
 }
 

@@ -1,6 +1,6 @@
-//! Verdicts in `numapin doctor`'s words: each [`Check`] names what it
-//! checked, whom it is about, the [`Verdict`], the evidence it read and, when
-//! there is something to do, the fix. [`judge`] gives one process's checks:
+//! Verdicts in `numapin doctor`'s words and types ([`crate::doctor::Check`]:
+//! name, subject (the process, [`Subject::Process`](crate::doctor::Subject::Process)),
+//! verdict, evidence, fix). [`judge`] gives one process's checks:
 //!
 //! | name | fails when |
 //! | --- | --- |
@@ -20,126 +20,24 @@ use super::publish::Publication;
 use super::snapshot::ProcessSnapshot;
 use crate::arena::fmt_bytes;
 use crate::cpulist::CpuList;
+use crate::doctor::{Check, Verdict};
 use crate::topology::Topology;
 
-/// How a check came out. Ordered: `Ok < Warn < Fail`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Verdict {
-    /// Nothing to do.
-    Ok,
-    /// Worth a look: costs performance now or may later.
-    Warn,
-    /// Data crosses the socket link (or goes to the wrong GPU) this way.
-    Fail,
-}
-
-impl Verdict {
-    /// `ok`, `WARN`, `FAIL`, as the text reports print it.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Verdict::Ok => "ok",
-            Verdict::Warn => "WARN",
-            Verdict::Fail => "FAIL",
-        }
-    }
-}
-
-/// Whom a check is about.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-pub enum Subject {
-    /// A process.
-    Process {
-        /// Its id.
-        pid: u32,
-    },
-    /// A NUMA node (the summary over every process listed).
-    Node {
-        /// Its OS index.
-        node: u32,
-    },
-}
-
-impl std::fmt::Display for Subject {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Subject::Process { pid } => write!(f, "pid {pid}"),
-            Subject::Node { node } => write!(f, "node {node}"),
-        }
-    }
-}
-
-/// One diagnosis (the shape of `numapin doctor`'s checks: name, subject,
-/// verdict, evidence, fix).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Check {
-    /// A stable name (`gpu`, `cpus`, `memory`, `nic`, `numapin`,
-    /// `node_budget`).
-    pub name: &'static str,
-    /// Whom it is about.
-    pub subject: Subject,
-    /// The verdict.
-    pub verdict: Verdict,
-    /// What was read, with the values, in a sentence a person can check.
-    pub evidence: String,
-    /// What to do (`None` when there is nothing to do).
-    pub fix: Option<String>,
-}
-
-impl Check {
-    /// A passing check.
-    pub fn ok(name: &'static str, subject: Subject, evidence: impl Into<String>) -> Self {
-        Self::new(name, subject, Verdict::Ok, evidence, None)
-    }
-
-    /// A warning with its fix.
-    pub fn warn(
-        name: &'static str,
-        subject: Subject,
-        evidence: impl Into<String>,
-        fix: impl Into<String>,
-    ) -> Self {
-        Self::new(name, subject, Verdict::Warn, evidence, Some(fix.into()))
-    }
-
-    /// A failure with its fix.
-    pub fn fail(
-        name: &'static str,
-        subject: Subject,
-        evidence: impl Into<String>,
-        fix: impl Into<String>,
-    ) -> Self {
-        Self::new(name, subject, Verdict::Fail, evidence, Some(fix.into()))
-    }
-
-    fn new(
-        name: &'static str,
-        subject: Subject,
-        verdict: Verdict,
-        evidence: impl Into<String>,
-        fix: Option<String>,
-    ) -> Self {
-        Self {
-            name,
-            subject,
-            verdict,
-            evidence: evidence.into(),
-            fix,
-        }
-    }
-
-    /// `verdict` with `evidence` and `fix`: ok (no fix) for [`Verdict::Ok`].
-    pub(super) fn with(
-        name: &'static str,
-        subject: Subject,
-        verdict: Verdict,
-        evidence: String,
-        fix: String,
-    ) -> Self {
-        let fix = (verdict != Verdict::Ok).then_some(fix);
-        Self::new(name, subject, verdict, evidence, fix)
-    }
+/// A check about process `pid`: `verdict` with `evidence`, and `fix`
+/// unless the verdict is ok.
+pub(super) fn check(
+    name: &'static str,
+    pid: u32,
+    verdict: Verdict,
+    evidence: impl Into<String>,
+    fix: impl Into<String>,
+) -> Check {
+    let c = match verdict {
+        Verdict::Fail => Check::fail(name, evidence, fix),
+        Verdict::Warn => Check::warn(name, evidence, fix),
+        _ => Check::ok(name, evidence),
+    };
+    c.for_process(pid)
 }
 
 /// One process judged.
@@ -195,7 +93,6 @@ fn numapin(s: &ProcessSnapshot, e: Option<&Expected>) -> Option<Check> {
     let Publication::Read(p) = &s.numapin else {
         return None;
     };
-    let subject = Subject::Process { pid: s.pid };
     let per_node = p.per_node();
     let held: Vec<String> = per_node
         .iter()
@@ -223,22 +120,26 @@ fn numapin(s: &ProcessSnapshot, e: Option<&Expected>) -> Option<Check> {
     let off: u64 = per_node.values().map(|b| b.pages_off_node).sum();
     if !away.is_empty() {
         let nodes = e.map(|e| node_list(&e.nodes)).unwrap_or_default();
-        return Some(Check::warn(
-            "numapin",
-            subject,
-            format!("{held}; its GPU is on {nodes}"),
-            "allocate for the GPU (`Runtime::alloc_for_gpu`, `numapin.empty(..., gpu=N)`): buffers then come from its node's arena",
-        ));
+        return Some(
+            Check::warn(
+                "numapin",
+                format!("{held}; its GPU is on {nodes}"),
+                "allocate for the GPU (`Runtime::alloc_for_gpu`, `numapin.empty(..., gpu=N)`): buffers then come from its node's arena",
+            )
+            .for_process(s.pid),
+        );
     }
     if off > 0 {
-        return Some(Check::warn(
-            "numapin",
-            subject,
-            format!("{held}; {off} page(s) of its regions are off their node (placement rule `Warn`)"),
-            "see the method notes in the process's `stats()`; `numapin doctor` checks pinning on every node",
-        ));
+        return Some(
+            Check::warn(
+                "numapin",
+                format!("{held}; {off} page(s) of its regions are off their node (placement rule `Warn`)"),
+                "see the method notes in the process's `stats()`; `numapin doctor` checks pinning on every node",
+            )
+            .for_process(s.pid),
+        );
     }
-    Some(Check::ok("numapin", subject, held))
+    Some(Check::ok("numapin", held).for_process(s.pid))
 }
 
 /// `node 1`, `nodes 0-1`.

@@ -12,9 +12,9 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+use numapin::doctor::{Check, Verdict};
 use numapin::process::{
-    judge, node_use, Check, NodeUse, ProcReader, ProcessError, ProcessReport, Scan, Unlisted,
-    Verdict,
+    judge, node_use, NodeUse, ProcReader, ProcessError, ProcessReport, Scan, Unlisted,
 };
 use numapin::topology::{ProbeEnv, Topology};
 

@@ -1,6 +1,7 @@
 //! The text and JSON forms of a `numapin ps` report.
 
-use numapin::process::{Check, NodeUse, ProcessReport, Subject, Unlisted};
+use numapin::doctor::{Check, Subject, Verdict};
+use numapin::process::{NodeUse, ProcessReport, Unlisted};
 
 use super::Report;
 use crate::error::Result;
@@ -112,19 +113,24 @@ fn process(out: &mut String, p: &ProcessReport) {
 }
 
 /// Checks as `numapin doctor` prints them: verdict, name, evidence; the fix
-/// below.
+/// below. A process's checks sit under it; others name their subject.
 fn checks(out: &mut String, cs: &[Check], indent: &str) {
-    let width = cs.iter().map(|c| c.name.len()).max().unwrap_or(0);
-    for c in cs {
-        let name = match c.subject {
-            Subject::Node { .. } => format!("{} ({})", c.name, c.subject),
-            Subject::Process { .. } => c.name.to_string(),
+    let names: Vec<String> = cs
+        .iter()
+        .map(|c| match (&c.subject, c.subject.label()) {
+            (Subject::Process(_), _) | (_, None) => c.name.to_string(),
+            (_, Some(l)) => format!("{} ({l})", c.name),
+        })
+        .collect();
+    let width = names.iter().map(String::len).max().unwrap_or(0);
+    for (c, name) in cs.iter().zip(&names) {
+        let v = match c.verdict {
+            Verdict::Warn => "WARN",
+            Verdict::Fail => "FAIL",
+            Verdict::Ok => "ok",
+            _ => "skip",
         };
-        out.push_str(&format!(
-            "{indent}{:<4}  {name:<width$}  {}\n",
-            c.verdict.as_str(),
-            c.evidence
-        ));
+        out.push_str(&format!("{indent}{v:<4}  {name:<width$}  {}\n", c.evidence));
         if let Some(fix) = &c.fix {
             out.push_str(&format!("{indent}      {:<width$}  fix: {fix}\n", ""));
         }
