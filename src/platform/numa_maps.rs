@@ -539,8 +539,9 @@ pub(crate) struct Totals {
 }
 
 /// Whether a line's VMA is the process's own data rather than a file on
-/// disk: no `file=`, or a memfd, `/dev/shm` or `SYSV` shared memory file,
-/// or hugetlb pages.
+/// disk: no `file=`, or a memfd, `/dev/shm` or `SYSV` shared memory file, a
+/// device's memory mapped in (`/dev/...`: a driver's allocation, such as
+/// CUDA's pinned host memory), or hugetlb pages.
 fn is_data(line: &[u8]) -> bool {
     let mut file = None;
     let mut huge = false;
@@ -554,9 +555,7 @@ fn is_data(line: &[u8]) -> bool {
     match file {
         None => true,
         Some(f) => {
-            huge || f.starts_with(b"/memfd:")
-                || f.starts_with(b"/dev/shm/")
-                || f.starts_with(b"/SYSV")
+            huge || f.starts_with(b"/memfd:") || f.starts_with(b"/dev/") || f.starts_with(b"/SYSV")
         }
     }
 }

@@ -84,7 +84,10 @@ pub(super) fn seen_by<'a>(
         cuda_visible_devices: env.and_then(|e| e.cuda_visible_devices.clone()),
         cuda_device_order: env.and_then(|e| e.cuda_device_order.clone()),
     };
-    let nodes: Option<Vec<u32>> = s.allowed_nodes.as_ref().map(|n| {
+    // A saved machine's nodes are not this machine's: its cpuset applies
+    // to a live description only.
+    let live = topo.source == "live";
+    let nodes: Option<Vec<u32>> = s.allowed_nodes.as_ref().filter(|_| live).map(|n| {
         n.iter()
             .copied()
             .filter(|n| topo.allowed.numa_nodes.contains(n))
@@ -201,7 +204,12 @@ fn by_launcher(
     let pid = s.pid;
     let g = plan.gpu.expect("a rank plan names its GPU");
     let nodes: Vec<u32> = t.gpu(g).and_then(|x| x.numa_node).into_iter().collect();
-    let how = format!("{}: {line}", gpu_label(t, g));
+    // rank_plan's sentence: "GPU 3 (bus) chosen by ...; mode node".
+    let why = line
+        .split_once(" chosen by ")
+        .map_or(line.as_str(), |(_, w)| w);
+    let why = why.split("; mode ").next().unwrap_or(why);
+    let how = format!("{}, chosen by {why}", gpu_label(t, g));
     let evidence = match used {
         [] => format!("{how}; no GPU device open or mapped (yet)"),
         _ => format!("{how}; it has GPU {} {how_used}", list(used)),

@@ -114,6 +114,7 @@ pub(super) fn facts(t: &Topology, s: &ProcessSnapshot) -> Vec<String> {
             let nodes: Vec<String> = p
                 .per_node()
                 .iter()
+                .filter(|(_, b)| b.regions > 0)
                 .map(|(n, b)| {
                     format!(
                         "node {n} {} region(s) {} pinned, {} in use",
@@ -132,7 +133,7 @@ pub(super) fn facts(t: &Topology, s: &ProcessSnapshot) -> Vec<String> {
                 "numapin: {} runtime(s){cut}; {}",
                 p.runtimes.len(),
                 if nodes.is_empty() {
-                    "no node used".into()
+                    "no region".into()
                 } else {
                     nodes.join("; ")
                 }

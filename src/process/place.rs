@@ -53,7 +53,7 @@ fn cpus_of(t: &Topology, nodes: &[u32]) -> CpuList {
 /// The fix for a process bound away from its GPU (or not bound):
 /// `numapin exec` or `numapin.bind()`, and when its CPUs exclude the GPU's
 /// node, where such a binding may come from.
-fn bind_fix(t: &Topology, s: &ProcessSnapshot, e: &Expected) -> String {
+fn bind_fix(t: &Topology, s: &ProcessSnapshot, e: &Expected, affinity: bool) -> String {
     let binding = match &e.plan {
         Some(p) => format!(" (CPUs {}, memory on {})", p.cpus, node_list(&p.mems)),
         None => String::new(),
@@ -65,7 +65,7 @@ fn bind_fix(t: &Topology, s: &ProcessSnapshot, e: &Expected) -> String {
     if let Some(a) = s
         .allowed_cpus
         .as_ref()
-        .filter(|a| !home.is_empty() && a.is_disjoint(&home))
+        .filter(|a| affinity && !home.is_empty() && a.is_disjoint(&home))
     {
         fix = format!(
             "it may run only on CPUs {a}, none of {}'s: drop the binding that put it there (`taskset`, `numactl`, the launcher's) and {fix}; if the job's cgroup is what excludes CPUs {home}, give the job its GPU's CPUs (Slurm `--cpu-bind` / `--gres-flags=enforce-binding`, `docker --cpuset-cpus`, the Kubernetes topology manager `single-numa-node`)",
@@ -140,7 +140,13 @@ pub(super) fn cpus(t: &Topology, s: &ProcessSnapshot, e: &Expected) -> Option<Ch
     } else {
         Verdict::Ok
     };
-    Some(check("cpus", pid, verdict, evidence, bind_fix(t, s, e)))
+    Some(check(
+        "cpus",
+        pid,
+        verdict,
+        evidence,
+        bind_fix(t, s, e, true),
+    ))
 }
 
 fn unknown_node(t: &Topology, e: &Expected, name: &'static str, pid: u32) -> Check {
@@ -260,7 +266,7 @@ pub(super) fn memory(t: &Topology, s: &ProcessSnapshot, e: &Expected) -> Option<
     let evidence = format!("{}; {share}; {policy}", gpu_where(t, e));
     let fix = format!(
         "{}; memory placed already stays until the process restarts, or moves with `migratepages {} <from-nodes> {}`",
-        bind_fix(t, s, e),
+        bind_fix(t, s, e, false),
         s.pid,
         e.nodes.iter().copied().collect::<CpuList>()
     );

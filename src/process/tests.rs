@@ -211,7 +211,7 @@ fn a_rank_bound_near_its_gpu_is_ok() {
     );
     assert_eq!(e.plan.as_ref().unwrap().cpus.to_string(), "56-111,168-223");
     let gpu = &check(&r, "gpu").evidence;
-    assert!(gpu.contains("GPU 4 (0000:9a:00.0, node 1): GPU 4 (0000:9a:00.0) chosen by local rank 4 from LOCAL_RANK"), "{gpu}");
+    assert!(gpu.contains("GPU 4 (0000:9a:00.0, node 1), chosen by local rank 4 from LOCAL_RANK (CUDA device = local rank); it has GPU 4 mapped"), "{gpu}");
     assert!(gpu.contains("it has GPU 4 mapped"), "{gpu}");
     assert!(check(&r, "nic")
         .evidence

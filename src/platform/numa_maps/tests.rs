@@ -612,6 +612,7 @@ fn totals_split_data_from_files_and_read_the_task_policy() {
 7f1000000000 default file=/memfd:numapin-shared-1\\040(deleted) dirty=8 N1=8 kernelpagesize_kB=4
 7f2000000000 default file=/dev/hugepages/x huge dirty=2 N0=2 kernelpagesize_kB=2048
 7f3000000000 default file=/usr/lib/libtorch.so mapped=1000 N1=1000 kernelpagesize_kB=4
+7f4000000000 default file=/dev/nvidiactl dirty=16 N1=16 kernelpagesize_kB=4
 7ffd1000 bind:1 stack anon=33 dirty=33 N1=33 kernelpagesize_kB=4
 7ffd9000 default
 garbage line
@@ -624,11 +625,11 @@ garbage line
     let k = |p: u64| p * 4096;
     assert_eq!(
         t.data,
-        BTreeMap::from([(0, k(60) + (4 << 20)), (1, k(40 + 512 + 8 + 33))])
+        BTreeMap::from([(0, k(60) + (4 << 20)), (1, k(40 + 512 + 8 + 33 + 16))])
     );
     assert_eq!(t.file, BTreeMap::from([(0, k(10)), (1, k(1000))]));
     assert_eq!(t.policy.as_deref(), Some("bind:1"));
-    assert_eq!((t.vmas, t.bad_lines, t.bad_nodes), (10, 1, 1));
+    assert_eq!((t.vmas, t.bad_lines, t.bad_nodes), (11, 1, 1));
     // Without a stack line, the heap's.
     let mut h = Totals::default();
     h.add_line(
