@@ -2,6 +2,7 @@
 
 use numapin::doctor::{Check, Subject, Verdict};
 use numapin::process::{NodeUse, ProcessReport, Unlisted};
+use numapin::text::{fmt_bytes, Table};
 
 use super::Report;
 use crate::error::Result;
@@ -17,26 +18,6 @@ pub(super) fn print(r: &Report, json: bool, watch: bool) -> Result<()> {
         return crate::output::println(&text.expect("a report always serializes"));
     }
     crate::output::print(&text(r, watch))
-}
-
-/// `1.5 GiB`, `512 MiB`, `0 B`.
-fn bytes(b: u64) -> String {
-    const UNITS: [(&str, u64); 4] = [
-        ("TiB", 1 << 40),
-        ("GiB", 1 << 30),
-        ("MiB", 1 << 20),
-        ("KiB", 1 << 10),
-    ];
-    for (name, u) in UNITS {
-        if b >= u {
-            return if b % u == 0 {
-                format!("{} {name}", b / u)
-            } else {
-                format!("{:.1} {name}", b as f64 / u as f64)
-            };
-        }
-    }
-    format!("{b} B")
 }
 
 /// The whole text report.
@@ -139,44 +120,21 @@ fn checks(out: &mut String, cs: &[Check], indent: &str) {
 
 /// The table per node.
 fn nodes(out: &mut String, rows: &[NodeUse]) {
-    let head = [
+    let mut t = Table::new([
         "NODE", "MEMORY", "BUDGET", "DATA", "FILES", "NUMAPIN", "PROCS",
-    ];
-    let cells: Vec<[String; 7]> = rows
-        .iter()
-        .map(|r| {
-            [
-                r.node.to_string(),
-                bytes(r.memory_bytes),
-                bytes(r.default_budget_bytes),
-                bytes(r.data_bytes),
-                bytes(r.file_bytes),
-                bytes(r.numapin_pinned_bytes),
-                r.processes.to_string(),
-            ]
-        })
-        .collect();
-    let width = |i: usize| {
-        cells
-            .iter()
-            .map(|c| c[i].len())
-            .chain([head[i].len()])
-            .max()
-            .unwrap_or(0)
-    };
-    let widths: Vec<usize> = (0..head.len()).map(width).collect();
-    let line = |cols: Vec<&str>| {
-        let cols: Vec<String> = cols
-            .iter()
-            .zip(&widths)
-            .map(|(c, &w)| format!("{c:<w$}"))
-            .collect();
-        format!("{}\n", cols.join("  ").trim_end())
-    };
-    out.push_str(&line(head.to_vec()));
-    for c in &cells {
-        out.push_str(&line(c.iter().map(String::as_str).collect()));
+    ]);
+    for r in rows {
+        t.row([
+            r.node.to_string(),
+            fmt_bytes(r.memory_bytes),
+            fmt_bytes(r.default_budget_bytes),
+            fmt_bytes(r.data_bytes),
+            fmt_bytes(r.file_bytes),
+            fmt_bytes(r.numapin_pinned_bytes),
+            r.processes.to_string(),
+        ]);
     }
+    out.push_str(&t.render());
     out.push_str("DATA, FILES = the listed processes' own memory and mapped files on the node; BUDGET = one numapin runtime's default pinned budget (half the node); NUMAPIN = what their numapin arenas pin there\n");
 }
 
