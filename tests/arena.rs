@@ -430,7 +430,10 @@ fn unprivileged_memlock_limit_gives_a_clear_error() {
 /// and asserts that it passed (skipped with a message unless root).
 fn run_as_nobody(name: &str, env: &[(&str, &str)], memlock: u64) {
     if !is_root() {
-        common::skip(common::Need::Root, "needs root to run a child as user nobody");
+        common::skip(
+            common::Need::Root,
+            "needs root to run a child as user nobody",
+        );
         return;
     }
     if let Some(out) = run_child(name, env, as_nobody(memlock)) {
@@ -913,7 +916,10 @@ fn a_real_memory_cgroup_caps_what_is_pinned() {
     let cg = match TestCgroup::new(256 * MIB as u64) {
         Ok(cg) => cg,
         Err(why) => {
-            common::skip(common::Need::Kernel, &format!("cannot make a memory cgroup here: {why}"));
+            common::skip(
+                common::Need::Kernel,
+                &format!("cannot make a memory cgroup here: {why}"),
+            );
             return;
         }
     };

@@ -294,7 +294,10 @@ fn no_pin_probe_is_listed_as_not_run() {
 #[test]
 fn unprivileged_user_below_the_memlock_need_fails_with_the_fix() {
     if !nix::unistd::geteuid().is_root() {
-        common::skip(common::Need::Root, "needs root to run numapin as user nobody");
+        common::skip(
+            common::Need::Root,
+            "needs root to run numapin as user nobody",
+        );
         return;
     }
     let (_dir, exe) =

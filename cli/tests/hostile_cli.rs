@@ -714,7 +714,10 @@ fn a_small_stack_limit_changes_nothing() {
 #[test]
 fn bench_under_a_memlock_limit_prints_what_it_could_measure() {
     if !nix::unistd::geteuid().is_root() {
-        common::skip(common::Need::Root, "needs root to run numapin as user nobody");
+        common::skip(
+            common::Need::Root,
+            "needs root to run numapin as user nobody",
+        );
         return;
     }
     let (_dir, exe) = common::runnable_by_everyone(Path::new(env!("CARGO_BIN_EXE_numapin")));
