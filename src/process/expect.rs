@@ -10,7 +10,7 @@ use std::ffi::OsString;
 use serde::Serialize;
 
 use super::snapshot::ProcessSnapshot;
-use super::verdict::check;
+use super::words::{check, node_list};
 use crate::affinity::{launcher, plan, rank_plan, Mode, PlanOptions, RankChoice, RankPlan};
 use crate::cpulist::CpuList;
 use crate::doctor::{Check, Verdict};
@@ -321,4 +321,12 @@ fn no_gpu(s: &ProcessSnapshot) -> Check {
         format!("{devices}; {env}: nothing to judge its placement against"),
         "give each rank its GPU the usual way (a launcher's LOCAL_RANK, or one GPU in CUDA_VISIBLE_DEVICES), or check it once it has started its CUDA work",
     )
+}
+
+/// Where the process's GPU(s) are, to start evidence: `GPU 3 is on node 1`.
+pub(super) fn gpu_where(topo: &Topology, e: &Expected) -> String {
+    match e.gpus.as_slice() {
+        [g] if topo.gpu(*g).is_some() => format!("GPU {g} is on {}", node_list(&e.nodes)),
+        _ => format!("its GPUs are on {}", node_list(&e.nodes)),
+    }
 }

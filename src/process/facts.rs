@@ -3,7 +3,7 @@
 use super::place::{nodes_of, threads_by_node};
 use super::publish::Publication;
 use super::snapshot::ProcessSnapshot;
-use super::verdict::node_list;
+use super::words::node_list;
 use crate::arena::fmt_bytes;
 use crate::topology::Topology;
 

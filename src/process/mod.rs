@@ -61,6 +61,7 @@ mod read;
 mod scan;
 mod snapshot;
 mod verdict;
+mod words;
 
 pub use devices::STATS_MEMFD_NAME;
 pub use error::ProcessError;

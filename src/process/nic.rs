@@ -4,7 +4,7 @@
 
 use super::expect::Expected;
 use super::snapshot::ProcessSnapshot;
-use super::verdict::check;
+use super::words::check;
 use crate::affinity::{nic_env, NicEnv};
 use crate::doctor::{Check, Verdict};
 use crate::gpu::GpuIndex;

@@ -3,9 +3,9 @@
 
 use std::collections::BTreeMap;
 
-use super::expect::Expected;
+use super::expect::{gpu_where, Expected};
 use super::snapshot::ProcessSnapshot;
-use super::verdict::{check, gpu_where, node_list};
+use super::words::{check, node_list};
 use crate::arena::fmt_bytes;
 use crate::cpulist::CpuList;
 use crate::doctor::{Check, Verdict};

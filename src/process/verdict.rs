@@ -18,27 +18,10 @@ use serde::Serialize;
 use super::expect::{expect, Expected};
 use super::publish::Publication;
 use super::snapshot::ProcessSnapshot;
+use super::words::node_list;
 use crate::arena::fmt_bytes;
-use crate::cpulist::CpuList;
 use crate::doctor::{Check, Verdict};
 use crate::topology::Topology;
-
-/// A check about process `pid`: `verdict` with `evidence`, and `fix`
-/// unless the verdict is ok.
-pub(super) fn check(
-    name: &'static str,
-    pid: u32,
-    verdict: Verdict,
-    evidence: impl Into<String>,
-    fix: impl Into<String>,
-) -> Check {
-    let c = match verdict {
-        Verdict::Fail => Check::fail(name, evidence, fix),
-        Verdict::Warn => Check::warn(name, evidence, fix),
-        _ => Check::ok(name, evidence),
-    };
-    c.for_process(pid)
-}
 
 /// One process judged.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -140,20 +123,4 @@ fn numapin(s: &ProcessSnapshot, e: Option<&Expected>) -> Option<Check> {
         );
     }
     Some(Check::ok("numapin", held).for_process(s.pid))
-}
-
-/// `node 1`, `nodes 0-1`.
-pub(super) fn node_list(nodes: &[u32]) -> String {
-    match nodes {
-        [n] => format!("node {n}"),
-        _ => format!("nodes {}", nodes.iter().copied().collect::<CpuList>()),
-    }
-}
-
-/// Where the process's GPU(s) are, to start evidence: `GPU 3 is on node 1`.
-pub(super) fn gpu_where(topo: &Topology, e: &Expected) -> String {
-    match e.gpus.as_slice() {
-        [g] if topo.gpu(*g).is_some() => format!("GPU {g} is on {}", node_list(&e.nodes)),
-        _ => format!("its GPUs are on {}", node_list(&e.nodes)),
-    }
 }
