@@ -56,7 +56,7 @@ python_tests() {
   if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
   fi
-  local want=(numpy pytest safetensors==0.8.0)
+  local want=(numpy pytest mypy safetensors==0.8.0)
   if [ "${NUMAPIN_NO_TORCH:-0}" != 1 ]; then want+=(torch==2.11.0); fi
   .venv/bin/pip install -q --disable-pip-version-check "${want[@]}"
   .venv/bin/pip install -q --disable-pip-version-check --force-reinstall --no-deps dist/numapin-*.whl

@@ -12,9 +12,9 @@ from `iter()` to it. Two datasets, as the issue measured them: images from
 a RAM array (uint8 3x224x224 crops of one large array), and the same with
 an augmentation (random crop, flip, conversion to float and normalisation,
 a few milliseconds per sample on the CPU). Ratios are numapin / torch;
-"waiting" is numapin with workers that wait for the pool (``POOL_WAIT``
-60 s, the earlier default) instead of sending their first batches down
-torch's path.
+"waiting" is numapin with every worker waiting for the pool
+(``FIRST_BATCH_WAITS``), the first batch's too; by default worker 0's first
+batch takes torch's path while the pool is made and the others wait.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ CHILD = textwrap.dedent(
         numapin.place(0)
         probe_s = time.perf_counter() - t
         if kind == "numapin-wait":
-            nt.POOL_WAIT = 60.0  # the workers wait for the pool (the old default)
+            nt.FIRST_BATCH_WAITS = True  # the first batch waits for the pool too
 
     class Images(Dataset):
         def __init__(self, augment):

@@ -257,9 +257,9 @@ def test_bad_arguments_are_input_errors():
 
 def test_workers_that_wait_for_the_pool_put_every_first_batch_in_a_slot(monkeypatch):
     # Many batches in flight before the main process sees the first one:
-    # with POOL_WAIT, each worker's first batch waits for the pool it asked
-    # for instead of taking torch's path.
-    monkeypatch.setattr(nt, "POOL_WAIT", 60.0)
+    # with FIRST_BATCH_WAITS, every worker's first batch waits for the pool
+    # it asked for instead of taking torch's path.
+    monkeypatch.setattr(nt, "FIRST_BATCH_WAITS", True)
     ds = Mixed(48)
     kw = dict(batch_size=4, num_workers=2, prefetch_factor=4)
     ours = nt.DataLoader(ds, **kw)
@@ -287,9 +287,26 @@ class Slow(Mixed):
         return super().__getitem__(i)
 
 
-def test_workers_go_on_without_waiting_and_use_the_pool_once_it_is_made():
-    # The default: the first batches take torch's path while the main
-    # process makes the pool the first worker asked for; the rest use it.
+def test_only_the_first_batch_takes_torchs_path_while_the_pool_is_made():
+    # The default: worker 0's first batch (the first the main process
+    # takes) goes torch's way while the main process makes the pool the
+    # first worker asked for; the other workers wait for it, so every
+    # later batch is in a slot, with many batches in flight.
+    ds = Mixed(96)
+    kw = dict(batch_size=4, num_workers=2, prefetch_factor=4)
+    ours = nt.DataLoader(ds, **kw)
+    compare_epochs(TorchLoader(ds, **kw), ours)
+    s = ours.stats()
+    # (CPU batches the consumer holds may find no slot free: "busy".)
+    assert s["plain_batches"].get("unsized") == 1, s
+    assert s["slotted_batches"] + sum(s["plain_batches"].values()) == 24, s
+    ours.close()
+
+
+def test_workers_that_do_not_wait_go_on_and_use_the_pool_once_it_is_made(monkeypatch):
+    # POOL_WAIT 0: the batches collated before the pool is made take
+    # torch's path; the rest use it.
+    monkeypatch.setattr(nt, "POOL_WAIT", 0.0)
     ds = Slow(96, 5.0)
     kw = dict(batch_size=4, num_workers=2, prefetch_factor=2)
     ours = nt.DataLoader(ds, **kw)
@@ -349,7 +366,7 @@ def test_the_pool_grows_when_workers_find_no_slot_free(monkeypatch):
     # The consumer holds every CPU batch it gets: workers find no slot free
     # and the pool grows (each growth its own part), up to its bound. The
     # workers wait for the pool, so that every batch takes a slot.
-    monkeypatch.setattr(nt, "POOL_WAIT", 60.0)
+    monkeypatch.setattr(nt, "FIRST_BATCH_WAITS", True)
     ds = Mixed(40)
     kw = dict(batch_size=2, num_workers=2, prefetch_factor=2)
     dl = nt.DataLoader(ds, generator=torch.Generator().manual_seed(5), slot_timeout=30.0, **kw)

@@ -25,26 +25,37 @@ fn opt_bytes(b: Option<u64>) -> String {
 /// The sentences, one per aspect: environment, GPUs, threads, memory,
 /// numapin, and what could not be read.
 pub(super) fn facts(t: &Topology, s: &ProcessSnapshot) -> Vec<String> {
-    let mut out = Vec::new();
-    out.push(match &s.environment {
-        None => "environment: not readable".into(),
-        Some(e) => {
-            let mut vars: Vec<String> = e
-                .launcher
-                .iter()
-                .chain(&e.nic)
-                .map(|(k, v)| format!("{k}={}", crate::report::shorten(v)))
-                .collect();
-            vars.push(match &e.cuda_visible_devices {
-                Some(v) => format!("CUDA_VISIBLE_DEVICES={}", crate::report::quote(v)),
-                None => "CUDA_VISIBLE_DEVICES unset".into(),
-            });
-            if let Some(o) = &e.cuda_device_order {
-                vars.push(format!("CUDA_DEVICE_ORDER={}", crate::report::shorten(o)));
-            }
-            format!("environment: {}", vars.join(" "))
-        }
+    let mut out = vec![environment(s), gpus(s), threads(t, s), memory(s)];
+    out.extend(numapin(s));
+    for u in &s.unread {
+        out.push(format!("not read: {}: {}", u.part, u.why));
+    }
+    out
+}
+
+/// `environment: LOCAL_RANK=0 ... CUDA_VISIBLE_DEVICES unset`.
+fn environment(s: &ProcessSnapshot) -> String {
+    let Some(e) = &s.environment else {
+        return "environment: not readable".into();
+    };
+    let mut vars: Vec<String> = e
+        .launcher
+        .iter()
+        .chain(&e.nic)
+        .map(|(k, v)| format!("{k}={}", crate::report::shorten(v)))
+        .collect();
+    vars.push(match &e.cuda_visible_devices {
+        Some(v) => format!("CUDA_VISIBLE_DEVICES={}", crate::report::quote(v)),
+        None => "CUDA_VISIBLE_DEVICES unset".into(),
     });
+    if let Some(o) = &e.cuda_device_order {
+        vars.push(format!("CUDA_DEVICE_ORDER={}", crate::report::shorten(o)));
+    }
+    format!("environment: {}", vars.join(" "))
+}
+
+/// `GPUs: GPU 0 (0000:...) open and mapped; the NVIDIA driver open`.
+fn gpus(s: &ProcessSnapshot) -> String {
     let gpus: Vec<String> = s
         .gpus
         .iter()
@@ -67,14 +78,16 @@ pub(super) fn facts(t: &Topology, s: &ProcessSnapshot) -> Vec<String> {
     } else {
         ""
     };
-    out.push(format!(
-        "GPUs: {}{driver}",
-        if gpus.is_empty() {
-            "none open or mapped".into()
-        } else {
-            gpus.join(", ")
-        }
-    ));
+    let list = if gpus.is_empty() {
+        "none open or mapped".into()
+    } else {
+        gpus.join(", ")
+    };
+    format!("GPUs: {list}{driver}")
+}
+
+/// `threads: 12, last ran 12 on node 0 (CPUs 0-5); may run on CPUs ...`.
+fn threads(t: &Topology, s: &ProcessSnapshot) -> String {
     let ran = threads_by_node(t, s)
         .iter()
         .map(|(n, (c, cpus))| {
@@ -83,19 +96,23 @@ pub(super) fn facts(t: &Topology, s: &ProcessSnapshot) -> Vec<String> {
         })
         .collect::<Vec<_>>()
         .join(", ");
+    let ran = if ran.is_empty() {
+        "nowhere known".into()
+    } else {
+        ran
+    };
     let may = s.allowed_cpus.as_ref().map_or("?".into(), |a| {
         format!("{a} ({})", node_list(&nodes_of(t, a)))
     });
-    out.push(format!(
-        "threads: {}, last ran {}; may run on CPUs {may}",
-        s.threads.count,
-        if ran.is_empty() {
-            "nowhere known".into()
-        } else {
-            ran
-        }
-    ));
-    out.push(match &s.memory {
+    format!(
+        "threads: {}, last ran {ran}; may run on CPUs {may}",
+        s.threads.count
+    )
+}
+
+/// `memory: data node 0 1 GiB; files ...; policy ...; VmRSS ...`.
+fn memory(s: &ProcessSnapshot) -> String {
+    match &s.memory {
         None => "memory: not readable".into(),
         Some(m) => format!(
             "memory: data {}; files {}; policy {}; VmRSS {}, VmLck {}, VmPin {}",
@@ -106,42 +123,41 @@ pub(super) fn facts(t: &Topology, s: &ProcessSnapshot) -> Vec<String> {
             opt_bytes(s.locked_bytes),
             opt_bytes(s.pinned_bytes)
         ),
-    });
-    match &s.numapin {
-        Publication::NotFound => {}
-        Publication::Unusable(why) => out.push(format!("numapin: stats not published: {why}")),
-        Publication::Read(p) => {
-            let nodes: Vec<String> = p
-                .per_node()
-                .iter()
-                .filter(|(_, b)| b.regions > 0)
-                .map(|(n, b)| {
-                    format!(
-                        "node {n} {} region(s) {} pinned, {} in use",
-                        b.regions,
-                        fmt_bytes(b.pinned),
-                        fmt_bytes(b.in_use)
-                    )
-                })
-                .collect();
-            let cut = if p.truncated {
-                " (truncated by the writer: too many runtimes to publish)"
-            } else {
-                ""
-            };
-            out.push(format!(
-                "numapin: {} runtime(s){cut}; {}",
-                p.runtimes.len(),
-                if nodes.is_empty() {
-                    "no region".into()
-                } else {
-                    nodes.join("; ")
-                }
-            ));
-        }
     }
-    for u in &s.unread {
-        out.push(format!("not read: {}: {}", u.part, u.why));
-    }
-    out
+}
+
+/// `numapin: 1 runtime(s); node 0 2 region(s) ...`, when published.
+fn numapin(s: &ProcessSnapshot) -> Option<String> {
+    let p = match &s.numapin {
+        Publication::NotFound => return None,
+        Publication::Unusable(why) => return Some(format!("numapin: stats not published: {why}")),
+        Publication::Read(p) => p,
+    };
+    let nodes: Vec<String> = p
+        .per_node()
+        .iter()
+        .filter(|(_, b)| b.regions > 0)
+        .map(|(n, b)| {
+            format!(
+                "node {n} {} region(s) {} pinned, {} in use",
+                b.regions,
+                fmt_bytes(b.pinned),
+                fmt_bytes(b.in_use)
+            )
+        })
+        .collect();
+    let cut = if p.truncated {
+        " (truncated by the writer: too many runtimes to publish)"
+    } else {
+        ""
+    };
+    let held = if nodes.is_empty() {
+        "no region".into()
+    } else {
+        nodes.join("; ")
+    };
+    Some(format!(
+        "numapin: {} runtime(s){cut}; {held}",
+        p.runtimes.len()
+    ))
 }

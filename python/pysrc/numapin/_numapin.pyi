@@ -2,8 +2,38 @@
 
 from typing import Any, Literal, final
 
+__all__ = [
+    "PinnedBuffer",
+    "SlotPool",
+    "SlotLease",
+    "SharedBuffer",
+    "DoctorCheck",
+    "empty",
+    "pin_address",
+    "pin_buffer",
+    "copy_to_device",
+    "copy_from_device",
+    "topology",
+    "bind",
+    "doctor",
+    "configure",
+    "stats",
+    "trim",
+    "place",
+    "dtypes",
+    "run_cli",
+    "_delete_export_on_foreign_thread",
+    "Checkpoint",
+    "open_safetensors",
+    "read_to_device",
+    "read_to_host",
+    "locate",
+    "DLPACK_VERSION",
+]
+
 DLPACK_VERSION: tuple[int, int]
 
+@final
 class PinnedBuffer:
     """numapin-owned host memory viewed as a tensor; exported with DLPack."""
 
@@ -107,6 +137,7 @@ def dtypes() -> list[str]: ...
 def run_cli(args: list[str]) -> int: ...
 def _delete_export_on_foreign_thread(buf: PinnedBuffer) -> int: ...
 
+@final
 class SlotLease:
     """The main process's hold on one filled loader slot."""
 
@@ -114,6 +145,7 @@ class SlotLease:
     def slot(self) -> int: ...
     def view(self, offset: int, nbytes: int, dtype: str, shape: list[int]) -> PinnedBuffer: ...
 
+@final
 class SlotPool:
     """Batch slots in shared memory (numapin.torch.DataLoader)."""
 
@@ -159,6 +191,7 @@ class SlotPool:
     def stats(self) -> dict[str, Any]: ...
     def close(self) -> None: ...
 
+@final
 class SharedBuffer:
     @staticmethod
     def create(name: str, nbytes: int, *, gpu: int | None = None, node: int | None = None) -> SharedBuffer: ...
@@ -178,6 +211,7 @@ class SharedBuffer:
     def path(self) -> str | None: ...
     def view(self, dtype: str, shape: list[int] | None = None, *, offset: int = 0) -> PinnedBuffer: ...
 
+@final
 class Checkpoint:
     """A safetensors checkpoint (a file, or an index and its shards), opened and checked."""
 

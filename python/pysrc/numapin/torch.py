@@ -35,10 +35,11 @@ data's path changes:
 
 Sizing: unless ``slot_bytes`` is given, the first worker to collate asks
 for slots of its batch's size plus an eighth, and the main process makes
-the pool on a thread of its own while the workers go on: the batches
-collated before it is ready (the first one or few) take torch's ordinary
-path, so the first batch arrives as soon as torch's would (with
-``num_workers=0`` the main process makes the pool from its first batch). A
+the pool on a thread of its own. The first batch (worker 0's first) takes
+torch's ordinary path meanwhile, so it arrives as soon as torch's would;
+the other workers wait for the pool (up to ``POOL_WAIT`` seconds), so the
+batches after it are in slots (with ``num_workers=0`` the main process
+makes the pool from its first batch). A
 batch larger than a slot takes torch's ordinary path, with one warning.
 Memory held: ``memory_bound()``.
 """
@@ -70,9 +71,13 @@ ALIGN = 512
 HEADROOM = 1.125
 #: Seconds a worker waits for the main process to provision the pool it
 #: asked for (a few hundred ms per GiB of slots) before its batch takes
-#: torch's path. 0: never wait (the first batches arrive as soon as torch's
-#: would; measured in docs/BENCHMARKS.md, "first batch").
-POOL_WAIT = 0.0
+#: torch's path. 0: never wait (every batch collated before the pool is
+#: ready takes torch's path: with many workers, most of a short run).
+POOL_WAIT = 60.0
+#: Whether the first batch (worker 0's first) waits for the pool too. False:
+#: it takes torch's path while the pool is made, so it arrives as soon as
+#: torch's would (docs/BENCHMARKS.md, "first batch"); the others wait.
+FIRST_BATCH_WAITS = False
 
 # Pools made in this process, by path, with the pid that made them
 # (num_workers=0 collates in the main process, which keeps its own mapping;
@@ -213,6 +218,12 @@ def _estimate(samples: list[Any]) -> int:
     return _tensor_bytes(samples) + 8 * numbers + ALIGN * leaves
 
 
+def _worker_id() -> int:
+    """This DataLoader worker's id (0 outside a worker)."""
+    info = torch.utils.data.get_worker_info()
+    return 0 if info is None else info.id
+
+
 class _SlotCollate:
     """The collate function the workers run: collates into a slot and
     returns a :class:`_SlotBatch` (or a :class:`_Plain` batch).
@@ -220,12 +231,22 @@ class _SlotCollate:
     ``wait``: seconds a worker that finds the pool not provisioned yet
     waits for it, after asking for slots of its batch's size (the main
     process provisions on request); 0 to send the batch down torch's path
-    at once (the main process then sizes the pool by it)."""
+    at once (the main process then sizes the pool by it). ``first_waits``:
+    whether worker 0's first batch (the first the main process takes) waits
+    too; when not, it takes torch's path while the pool is made."""
 
     def __init__(
-        self, path: str, user: Callable[[list[Any]], Any] | None, timeout: float, wait: float = 0.0, ask: bool = False
+        self,
+        path: str,
+        user: Callable[[list[Any]], Any] | None,
+        timeout: float,
+        wait: float = 0.0,
+        ask: bool = False,
+        first_waits: bool = True,
     ) -> None:
         self.path, self.user, self.timeout, self.wait, self.ask = path, user, timeout, wait, ask
+        self.first_waits = first_waits
+        self._called = False
         self._pool: Any = None
         # num_workers=0: collate runs in the main process, which sizes and
         # makes the pool itself from the first batch.
@@ -238,6 +259,8 @@ class _SlotCollate:
             "timeout": self.timeout,
             "wait": self.wait,
             "ask": self.ask,
+            "first_waits": self.first_waits,
+            "_called": False,
             "_pool": None,
             "provision_here": None,
         }
@@ -258,8 +281,10 @@ class _SlotCollate:
         pool = self._attached()
         # A user collate runs once, here or below; its result is copied in.
         data: Any = None
+        first, self._called = not self._called, True
         if not pool.ready:
-            if self.wait <= 0 and self.provision_here is None:
+            wait = self.wait if self.first_waits or not first or _worker_id() != 0 else 0.0
+            if wait <= 0 and self.provision_here is None:
                 # Not waiting: this batch takes torch's path while the main
                 # process makes the pool it is asked for (when asking).
                 data = self._ordinary(samples)
@@ -276,7 +301,7 @@ class _SlotCollate:
                 self.provision_here(int(max(need, 1) * HEADROOM))
             else:
                 pool.request(int(max(need, 1) * HEADROOM))
-            if not pool.wait_ready(self.wait):
+            if not pool.wait_ready(wait):
                 if data is None:
                     data = self._ordinary(samples)
                 return _Plain(data, "unsized", _tensor_bytes(data))
@@ -425,7 +450,9 @@ class DataLoader:
         # for slots of its batch's size and the main process provisions them
         # on a thread of its own while the workers wait (their first batches
         # would otherwise take torch's path until the main process received
-        # the first of them: up to prefetch_factor x num_workers batches).
+        # the first of them: up to prefetch_factor x num_workers batches),
+        # all but worker 0's first batch, which takes torch's path so that
+        # the first batch comes as soon as torch's (FIRST_BATCH_WAITS).
         self._on_request = num_workers > 0 and slot_bytes is None
         self._failed_warned = False
         self._collate = _SlotCollate(
@@ -434,6 +461,7 @@ class DataLoader:
             slot_timeout,
             POOL_WAIT if self._on_request else 0.0,
             ask=self._on_request,
+            first_waits=FIRST_BATCH_WAITS,
         )
         if num_workers == 0 and slot_bytes is None:
             self._collate.provision_here = self._provision
