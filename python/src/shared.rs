@@ -53,6 +53,47 @@ impl Held {
     }
 }
 
+/// [`Held`] with the process that holds it: dropped in a forked child
+/// (which inherited the Python object, not the mapping: shared memory is
+/// `MADV_DONTFORK`), it is forgotten, so the child never unmaps or
+/// unregisters an address range that is not its parent's there.
+#[derive(Debug)]
+pub(crate) struct Hold {
+    held: std::mem::ManuallyDrop<Held>,
+    pid: u32,
+}
+
+impl Hold {
+    fn new(held: Held) -> Self {
+        Hold {
+            held: std::mem::ManuallyDrop::new(held),
+            pid: std::process::id(),
+        }
+    }
+
+    /// Whether this process made or attached it (false in a forked child).
+    pub(crate) fn here(&self) -> bool {
+        self.pid == std::process::id()
+    }
+}
+
+impl std::ops::Deref for Hold {
+    type Target = Held;
+
+    fn deref(&self) -> &Held {
+        &self.held
+    }
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        if self.here() {
+            // SAFETY: dropped once, here; the field is not used after.
+            unsafe { std::mem::ManuallyDrop::drop(&mut self.held) };
+        }
+    }
+}
+
 fn shared_err(py: Python<'_>, e: SharedError) -> PyErr {
     to_py(py, &numapin::Error::from(e))
 }
@@ -60,7 +101,7 @@ fn shared_err(py: Python<'_>, e: SharedError) -> PyErr {
 /// Pinned memory several processes of a job map (see `numapin.SharedBuffer`).
 #[pyclass(frozen, module = "numapin._numapin", name = "SharedBuffer")]
 pub(crate) struct SharedBuffer {
-    held: Arc<Held>,
+    held: Arc<Hold>,
     name: String,
 }
 
@@ -83,7 +124,7 @@ impl SharedBuffer {
             .detach(|| SharedRegion::create(&rt, target, nbytes, name))
             .map_err(|e| shared_err(py, e))?;
         Ok(SharedBuffer {
-            held: Arc::new(Held::Made(Box::new(r))),
+            held: Arc::new(Hold::new(Held::Made(Box::new(r)))),
             name: name.into(),
         })
     }
@@ -103,7 +144,7 @@ impl SharedBuffer {
             .detach(|| AttachedRegion::attach(name, wait))
             .map_err(|e| shared_err(py, e))?;
         Ok(SharedBuffer {
-            held: Arc::new(Held::Attached(a)),
+            held: Arc::new(Hold::new(Held::Attached(a))),
             name: name.into(),
         })
     }
@@ -135,13 +176,13 @@ impl SharedBuffer {
     /// Whether this process made it (and counts it in its budget).
     #[getter]
     fn owner(&self) -> bool {
-        matches!(*self.held, Held::Made(_))
+        matches!(**self.held, Held::Made(_))
     }
 
     /// The path other processes of the same user may attach by.
     #[getter]
     fn path(&self) -> Option<String> {
-        match &*self.held {
+        match &**self.held {
             Held::Made(r) => Some(r.path().display().to_string()),
             Held::Attached(a) => Some(a.path().display().to_string()),
         }
@@ -158,6 +199,9 @@ impl SharedBuffer {
         shape: Option<Vec<i64>>,
         offset: usize,
     ) -> PyResult<PinnedBuffer> {
+        if !self.held.here() {
+            return Err(crate::errors::forked(py, "this SharedBuffer"));
+        }
         let len = self.held.len();
         let dtype = dtype_of(py, dtype)?;
         let room = len.checked_sub(offset).ok_or_else(|| {
