@@ -9,21 +9,21 @@ use numapin::PinnedBuf;
 
 use numapin::shared::{SlotLease, SlotPool};
 
-/// A buffer lent by the arena of the process that made it. Dropped in a
-/// forked child (whose inherited tensor or array goes), it is forgotten:
-/// the pages are not mapped there (the arena's regions are
-/// `MADV_DONTFORK`), the arena copy is not the child's own, and only the
-/// parent gives the buffer back.
+/// A value holding memory of the process that made it: the arena's buffers
+/// and shared memory, which are `MADV_DONTFORK`. Dropped in a forked child
+/// (whose inherited tensor, array or `SharedBuffer` goes), it is forgotten:
+/// the pages are not mapped there, the arena copy is not the child's own,
+/// and only the parent gives them back, unmaps or unregisters them.
 #[derive(Debug)]
-pub(crate) struct Owned {
-    buf: ManuallyDrop<PinnedBuf>,
+pub(crate) struct Here<T> {
+    inner: ManuallyDrop<T>,
     pid: u32,
 }
 
-impl Owned {
-    pub(crate) fn new(buf: PinnedBuf) -> Self {
-        Owned {
-            buf: ManuallyDrop::new(buf),
+impl<T> Here<T> {
+    pub(crate) fn new(inner: T) -> Self {
+        Here {
+            inner: ManuallyDrop::new(inner),
             pid: std::process::id(),
         }
     }
@@ -34,22 +34,25 @@ impl Owned {
     }
 }
 
-impl Deref for Owned {
-    type Target = PinnedBuf;
+impl<T> Deref for Here<T> {
+    type Target = T;
 
-    fn deref(&self) -> &PinnedBuf {
-        &self.buf
+    fn deref(&self) -> &T {
+        &self.inner
     }
 }
 
-impl Drop for Owned {
+impl<T> Drop for Here<T> {
     fn drop(&mut self) {
         if self.here() {
             // SAFETY: dropped once, here; the field is not used after.
-            unsafe { ManuallyDrop::drop(&mut self.buf) };
+            unsafe { ManuallyDrop::drop(&mut self.inner) };
         }
     }
 }
+
+/// An arena buffer of this process (see [`Here`]).
+pub(crate) type Owned = Here<PinnedBuf>;
 
 /// Host memory a tensor or array is built over: a buffer lent by numapin's
 /// arena (given back to it when the last owner drops it, on whatever thread
@@ -88,7 +91,7 @@ pub(crate) enum Memory {
     /// Part of shared pinned memory (`numapin.SharedBuffer`).
     Shared {
         /// Keeps it mapped.
-        held: Arc<crate::shared::Hold>,
+        held: Arc<Here<crate::shared::Held>>,
         /// The first byte.
         ptr: *mut u8,
         /// Bytes.

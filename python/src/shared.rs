@@ -10,7 +10,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 use crate::errors::{input_error, to_py};
-use crate::memory::Memory;
+use crate::memory::{Here, Memory};
 use crate::{dtype_of, rt, PinnedBuffer};
 
 /// This process's hold on shared memory: the maker's region, or another
@@ -53,47 +53,6 @@ impl Held {
     }
 }
 
-/// [`Held`] with the process that holds it: dropped in a forked child
-/// (which inherited the Python object, not the mapping: shared memory is
-/// `MADV_DONTFORK`), it is forgotten, so the child never unmaps or
-/// unregisters an address range that is not its parent's there.
-#[derive(Debug)]
-pub(crate) struct Hold {
-    held: std::mem::ManuallyDrop<Held>,
-    pid: u32,
-}
-
-impl Hold {
-    fn new(held: Held) -> Self {
-        Hold {
-            held: std::mem::ManuallyDrop::new(held),
-            pid: std::process::id(),
-        }
-    }
-
-    /// Whether this process made or attached it (false in a forked child).
-    pub(crate) fn here(&self) -> bool {
-        self.pid == std::process::id()
-    }
-}
-
-impl std::ops::Deref for Hold {
-    type Target = Held;
-
-    fn deref(&self) -> &Held {
-        &self.held
-    }
-}
-
-impl Drop for Hold {
-    fn drop(&mut self) {
-        if self.here() {
-            // SAFETY: dropped once, here; the field is not used after.
-            unsafe { std::mem::ManuallyDrop::drop(&mut self.held) };
-        }
-    }
-}
-
 fn shared_err(py: Python<'_>, e: SharedError) -> PyErr {
     to_py(py, &numapin::Error::from(e))
 }
@@ -101,7 +60,8 @@ fn shared_err(py: Python<'_>, e: SharedError) -> PyErr {
 /// Pinned memory several processes of a job map (see `numapin.SharedBuffer`).
 #[pyclass(frozen, module = "numapin._numapin", name = "SharedBuffer")]
 pub(crate) struct SharedBuffer {
-    held: Arc<Hold>,
+    /// Forgotten, not dropped, in a forked child ([`Here`]).
+    held: Arc<Here<Held>>,
     name: String,
 }
 
@@ -124,7 +84,7 @@ impl SharedBuffer {
             .detach(|| SharedRegion::create(&rt, target, nbytes, name))
             .map_err(|e| shared_err(py, e))?;
         Ok(SharedBuffer {
-            held: Arc::new(Hold::new(Held::Made(Box::new(r)))),
+            held: Arc::new(Here::new(Held::Made(Box::new(r)))),
             name: name.into(),
         })
     }
@@ -144,7 +104,7 @@ impl SharedBuffer {
             .detach(|| AttachedRegion::attach(name, wait))
             .map_err(|e| shared_err(py, e))?;
         Ok(SharedBuffer {
-            held: Arc::new(Hold::new(Held::Attached(a))),
+            held: Arc::new(Here::new(Held::Attached(a))),
             name: name.into(),
         })
     }

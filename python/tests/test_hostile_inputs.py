@@ -144,16 +144,20 @@ def test_like_must_be_torch_or_numpy():
 
 # GPUs and nodes -------------------------------------------------------------
 
+def _placed(fn, kw):
+    """A call of `fn` (empty, pin or place) with GPU/node arguments `kw`."""
+    return {
+        "empty": lambda: numapin.empty(4, "float32", **kw),
+        "pin": lambda: numapin.pin(torch.ones(4), **kw),
+        "place": lambda: numapin.place(kw.get("gpu"), node=kw.get("node")),
+    }[fn]
+
+
 @pytest.mark.parametrize("kw", [{"gpu": -1}, {"gpu": 2**40}, {"gpu": 2**70}, {"node": -1}, {"node": 2**33},
                                 {"node": 999}, {"gpu": 999}])
 @pytest.mark.parametrize("fn", ["empty", "pin", "place"])
 def test_out_of_range_gpus_and_nodes_are_input_errors(kw, fn):
-    calls = {
-        "empty": lambda: numapin.empty(4, "float32", **kw),
-        "pin": lambda: numapin.pin(torch.ones(4), **kw),
-        "place": lambda: numapin.place(kw.get("gpu"), node=kw.get("node")),
-    }
-    e = refused(calls[fn], numapin.InputError)
+    e = refused(_placed(fn, kw), numapin.InputError)
     assert ("gpu" in str(e).lower()) or ("node" in str(e).lower()), str(e)
 
 
@@ -161,12 +165,7 @@ def test_out_of_range_gpus_and_nodes_are_input_errors(kw, fn):
                                 {"node": [0]}])
 @pytest.mark.parametrize("fn", ["empty", "pin", "place"])
 def test_gpus_and_nodes_of_the_wrong_type_are_type_errors(kw, fn):
-    calls = {
-        "empty": lambda: numapin.empty(4, "float32", **kw),
-        "pin": lambda: numapin.pin(torch.ones(4), **kw),
-        "place": lambda: numapin.place(kw.get("gpu"), node=kw.get("node")),
-    }
-    e = refused(calls[fn], TypeError)
+    e = refused(_placed(fn, kw), TypeError)
     assert "gpu" in str(e) or "node" in str(e), str(e)
 
 
