@@ -66,3 +66,17 @@ pub(crate) fn input_error(
 ) -> PyErr {
     make(py, "InputError", problem.into(), Some(fix.into()), "input")
 }
+
+/// The `numapin.Error` for memory a forked child inherited from the process
+/// that made it (not mapped in the child).
+pub(crate) fn forked(py: Python<'_>, what: &str) -> PyErr {
+    make(
+        py,
+        "Error",
+        format!(
+            "{what} was made by the parent before this process forked; its pages are not mapped in the child (numapin's pinned memory is MADV_DONTFORK)"
+        ),
+        Some("make numapin memory in the child itself (numapin.empty, numapin.pin), or attach a SharedBuffer by name".into()),
+        "system",
+    )
+}

@@ -42,6 +42,21 @@ use crate::memory::Memory;
 struct Global {
     config: RuntimeConfig,
     runtime: Option<Arc<Runtime>>,
+    /// The process that made `runtime`: a forked child makes its own (the
+    /// parent's regions are not mapped in the child).
+    pid: u32,
+}
+
+impl Global {
+    /// The runtime, if this process made it. One a forked child inherited
+    /// is forgotten, never dropped: its regions are the parent's, not
+    /// mapped here, and only the parent unmaps and unregisters them.
+    fn own_runtime(&mut self) -> Option<Arc<Runtime>> {
+        if self.runtime.is_some() && self.pid != std::process::id() {
+            std::mem::forget(self.runtime.take());
+        }
+        self.runtime.clone()
+    }
 }
 
 static GLOBAL: Mutex<Option<Global>> = Mutex::new(None);
@@ -57,13 +72,15 @@ fn runtime() -> Result<Arc<Runtime>, numapin::Error> {
     let global = g.get_or_insert_with(|| Global {
         config: RuntimeConfig::default(),
         runtime: None,
+        pid: std::process::id(),
     });
-    if let Some(rt) = &global.runtime {
-        return Ok(rt.clone());
+    if let Some(rt) = global.own_runtime() {
+        return Ok(rt);
     }
     let topo = Topology::probe(&ProbeOptions::from_process())?;
     let rt = Arc::new(Runtime::new(topo, global.config.clone())?);
     global.runtime = Some(rt.clone());
+    global.pid = std::process::id();
     Ok(rt)
 }
 
@@ -132,7 +149,10 @@ pub(crate) fn dtype_of(py: Python<'_>, name: &str) -> PyResult<DType> {
 /// `target`'s node. Called with the GIL released.
 fn lend(rt: &Runtime, len: usize, target: Target) -> Result<Memory, numapin::Error> {
     let buf = rt.alloc_on_node(place::node_of(rt, target)?, len.max(1))?;
-    Ok(Memory::Pinned { buf, len })
+    Ok(Memory::Pinned {
+        buf: memory::Owned::new(buf),
+        len,
+    })
 }
 
 impl PinnedBuffer {
@@ -239,6 +259,9 @@ impl PinnedBuffer {
         dl_device: Option<(i32, i32)>,
         copy: Option<bool>,
     ) -> PyResult<Bound<'py, PyCapsule>> {
+        if !self.mem.mapped_here() {
+            return Err(errors::forked(py, "this pinned buffer"));
+        }
         if let Some(s) = stream {
             // For CPU data the only meaningful stream is "none given".
             if !s.is_none() && s.extract::<i64>().ok() != Some(-1) {
@@ -285,14 +308,17 @@ impl PinnedBuffer {
 
     /// A copy of the bytes, read from the Rust side (GIL released). For
     /// tests.
-    fn to_bytes<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+    fn to_bytes<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
+        if !self.mem.mapped_here() {
+            return Err(errors::forked(py, "this pinned buffer"));
+        }
         let (ptr, len) = (self.mem.as_ptr() as usize, self.mem.len());
         let v = py.detach(|| {
             // SAFETY: `ptr..ptr+len` is the live memory owned by `self`,
             // which outlives this call; it is only read for the copy.
             unsafe { std::slice::from_raw_parts(ptr as *const u8, len) }.to_vec()
         });
-        PyBytes::new(py, &v)
+        Ok(PyBytes::new(py, &v))
     }
 }
 
@@ -354,7 +380,10 @@ fn pin_address(
                 unsafe { std::slice::from_raw_parts(address as *const u8, nbytes) }
             };
             let buf = numapin::staged::pin(&rt, src, target)?;
-            Ok::<_, numapin::Error>(Memory::Pinned { buf, len: nbytes })
+            Ok::<_, numapin::Error>(Memory::Pinned {
+                buf: memory::Owned::new(buf),
+                len: nbytes,
+            })
         })
         .map_err(|e| to_py(py, &e))?;
     Ok(PinnedBuffer::new(mem, dtype, shape))
@@ -572,6 +601,28 @@ fn bind(
     .map_err(|e| to_py(py, &e))
 }
 
+/// Stores the configuration `apply` makes of the current one, if it is in
+/// range and no runtime was made yet: `Err(None)` when one was, the range
+/// error otherwise (the configuration before stays). No Python runs while
+/// GLOBAL is held: a thread waiting for it may hold the GIL.
+fn store_config(
+    apply: impl FnOnce(RuntimeConfig) -> RuntimeConfig,
+) -> Result<(), Option<numapin::Error>> {
+    let mut g = lock_global();
+    let global = g.get_or_insert_with(|| Global {
+        config: RuntimeConfig::default(),
+        runtime: None,
+        pid: std::process::id(),
+    });
+    if global.own_runtime().is_some() {
+        return Err(None);
+    }
+    let c = apply(global.config.clone());
+    c.check().map_err(|e| Some(e.into()))?;
+    global.config = c;
+    Ok(())
+}
+
 /// Sets the configuration of the runtime numapin makes on first use.
 #[pyfunction]
 #[pyo3(signature = (*, budget_bytes=None, budget_fraction=None, region_bytes=None, register=None, placement=None, thread_cache_blocks=None, thread_cache_bytes=None, populate_threads=None, backend=None, huge_pages=None, register_in_parts=None))]
@@ -625,55 +676,54 @@ fn configure(
                 "use \"strict\" (a page off its node is an error) or \"warn\" (counted in stats)",
             )),
         };
-    let mut g = lock_global();
-    if g.as_ref().is_some_and(|g| g.runtime.is_some()) {
-        return Err(input_error(
+    let apply = |mut c: RuntimeConfig| {
+        if let Some(b) = budget_bytes {
+            c = c.with_budget_bytes(Some(b));
+        }
+        if let Some(f) = budget_fraction {
+            c = c.with_budget_fraction(f);
+        }
+        if let Some(r) = region_bytes {
+            c = c.with_region_bytes(r);
+        }
+        if let Some(r) = register {
+            c = c.with_register(r);
+        }
+        if let Some(p) = placement {
+            c = c.with_placement(p);
+        }
+        if let Some(t) = populate_threads {
+            c = c.with_populate_threads(t);
+        }
+        if let Some(b) = backend {
+            c = c.with_backend(b);
+        }
+        if let Some(h) = huge_pages {
+            c = c.with_huge_pages(h);
+        }
+        if let Some(p) = register_in_parts {
+            c = c.with_register_in_parts(p);
+        }
+        if thread_cache_blocks.is_some() || thread_cache_bytes.is_some() {
+            let d = c.thread_cache;
+            c = c.with_thread_cache(CacheLimits {
+                max_blocks: thread_cache_blocks.unwrap_or(d.max_blocks),
+                max_bytes: thread_cache_bytes.unwrap_or(d.max_bytes),
+                max_block_bytes: d.max_block_bytes,
+            });
+        }
+        c
+    };
+    let outcome = store_config(apply);
+    match outcome {
+        Ok(()) => Ok(()),
+        Err(Some(e)) => Err(to_py(py, &e)),
+        Err(None) => Err(input_error(
             py,
             "numapin.configure() after numapin already made its runtime (an empty(), pin(), stats() or copy call came first)",
             "call numapin.configure() once, before any other numapin call that allocates",
-        ));
+        )),
     }
-    let mut c = g.take().map_or_else(RuntimeConfig::default, |g| g.config);
-    if let Some(b) = budget_bytes {
-        c = c.with_budget_bytes(Some(b));
-    }
-    if let Some(f) = budget_fraction {
-        c = c.with_budget_fraction(f);
-    }
-    if let Some(r) = region_bytes {
-        c = c.with_region_bytes(r);
-    }
-    if let Some(r) = register {
-        c = c.with_register(r);
-    }
-    if let Some(p) = placement {
-        c = c.with_placement(p);
-    }
-    if let Some(t) = populate_threads {
-        c = c.with_populate_threads(t);
-    }
-    if let Some(b) = backend {
-        c = c.with_backend(b);
-    }
-    if let Some(h) = huge_pages {
-        c = c.with_huge_pages(h);
-    }
-    if let Some(p) = register_in_parts {
-        c = c.with_register_in_parts(p);
-    }
-    if thread_cache_blocks.is_some() || thread_cache_bytes.is_some() {
-        let d = c.thread_cache;
-        c = c.with_thread_cache(CacheLimits {
-            max_blocks: thread_cache_blocks.unwrap_or(d.max_blocks),
-            max_bytes: thread_cache_bytes.unwrap_or(d.max_bytes),
-            max_block_bytes: d.max_block_bytes,
-        });
-    }
-    *g = Some(Global {
-        config: c,
-        runtime: None,
-    });
-    Ok(())
 }
 
 /// Per-node counters of the runtime (made now if it was not yet), as a

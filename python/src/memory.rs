@@ -2,9 +2,57 @@
 
 use std::sync::Arc;
 
+use std::mem::ManuallyDrop;
+use std::ops::Deref;
+
 use numapin::PinnedBuf;
 
 use numapin::shared::{SlotLease, SlotPool};
+
+/// A value holding memory of the process that made it: the arena's buffers
+/// and shared memory, which are `MADV_DONTFORK`. Dropped in a forked child
+/// (whose inherited tensor, array or `SharedBuffer` goes), it is forgotten:
+/// the pages are not mapped there, the arena copy is not the child's own,
+/// and only the parent gives them back, unmaps or unregisters them.
+#[derive(Debug)]
+pub(crate) struct Here<T> {
+    inner: ManuallyDrop<T>,
+    pid: u32,
+}
+
+impl<T> Here<T> {
+    pub(crate) fn new(inner: T) -> Self {
+        Here {
+            inner: ManuallyDrop::new(inner),
+            pid: std::process::id(),
+        }
+    }
+
+    /// Whether this process made it (false in a forked child).
+    pub(crate) fn here(&self) -> bool {
+        self.pid == std::process::id()
+    }
+}
+
+impl<T> Deref for Here<T> {
+    type Target = T;
+
+    fn deref(&self) -> &T {
+        &self.inner
+    }
+}
+
+impl<T> Drop for Here<T> {
+    fn drop(&mut self) {
+        if self.here() {
+            // SAFETY: dropped once, here; the field is not used after.
+            unsafe { ManuallyDrop::drop(&mut self.inner) };
+        }
+    }
+}
+
+/// An arena buffer of this process (see [`Here`]).
+pub(crate) type Owned = Here<PinnedBuf>;
 
 /// Host memory a tensor or array is built over: a buffer lent by numapin's
 /// arena (given back to it when the last owner drops it, on whatever thread
@@ -15,7 +63,7 @@ pub(crate) enum Memory {
     /// From the arena: pinned, on one NUMA node, registered when CUDA is.
     Pinned {
         /// The buffer (at least one byte: the arena lends no empty ones).
-        buf: PinnedBuf,
+        buf: Owned,
         /// Bytes the tensor uses (`0` for an empty tensor).
         len: usize,
     },
@@ -23,7 +71,7 @@ pub(crate) enum Memory {
     /// read from a file lies where the file's byte lies modulo a page).
     PinnedAt {
         /// The buffer (at least `offset + len` bytes, at least one).
-        buf: PinnedBuf,
+        buf: Owned,
         /// Where the tensor starts in it.
         offset: usize,
         /// Bytes the tensor uses.
@@ -43,7 +91,7 @@ pub(crate) enum Memory {
     /// Part of shared pinned memory (`numapin.SharedBuffer`).
     Shared {
         /// Keeps it mapped.
-        held: Arc<crate::shared::Held>,
+        held: Arc<Here<crate::shared::Held>>,
         /// The first byte.
         ptr: *mut u8,
         /// Bytes.
@@ -95,6 +143,16 @@ impl Memory {
             Memory::Slot { len, .. } | Memory::Mapped { len, .. } | Memory::Shared { len, .. } => {
                 *len
             }
+        }
+    }
+
+    /// Whether the memory is mapped in this process: false for arena and
+    /// shared memory in a forked child of the process that made it.
+    pub(crate) fn mapped_here(&self) -> bool {
+        match self {
+            Memory::Pinned { buf, .. } | Memory::PinnedAt { buf, .. } => buf.here(),
+            Memory::Shared { held, .. } => held.here(),
+            _ => true,
         }
     }
 

@@ -10,7 +10,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 use crate::errors::{input_error, to_py};
-use crate::memory::Memory;
+use crate::memory::{Here, Memory};
 use crate::{dtype_of, rt, PinnedBuffer};
 
 /// This process's hold on shared memory: the maker's region, or another
@@ -60,7 +60,8 @@ fn shared_err(py: Python<'_>, e: SharedError) -> PyErr {
 /// Pinned memory several processes of a job map (see `numapin.SharedBuffer`).
 #[pyclass(frozen, module = "numapin._numapin", name = "SharedBuffer")]
 pub(crate) struct SharedBuffer {
-    held: Arc<Held>,
+    /// Forgotten, not dropped, in a forked child ([`Here`]).
+    held: Arc<Here<Held>>,
     name: String,
 }
 
@@ -83,7 +84,7 @@ impl SharedBuffer {
             .detach(|| SharedRegion::create(&rt, target, nbytes, name))
             .map_err(|e| shared_err(py, e))?;
         Ok(SharedBuffer {
-            held: Arc::new(Held::Made(Box::new(r))),
+            held: Arc::new(Here::new(Held::Made(Box::new(r)))),
             name: name.into(),
         })
     }
@@ -103,7 +104,7 @@ impl SharedBuffer {
             .detach(|| AttachedRegion::attach(name, wait))
             .map_err(|e| shared_err(py, e))?;
         Ok(SharedBuffer {
-            held: Arc::new(Held::Attached(a)),
+            held: Arc::new(Here::new(Held::Attached(a))),
             name: name.into(),
         })
     }
@@ -135,13 +136,13 @@ impl SharedBuffer {
     /// Whether this process made it (and counts it in its budget).
     #[getter]
     fn owner(&self) -> bool {
-        matches!(*self.held, Held::Made(_))
+        matches!(**self.held, Held::Made(_))
     }
 
     /// The path other processes of the same user may attach by.
     #[getter]
     fn path(&self) -> Option<String> {
-        match &*self.held {
+        match &**self.held {
             Held::Made(r) => Some(r.path().display().to_string()),
             Held::Attached(a) => Some(a.path().display().to_string()),
         }
@@ -158,6 +159,9 @@ impl SharedBuffer {
         shape: Option<Vec<i64>>,
         offset: usize,
     ) -> PyResult<PinnedBuffer> {
+        if !self.held.here() {
+            return Err(crate::errors::forked(py, "this SharedBuffer"));
+        }
         let len = self.held.len();
         let dtype = dtype_of(py, dtype)?;
         let room = len.checked_sub(offset).ok_or_else(|| {

@@ -248,7 +248,7 @@ impl PyCheckpoint {
                 .map(|&d| d as i64)
                 .collect();
             let mem = Memory::PinnedAt {
-                buf: h.buf,
+                buf: crate::memory::Owned::new(h.buf),
                 offset: h.offset,
                 len: h.len,
             };

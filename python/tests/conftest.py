@@ -100,3 +100,56 @@ def pytest_runtest_makereport(item, call):
         if need is not None:
             report.outcome = "failed"
             report.longrepr = f"NUMAPIN_REQUIRE asks for {need}, and this test was skipped: {reason}"
+
+
+def numapin_fds() -> list[str]:
+    """This process's open memfds and files that numapin named."""
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if "numapin" in target:
+            out.append(target)
+    return out
+
+
+def children() -> list[int]:
+    """Live child processes of this process (zombies not yet reaped included)."""
+    kids: list[int] = []
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/children") as f:
+                kids += [int(p) for p in f.read().split()]
+        except OSError:
+            pass
+    return kids
+
+
+def shm_files() -> list[str]:
+    """numapin's files in /dev/shm (it should make none that outlive it)."""
+    try:
+        return sorted(n for n in os.listdir("/dev/shm") if "numapin" in n)
+    except OSError:
+        return []
+
+
+@pytest.fixture
+def nothing_left():
+    """Fails the test if it leaves pinned bytes, numapin memfds or /dev/shm
+    files, or child processes behind."""
+    before = (in_use(), sorted(numapin_fds()), shm_files())
+    yield
+    import time
+
+    deadline = time.monotonic() + 10
+    while True:
+        gc.collect()
+        now = (in_use(), sorted(numapin_fds()), shm_files())
+        kids = children()
+        if (now == before and not kids) or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert now == before, f"left behind: {before} -> {now}"
+    assert not kids, f"child processes left: {kids}"

@@ -196,6 +196,20 @@ fn cgroup_budget(config: &RuntimeConfig) -> Option<Arc<arena::SharedBudget>> {
     )))
 }
 
+impl RuntimeConfig {
+    /// Checks every setting is in range, as [`Runtime::new`] does first
+    /// (front ends check a configuration when it is given, not at first
+    /// use).
+    ///
+    /// # Errors
+    ///
+    /// [`ArenaError::Config`] naming the first setting out of range, its
+    /// value and what to use.
+    pub fn check(&self) -> Result<(), ArenaError> {
+        check_config(self)
+    }
+}
+
 /// Refuses a configuration setting out of range.
 fn check_config(config: &RuntimeConfig) -> Result<(), ArenaError> {
     let a = config.alignment;

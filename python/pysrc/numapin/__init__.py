@@ -42,7 +42,7 @@ from numapin import _numapin
 from numapin._errors import BudgetError, Error, InputError, LimitError
 from numapin._numapin import DoctorCheck, PinnedBuffer
 from numapin._shared import SharedBuffer
-from numapin._storage import load_safetensors, locate, read_to_device, safetensors_shards
+from numapin._storage import _path, load_safetensors, locate, read_to_device, safetensors_shards
 from numapin._topology import Allowed, Gpu, NumaNode, Package, Topology, Warning, cpus
 
 __all__ = [
@@ -84,7 +84,7 @@ def topology(input: str | os.PathLike[str] | None = None) -> Topology:
     """This machine's topology, or a saved machine's (``input``: an hwloc
     XML export, a ``numapin topo --json`` file, an NCCL topology XML or a
     captured filesystem root), as ``numapin topo`` reads it."""
-    json_text, text = _numapin.topology(None if input is None else os.fspath(input))
+    json_text, text = _numapin.topology(None if input is None else _path(input))
     return Topology(json_text, text)
 
 
@@ -131,13 +131,18 @@ def bind(
     instead (for work that is not one rank per GPU). With ``input`` (a saved
     machine) nothing is bound: the plan is returned.
     """
+    local_rank = _opt_int(local_rank, "local_rank", hi=_U32, fix="pass the process's local rank (0, 1, ...) or None")
+    gpu, node = _gpu_node(gpu, node)
+    for what, v in (("mode", mode), ("memory", memory)):
+        if not isinstance(v, str):
+            raise TypeError(f"{what}={v!r} is not a string\n  fix: pass one of the names bind() documents for {what}")
     plan_json, why = _numapin.bind(
         local_rank,
         gpu=gpu,
         node=node,
         mode=mode,
         memory=memory,
-        input=None if input is None else os.fspath(input),
+        input=None if input is None else _path(input),
     )
     p = json.loads(plan_json)
     return RankPlan(
@@ -173,6 +178,7 @@ def place(gpu: int | None = None, *, node: int | None = None) -> Site:
     :func:`empty`, :func:`pin`, the staged copies and
     :class:`numapin.torch.DataLoader` use. On a machine with several NUMA
     nodes, ``warnings`` names each fallback taken."""
+    gpu, node = _gpu_node(gpu, node)
     n, cpu_list, index, warnings = _numapin.place(gpu, node=node)
     return Site(node=n, cpus=list(cpu_list), gpu=index, warnings=list(warnings))
 
@@ -199,29 +205,143 @@ def doctor(
             if c.verdict in ("warn", "fail"):
                 log.warning("%s %s: %s (fix: %s)", c.verdict, c.name, c.evidence, c.fix)
     """
-    path = None if input is None else os.fspath(input)
+    path = None if input is None else _path(input)
     return _numapin.doctor(path, cuda=cuda, pin_probe=pin_probe)
 
 
-def _shape(shape: Any) -> tuple[int, ...]:
+_U32 = 2**32 - 1
+_I64 = 2**63 - 1
+_U64 = 2**64 - 1
+
+
+def _is_bool(x: Any) -> bool:
+    """Python and NumPy bools (which ``operator.index`` would take as 0/1)."""
+    return isinstance(x, bool) or type(x).__name__ == "bool_"
+
+
+def _int(value: Any, what: str, *, lo: int = 0, hi: int = _U64, fix: str) -> int:
+    """``value`` as an int (Python, NumPy or torch integers): a bool or a
+    non-integer is a ``TypeError``, one outside ``lo..hi`` an
+    :class:`InputError`; both name ``what`` and say what to do."""
+    if _is_bool(value):
+        raise TypeError(f"{what}={value!r} is a bool, not an integer\n  fix: {fix}")
     try:
-        return (operator.index(shape),)
+        n = operator.index(value)
     except TypeError:
-        return tuple(operator.index(d) for d in shape)
+        raise TypeError(f"{what}={value!r} is not an integer ({type(value).__name__})\n  fix: {fix}") from None
+    if not lo <= n <= hi:
+        raise InputError(f"{what}={n} is out of range ({lo} to {hi})\n  fix: {fix}")
+    return n
+
+
+def _opt_int(value: Any, what: str, *, lo: int = 0, hi: int = _U64, fix: str) -> int | None:
+    return None if value is None else _int(value, what, lo=lo, hi=hi, fix=fix)
+
+
+def _gpu_node(gpu: Any, node: Any) -> tuple[int | None, int | None]:
+    """``gpu`` and ``node`` checked: ``None`` or CUDA ordinals / NUMA node
+    numbers (0 to 2**32 - 1; whether one is there is checked by the call)."""
+    return (
+        _opt_int(gpu, "gpu", hi=_U32, fix="pass a CUDA device ordinal (0, 1, ...; see numapin.topology().gpus) or None"),
+        _opt_int(node, "node", hi=_U32, fix="pass a NUMA node number (see numapin.topology().numa_nodes) or None"),
+    )
+
+
+def _shape(shape: Any) -> tuple[int, ...]:
+    """``shape`` (an integer or a sequence of them: Python, NumPy or torch
+    integers) as a tuple; a bool, string or non-integer is a ``TypeError``,
+    a negative or overflowing size an :class:`InputError`."""
+    fix = "give the shape as an integer or a tuple of integers, e.g. (2, 3)"
+    if shape is None or isinstance(shape, (str, bytes, bytearray)) or _is_bool(shape):
+        raise TypeError(f"shape={shape!r} is not a shape\n  fix: {fix}")
+    try:
+        dims: list[Any] = [operator.index(shape)]
+    except TypeError:
+        try:
+            dims = list(shape)
+        except TypeError:
+            raise TypeError(f"shape={shape!r} is not a shape ({type(shape).__name__})\n  fix: {fix}") from None
+    out = []
+    for d in dims:
+        if _is_bool(d) or d is None or isinstance(d, (str, bytes)):
+            raise TypeError(f"shape={shape!r}: {d!r} is not a size\n  fix: {fix}")
+        try:
+            n = operator.index(d)
+        except TypeError:
+            raise TypeError(f"shape={shape!r}: {d!r} is not an integer size\n  fix: {fix}") from None
+        if n < 0:
+            raise InputError(f"shape {tuple(dims)!r}: dimension {n} is negative\n  fix: give sizes of zero or more")
+        if n > _I64:
+            raise InputError(
+                f"shape {tuple(dims)!r}: dimension {n} holds more bytes than an address space\n"
+                "  fix: ask for a smaller tensor"
+            )
+        out.append(n)
+    return tuple(out)
+
+
+#: dtypes NumPy has (numapin's others, such as bfloat16, are torch-only).
+_NUMPY_DTYPES = frozenset(
+    "bool uint8 int8 uint16 int16 uint32 int32 uint64 int64 float16 float32 float64 complex64 complex128".split()
+)
+
+
+def _numpy_dtype_name(dt: Any, given: Any) -> str:
+    """The name of NumPy dtype ``dt`` (from ``given``) if numapin hands it
+    out: native byte order, no fields."""
+    if dt.fields is not None or dt.subdtype is not None:
+        raise InputError(
+            f"dtype {given!r} is a structured or sub-array dtype\n  fix: pass a plain numeric dtype (float32, int64, ...)"
+        )
+    if not dt.isnative:
+        raise InputError(
+            f"dtype {given!r} has a non-native byte order; numapin hands out memory in this machine's byte order\n"
+            "  fix: pass the dtype in native order (dtype.newbyteorder('='))"
+        )
+    return dt.name
 
 
 def _dtype_name(dtype: Any, like: str) -> str:
-    """``torch.float32`` -> ``"float32"``; NumPy dtypes through ``np.dtype``."""
-    if isinstance(dtype, str):
+    """``torch.float32`` -> ``"float32"``; NumPy dtypes and their spellings
+    (``"f4"``, ``np.float32``, ``float``) through ``np.dtype``. Something
+    that is no dtype is a ``TypeError``; a dtype numapin does not hand out
+    (objects, strings, records, a foreign byte order) an :class:`InputError`."""
+    names = _numapin.dtypes()
+    if isinstance(dtype, str) and dtype in names:
         return dtype
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(dtype, torch.dtype):
         return str(dtype).removeprefix("torch.")
-    if like == "numpy" or "numpy" in sys.modules:
+    if dtype is None or _is_bool(dtype) or isinstance(dtype, (int, float)) and not isinstance(dtype, type):
+        raise TypeError(f"dtype={dtype!r} is not a dtype\n  fix: pass a torch or NumPy dtype, or its name")
+    try:
         import numpy as np
+    except ImportError:
+        if isinstance(dtype, str):
+            raise InputError(
+                f"dtype {dtype!r} is not one numapin hands out\n  fix: use one of {', '.join(names)}"
+            ) from None
+        raise TypeError(f"dtype={dtype!r} is not a dtype\n  fix: pass a torch dtype or a dtype name") from None
+    try:
+        dt = np.dtype(dtype)
+    except (TypeError, ValueError, SyntaxError) as e:
+        if isinstance(dtype, str):
+            raise InputError(
+                f"dtype {dtype!r} is not one numapin hands out ({e})\n  fix: use one of {', '.join(names)}"
+            ) from None
+        raise TypeError(f"dtype={dtype!r} is not a dtype ({e})\n  fix: pass a torch or NumPy dtype, or its name") from None
+    return _numpy_dtype_name(dt, dtype)
 
-        return np.dtype(dtype).name
-    raise InputError(f"dtype {dtype!r} is not one numapin hands out\n  fix: pass a torch or NumPy dtype")
+
+def _check_like(like: Any, dtype: str) -> None:
+    if like not in ("torch", "numpy"):
+        raise InputError(f'like={like!r} is not a kind of array numapin makes\n  fix: use like="torch" or like="numpy"')
+    if dtype not in _numapin.dtypes():
+        raise InputError(f"dtype {dtype!r} is not one numapin hands out\n  fix: use one of {', '.join(dtypes())}")
+    if like == "numpy" and dtype not in _NUMPY_DTYPES:
+        raise InputError(
+            f"NumPy has no dtype {dtype}\n  fix: use like=\"torch\" for {dtype}, or a dtype NumPy has"
+        )
 
 
 def _default_gpu(gpu: int | None, node: int | None) -> int | None:
@@ -273,9 +393,13 @@ def empty(
     does not own, keep the tensor alive until an asynchronous copy from it
     has completed (or use :func:`copy_to_device`).
     """
-    buf = _numapin.empty(
-        _shape(shape), _dtype_name(dtype, like), gpu=_default_gpu(gpu, node), node=node
-    )
+    if like not in ("torch", "numpy"):
+        _check_like(like, "")
+    dims = _shape(shape)
+    name = _dtype_name(dtype, like)
+    _check_like(like, name)
+    gpu, node = _gpu_node(gpu, node)
+    buf = _numapin.empty(dims, name, gpu=_default_gpu(gpu, node), node=node)
     return _wrap(buf, like)
 
 
@@ -283,15 +407,20 @@ def pin(x: Any, *, gpu: int | None = None, node: int | None = None) -> Any:
     """A pinned copy of CPU tensor or NumPy array ``x`` on the node of CUDA
     device ``gpu`` (default as for :func:`empty`), copied by threads on that
     node with the GIL released: the drop-in for ``tensor.pin_memory()``.
-    Returns the same kind of object as ``x``."""
+    Returns the same kind of object as ``x``, C-contiguous, of its shape,
+    dtype and values, whatever its strides (a tensor's conjugate and
+    negative bits are resolved; ``requires_grad`` is not kept). ``bytes``,
+    ``bytearray``, ``memoryview``, NumPy scalars and Python numbers give a
+    NumPy array (``uint8`` for bytes, the memoryview's format and shape
+    otherwise; 0-d for scalars); a NumPy array in a foreign byte order gives
+    one of the same values in native order. Sparse, quantized and non-CPU
+    tensors, and arrays of objects, strings, records or dates, are an
+    :class:`InputError`."""
+    gpu, node = _gpu_node(gpu, node)
     target = _default_gpu(gpu, node)
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(x, torch.Tensor):
-        if x.device.type != "cpu":
-            raise InputError(
-                f"pin() takes a CPU tensor, not one on {x.device}\n  fix: pin CPU tensors; a CUDA tensor needs no pinning"
-            )
-        src = x.resolve_conj().resolve_neg().contiguous()
+        src = _torch_source(torch, x)
         buf = _numapin.pin_address(
             src.data_ptr(),
             src.numel() * src.element_size(),
@@ -300,12 +429,63 @@ def pin(x: Any, *, gpu: int | None = None, node: int | None = None) -> Any:
             gpu=target,
             node=node,
         )
+        del src
         return _wrap(buf, "torch")
+    src = _numpy_source(x)
+    # A 0-d array exports no shape through the buffer protocol: its one
+    # element goes as a 1-element array, viewed back as 0-d.
+    raw = src.reshape(1) if src.ndim == 0 else src
+    buf = _numapin.pin_buffer(raw, src.shape, src.dtype.name, gpu=target, node=node)
+    return _wrap(buf, "numpy")
+
+
+def _torch_source(torch: Any, x: Any) -> Any:
+    """CPU tensor ``x`` as a plain contiguous strided tensor numapin can
+    copy (conjugate and negative bits resolved), or an :class:`InputError`."""
+    if x.device.type != "cpu":
+        raise InputError(
+            f"pin() takes a CPU tensor, not one on {x.device}\n  fix: pin CPU tensors; a CUDA tensor needs no pinning"
+        )
+    if x.layout != torch.strided:
+        raise InputError(f"pin() takes a dense tensor, not a {x.layout} one\n  fix: pin x.to_dense()")
+    if x.is_quantized:
+        raise InputError(
+            f"pin() takes no quantized tensors ({x.dtype})\n  fix: pin x.int_repr() and keep the scale apart, or x.dequantize()"
+        )
+    name = str(x.dtype).removeprefix("torch.")
+    if name not in _numapin.dtypes():
+        raise InputError(f"dtype {name} is not one numapin hands out\n  fix: use one of {', '.join(dtypes())}")
+    return x.detach().resolve_conj().resolve_neg().contiguous()
+
+
+def _numpy_source(x: Any) -> Any:
+    """``x`` (an array, a buffer, a scalar) as a C-contiguous NumPy array in
+    native byte order, of ``x``'s shape and values, or an error."""
     import numpy as np
 
-    src = np.ascontiguousarray(x)
-    buf = _numapin.pin_buffer(src, src.shape, src.dtype.name, gpu=target, node=node)
-    return _wrap(buf, "numpy")
+    if isinstance(x, (bytes, bytearray)):
+        return np.frombuffer(x, dtype=np.uint8)
+    if x is None or isinstance(x, (str, dict, set)):
+        raise TypeError(
+            f"pin() takes a CPU tensor, a NumPy array or a buffer, not {type(x).__name__}\n  fix: pass one of them"
+        )
+    try:
+        a = np.asarray(x)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"pin() cannot read {type(x).__name__} as an array ({e})\n  fix: pass a tensor or array") from None
+    if a.dtype.fields is not None or a.dtype.kind in "OSUVMmT":
+        raise InputError(
+            f"pin() takes numeric arrays, not one of dtype {a.dtype}\n  fix: pass numbers (bool, ints, floats, complex)"
+        )
+    if not a.dtype.isnative:
+        a = a.astype(a.dtype.newbyteorder("="))
+    if a.dtype.name not in _NUMPY_DTYPES:
+        raise InputError(
+            f"dtype {a.dtype} is not one numapin hands out\n  fix: use one of {', '.join(sorted(_NUMPY_DTYPES))}"
+        )
+    if not a.flags.c_contiguous:
+        a = a.copy(order="C")
+    return a
 
 
 def _host(x: Any, what: str) -> tuple[Any, int, int]:
@@ -408,18 +588,43 @@ def configure(
     CUDA (default false; no buffer then spans the halves, since CUDA
     refuses a copy across two registrations).
     """
+    def count(v: Any, what: str, hi: int = _U64, lo: int = 0) -> int | None:
+        return _opt_int(
+            v, what, lo=lo, hi=hi, fix=f"pass {what} as a whole number from {lo} to {hi}, or None for the default"
+        )
+
+    def flag(v: Any, what: str) -> bool | None:
+        if v is not None and not isinstance(v, bool):
+            raise TypeError(f"{what}={v!r} is not a bool\n  fix: pass True or False (or None for the default)")
+        return v
+
+    def word(v: Any, what: str) -> str | None:
+        if v is not None and not isinstance(v, str):
+            raise TypeError(f"{what}={v!r} is not a string\n  fix: pass one of the names the docs list for {what}")
+        return v
+
+    if budget_fraction is not None:
+        if _is_bool(budget_fraction) or not isinstance(budget_fraction, (int, float)):
+            raise TypeError(
+                f"budget_fraction={budget_fraction!r} is not a number\n  fix: pass a fraction such as 0.5"
+            )
+        if not 0.0 < float(budget_fraction) <= 1.0:
+            raise InputError(
+                f"budget_fraction={budget_fraction!r} is not in (0, 1]\n  fix: pass a fraction such as 0.5"
+            )
+        budget_fraction = float(budget_fraction)
     _numapin.configure(
-        budget_bytes=budget_bytes,
+        budget_bytes=count(budget_bytes, "budget_bytes"),
         budget_fraction=budget_fraction,
-        region_bytes=region_bytes,
-        register=register,
-        placement=placement,
-        thread_cache_blocks=thread_cache_blocks,
-        thread_cache_bytes=thread_cache_bytes,
-        populate_threads=populate_threads,
-        backend=backend,
-        huge_pages=huge_pages,
-        register_in_parts=register_in_parts,
+        region_bytes=count(region_bytes, "region_bytes", (2**63 - 1) // 4, lo=1),
+        register=flag(register, "register"),
+        placement=word(placement, "placement"),
+        thread_cache_blocks=count(thread_cache_blocks, "thread_cache_blocks", 2**32 - 1),
+        thread_cache_bytes=count(thread_cache_bytes, "thread_cache_bytes"),
+        populate_threads=count(populate_threads, "populate_threads", 4096),
+        backend=word(backend, "backend"),
+        huge_pages=word(huge_pages, "huge_pages"),
+        register_in_parts=flag(register_in_parts, "register_in_parts"),
     )
 
 

@@ -20,6 +20,13 @@ class Error(Exception):
     kind: str = "system"
     """``"input"``, ``"budget"``, ``"permission"`` or ``"system"``."""
 
+    def __init__(self, *args: object) -> None:
+        super().__init__(*args)
+        # Raised with the fix below the message ("...\n  fix: what to do"):
+        # the fix is also the attribute.
+        if args and isinstance(args[0], str) and "\n  fix: " in args[0]:
+            self.fix = args[0].split("\n  fix: ", 1)[1]
+
 
 class InputError(Error, ValueError):
     """Something the caller gave cannot be used: an argument, a file, an

@@ -31,13 +31,25 @@ class SharedBuffer:
         """Makes ``nbytes`` of shared pinned memory called ``name`` (1 to 64
         letters, digits, ``.``, ``_``, ``-``; not in use) on the node of CUDA
         device ``gpu`` (or NUMA node ``node``, or the calling thread's)."""
-        return cls(_numapin.SharedBuffer.create(name, nbytes, gpu=gpu, node=node))
+        import numapin
+
+        if not isinstance(name, str):
+            raise TypeError(f"name={name!r} is not a string\n  fix: pass a name of 1 to 64 letters, digits, '.', '_', '-'")
+        n = numapin._int(nbytes, "nbytes", hi=2**62, fix="pass the buffer's size in bytes (1 or more)")
+        gpu, node = numapin._gpu_node(gpu, node)
+        return cls(_numapin.SharedBuffer.create(name, n, gpu=gpu, node=node))
 
     @classmethod
     def attach(cls, name: str, *, timeout: float = 0.0) -> SharedBuffer:
         """Maps the shared memory another process made as ``name``, waiting
         up to ``timeout`` seconds for it to appear."""
-        return cls(_numapin.SharedBuffer.attach(name, timeout=timeout))
+        if not isinstance(name, str):
+            raise TypeError(f"name={name!r} is not a string\n  fix: pass the name the buffer was made with")
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 <= timeout <= 86400:
+            from numapin._errors import InputError
+
+            raise InputError(f"timeout={timeout!r} is not 0 to 86400 seconds\n  fix: pass seconds to wait, e.g. 5.0")
+        return cls(_numapin.SharedBuffer.attach(name, timeout=float(timeout)))
 
     @property
     def name(self) -> str:
@@ -69,7 +81,9 @@ class SharedBuffer:
         import numapin
 
         name = numapin._dtype_name(dtype, like)
+        numapin._check_like(like, name)
         dims = None if shape is None else list(numapin._shape(shape))
+        offset = numapin._int(offset, "offset", hi=2**63 - 1, fix="pass a byte offset inside the buffer (0 or more)")
         return numapin._wrap(self._inner.view(name, dims, offset=offset), like)
 
     def __repr__(self) -> str:

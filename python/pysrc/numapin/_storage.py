@@ -29,11 +29,16 @@ def _shard(shard: Any) -> tuple[int | None, int | None]:
             ) from None
     try:
         rank, world = shard
-        return int(rank), int(world)
     except (TypeError, ValueError):
         raise InputError(
             f"shard={shard!r} is not (rank, world_size)\n  fix: pass shard=(rank, world_size) or shard=\"local\""
         ) from None
+    import numapin
+
+    fix = "pass shard=(rank, world_size) with 0 <= rank < world_size"
+    r = numapin._int(rank, "shard rank", hi=2**32, fix=fix)
+    w = numapin._int(world, "shard world_size", lo=1, hi=2**32, fix=fix)
+    return r, w
 
 
 def _names(names: Iterable[str] | None) -> list[str] | None:
@@ -41,7 +46,23 @@ def _names(names: Iterable[str] | None) -> list[str] | None:
         return None
     if isinstance(names, str):
         return [names]
-    return [str(n) for n in names]
+    try:
+        return [str(n) for n in names]
+    except TypeError:
+        raise TypeError(f"names={names!r} is not a list of tensor names\n  fix: pass names=[\"a\", \"b\"] or None") from None
+
+
+def _read_opts(threads: Any, chunk_bytes: Any, io: Any) -> dict[str, Any]:
+    """``threads``, ``chunk_bytes`` and ``io`` checked for the reader."""
+    import numapin
+
+    if not isinstance(io, str):
+        raise TypeError(f"io={io!r} is not a string\n  fix: pass \"auto\", \"buffered\" or \"direct\"")
+    return dict(
+        threads=numapin._int(threads, "threads", hi=4096, fix="pass 0 (numapin picks) or a thread count"),
+        chunk_bytes=numapin._int(chunk_bytes, "chunk_bytes", lo=1, hi=2**40, fix="pass a chunk size such as 4194304"),
+        io=io,
+    )
 
 
 def _warn(report: dict[str, Any]) -> None:
@@ -53,13 +74,31 @@ def _cuda_device(device: Any) -> Any:
     """``device`` as a ``torch.device`` of CUDA with an index."""
     import torch
 
-    d = torch.device(device) if not isinstance(device, int) else torch.device("cuda", device)
+    try:
+        d = torch.device(device) if not isinstance(device, int) else torch.device("cuda", device)
+    except (RuntimeError, TypeError, ValueError) as e:
+        raise InputError(
+            f"device={device!r} is not a device ({str(e).splitlines()[0]})\n"
+            "  fix: pass a CUDA device (\"cuda\", \"cuda:1\", an ordinal) or None for pinned CPU tensors"
+        ) from None
     if d.type != "cuda":
         raise InputError(
             f"device={device!r} is not a CUDA device\n  fix: pass device=None for pinned CPU tensors, or a CUDA device"
         )
+    if not torch.cuda.is_available():
+        from numapin._errors import Error
+
+        raise Error(
+            f"device={device!r}: torch sees no CUDA device in this process\n"
+            "  fix: pass device=None for pinned CPU tensors, or run where a GPU is visible (check CUDA_VISIBLE_DEVICES)"
+        )
     if d.index is None:
         d = torch.device("cuda", torch.cuda.current_device())
+    if d.index >= torch.cuda.device_count():
+        raise InputError(
+            f"device={device!r}: this process sees {torch.cuda.device_count()} CUDA device(s)\n"
+            "  fix: pass a device it sees (check CUDA_VISIBLE_DEVICES)"
+        )
     return d
 
 
@@ -113,7 +152,11 @@ def load_safetensors(
     Bad files (truncated, a header that lies, a directory, a FIFO) raise
     :class:`numapin.InputError`; nothing stays allocated.
     """
-    ck = _numapin.open_safetensors(os.fspath(path_or_index))
+    opts = _read_opts(threads, chunk_bytes, io)
+    import numapin
+
+    gpu, node = numapin._gpu_node(gpu, node)
+    ck = _numapin.open_safetensors(_path(path_or_index))
     rank, world = _shard(shard)
     sel = ck.select(_names(names), rank, world)
     infos = ck.tensors()
@@ -123,7 +166,6 @@ def load_safetensors(
                 f"tensor {infos[i][0]!r} has dtype {infos[i][4]}, which numapin makes no tensors of\n"
                 "  fix: load the other tensors (names=...), or this one with safetensors"
             )
-    opts = dict(threads=threads, chunk_bytes=chunk_bytes, io=io)
     if device is None or (isinstance(device, str) and device == "cpu"):
         bufs, report = ck.load_to_host(sel, gpu=_default_gpu(gpu, node), node=node, **opts)
         _warn(report)
@@ -157,8 +199,11 @@ def safetensors_shards(
     """The names each of ``world_size`` ranks loads with
     ``load_safetensors(..., shard=(rank, world_size))``: disjoint, together
     every (selected) tensor, each a contiguous run of the files."""
-    ck = _numapin.open_safetensors(os.fspath(path_or_index))
-    return ck.shards(int(world_size), _names(names))
+    import numapin
+
+    world = numapin._int(world_size, "world_size", lo=1, hi=2**32, fix="pass the number of ranks (1 or more)")
+    ck = _numapin.open_safetensors(_path(path_or_index))
+    return ck.shards(world, _names(names))
 
 
 def read_to_device(
@@ -189,14 +234,18 @@ def read_to_device(
     if not out.is_contiguous():
         raise InputError("out is not contiguous\n  fix: pass a contiguous tensor")
     room = out.numel() * out.element_size()
-    offset, nbytes = int(offset), int(nbytes)
+    import numapin
+
+    fix = "pass a non-negative offset and at most the tensor's bytes"
+    offset = numapin._int(offset, "offset", lo=-(2**63), hi=2**63 - 1, fix=fix)
+    nbytes = numapin._int(nbytes, "nbytes", lo=-(2**63), hi=2**63 - 1, fix=fix)
     if offset < 0 or nbytes < 0 or nbytes > room:
         raise InputError(
             f"offset {offset}, nbytes {nbytes} into a tensor of {room} bytes\n"
             "  fix: pass a non-negative offset and at most the tensor's bytes"
         )
-    opts = dict(threads=threads, chunk_bytes=chunk_bytes, io=io)
-    p = os.fspath(path)
+    opts = _read_opts(threads, chunk_bytes, io)
+    p = _path(path)
     if out.is_cuda:
         s = stream if stream is not None else torch.cuda.current_stream(out.device)
         report = _numapin.read_to_device(
@@ -215,4 +264,17 @@ def locate(path: str | os.PathLike[str]) -> tuple[str, list[dict[str, Any]]]:
     (0000:41:00.0, node 1)``, ``nfs4 server:/export (no local drive)``) and
     its drives (``name``, ``pci_bus_id``, ``numa_node``, ``package``,
     ``kind``)."""
-    return _numapin.locate(os.fspath(path))
+    return _numapin.locate(_path(path))
+
+
+def _path(path: Any) -> str:
+    """``path`` (a string or path-like) as a string without NUL bytes."""
+    try:
+        p = os.fspath(path)
+    except TypeError:
+        raise TypeError(f"path {path!r} is not a path ({type(path).__name__})\n  fix: pass a str or os.PathLike") from None
+    if isinstance(p, bytes):
+        p = os.fsdecode(p)
+    if "\0" in p:
+        raise InputError(f"path {p!r} has a NUL byte\n  fix: pass the file's real path")
+    return p

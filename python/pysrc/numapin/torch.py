@@ -90,6 +90,24 @@ class _NoRoom(Exception):
     """The batch does not fit its slot."""
 
 
+class _Foreign(_NoRoom):
+    """The batch holds a tensor a slot cannot: sparse, quantized, or of a
+    dtype numapin does not hand out (it takes torch's path, unwarned)."""
+
+
+_SLOT_DTYPES = frozenset(_numapin.dtypes())
+
+
+def _slottable(t: torch.Tensor) -> bool:
+    """Whether tensor ``t`` can be written into a slot and rebuilt from it."""
+    return (
+        t.layout == torch.strided
+        and not t.is_quantized
+        and t.device.type == "cpu"
+        and _dtype_name(t.dtype) in _SLOT_DTYPES
+    )
+
+
 class _Leaf:
     """Where one tensor of a batch lies in its slot."""
 
@@ -175,6 +193,8 @@ class _Writer:
         self.size = pool.slot_bytes
 
     def place(self, dtype: torch.dtype, shape: tuple[int, ...]) -> tuple[torch.Tensor, _Leaf]:
+        if _dtype_name(dtype) not in _SLOT_DTYPES:
+            raise _Foreign
         n = 1
         for d in shape:
             n *= d
@@ -187,8 +207,11 @@ class _Writer:
         return view, leaf
 
     def copy(self, t: torch.Tensor) -> _Leaf:
+        if not _slottable(t):
+            raise _Foreign
         view, leaf = self.place(t.dtype, tuple(t.shape))
-        view.copy_(t)
+        with torch.no_grad():
+            view.copy_(t.resolve_conj().resolve_neg())
         return leaf
 
 
@@ -319,14 +342,14 @@ class _SlotCollate:
                     data = self.user(samples)
                 try:
                     tree = _map(data, w.copy)
-                except _NoRoom:
+                except _NoRoom as e:
                     pool.release(slot)
-                    return _Plain(data, "large", _tensor_bytes(data))
+                    return _Plain(data, "foreign" if isinstance(e, _Foreign) else "large", _tensor_bytes(data))
             return _SlotBatch(slot, w.used, tree)
-        except _NoRoom:
+        except _NoRoom as e:
             pool.release(slot)
             data = self._ordinary(samples)
-            return _Plain(data, "large", _tensor_bytes(data))
+            return _Plain(data, "foreign" if isinstance(e, _Foreign) else "large", _tensor_bytes(data))
         except BaseException:
             pool.release(slot)
             raise
@@ -335,8 +358,11 @@ class _SlotCollate:
     def _collate_into(samples: list[Any], w: _Writer) -> Any:
         def stack(batch: Sequence[torch.Tensor], *, collate_fn_map: Any = None) -> _Leaf:
             elem = batch[0]
+            if not all(_slottable(t) for t in batch):
+                raise _Foreign
             view, leaf = w.place(elem.dtype, (len(batch),) + tuple(elem.shape))
-            torch.stack(list(batch), 0, out=view)
+            with torch.no_grad():
+                torch.stack([t.resolve_conj().resolve_neg() for t in batch], 0, out=view)
             return leaf
 
         fmap = dict(default_collate_fn_map)
@@ -382,10 +408,120 @@ def _keep_heap() -> None:
     libc.mallopt(m_trim_threshold, 1 << 30)
 
 
+def _count(value: Any, what: str, lo: int, hi: int) -> int:
+    """``value`` as an int in ``lo..hi`` (``TypeError`` for a bool or a
+    non-integer, :class:`numapin.InputError` out of range)."""
+    return numapin._int(value, what, lo=lo, hi=hi, fix=f"pass {what} as a whole number from {lo} to {hi}")
+
+
+def _seconds(value: Any, what: str) -> float:
+    if numapin._is_bool(value) or not isinstance(value, (int, float)):
+        raise TypeError(f"{what}={value!r} is not a number of seconds\n  fix: pass seconds, e.g. 5.0")
+    v = float(value)
+    if not 0.0 <= v <= 3600.0:
+        raise numapin.InputError(f"{what}={value!r} is not 0 to 3600 seconds\n  fix: pass seconds, e.g. 5.0")
+    return v
+
+
+def _device(device: Any) -> torch.device | None:
+    """``device`` as a CUDA ``torch.device`` with an index, or ``None`` for
+    pinned CPU batches (also, with a warning, for a CUDA device on a
+    machine where torch sees none)."""
+    if device is None:
+        return None
+    if not isinstance(device, (str, int, torch.device)) or isinstance(device, bool):
+        raise TypeError(
+            f"device={device!r} is not a device\n  fix: pass a CUDA device (\"cuda\", \"cuda:1\", 1, a torch.device) or None"
+        )
+    try:
+        d = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+    except (RuntimeError, ValueError) as e:
+        raise numapin.InputError(
+            f"device={device!r} is not a device torch knows ({str(e).splitlines()[0]})\n"
+            "  fix: pass a CUDA device (\"cuda\", \"cuda:1\") or None for pinned CPU batches"
+        ) from None
+    if d.type != "cuda":
+        raise numapin.InputError(
+            f"device={device!r} is not a CUDA device\n  fix: pass a CUDA device, or None for pinned CPU batches"
+        )
+    if not torch.cuda.is_available():
+        warnings.warn(
+            f"numapin.torch.DataLoader: device={device!r}, but torch sees no CUDA device here; "
+            "batches are pinned CPU tensors (pass device=None to say so)",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return None
+    count = torch.cuda.device_count()
+    index = d.index if d.index is not None else torch.cuda.current_device()
+    if index >= count:
+        raise numapin.InputError(
+            f"device={device!r}: this process sees {count} CUDA device(s)\n"
+            "  fix: pass one of cuda:0 .. cuda:{count - 1} (check CUDA_VISIBLE_DEVICES)"
+        )
+    return torch.device("cuda", index)
+
+
+class _Slots:
+    """A slot pool and the collate function its workers run: one per loader,
+    and one more for each iterator started while another of the same
+    loader (without persistent workers) is still alive, as torch lets two
+    epochs run at once."""
+
+    def __init__(self, loader: DataLoader, collate_fn: Any, slot_timeout: float, num_workers: int) -> None:
+        self.loader = loader
+        self.pool = _numapin.SlotPool.create()
+        _MAIN_POOLS[self.pool.path] = (os.getpid(), self.pool)
+        try:
+            self.collate = _SlotCollate(
+                self.pool.path,
+                collate_fn,
+                slot_timeout,
+                POOL_WAIT if loader._on_request else 0.0,
+                ask=loader._on_request,
+                first_waits=FIRST_BATCH_WAITS,
+            )
+            if num_workers == 0 and loader._slot_bytes is None:
+                self.collate.provision_here = self.provision
+            if loader._on_request:
+                # Two slots per worker and two more first (what a consumer as
+                # fast as the workers needs: one being filled and one done per
+                # worker), more when workers find none free, up to the bound.
+                self.pool.provision_on_request(
+                    loader._nslots,
+                    first=min(loader._nslots, 2 * num_workers + 2),
+                    grow_by=max(2, num_workers),
+                    gpu=loader._gpu,
+                    register=loader._register(),
+                )
+            if loader._slot_bytes is not None:
+                self.provision(loader._slot_bytes)
+        except BaseException:
+            self.close()
+            raise
+
+    def provision(self, nbytes: int) -> None:
+        l = self.loader
+        self.pool.provision(l._nslots, max(nbytes, 1), gpu=l._gpu, register=l._register())
+
+    def close(self) -> None:
+        self.pool.close()
+        _MAIN_POOLS.pop(self.pool.path, None)
+
+
 class DataLoader:
     """torch's DataLoader with batches written straight into pinned memory
     on ``device``'s node (see the module docs). Without CUDA, or with
-    ``device=None``, batches are pinned CPU tensors."""
+    ``device=None``, batches are pinned CPU tensors (a CUDA ``device`` on a
+    machine where torch sees no GPU gives a ``RuntimeWarning`` and pinned
+    CPU batches).
+
+    Wrong arguments raise what torch raises for torch's (``ValueError``,
+    ``TypeError``) and :class:`numapin.InputError` / ``TypeError`` for
+    numapin's (``device``, ``slots``, ``slot_bytes``, ``slot_timeout``);
+    a pool that cannot be made for ``slot_bytes`` raises
+    :class:`numapin.BudgetError` or :class:`numapin.LimitError`. A failed
+    constructor leaves nothing behind."""
 
     def __init__(
         self,
@@ -410,18 +546,14 @@ class DataLoader:
         slot_timeout: float | None = None,
         keep_worker_heap: bool = True,
     ) -> None:
+        self._slots: _Slots | None = None
+        self._iters: weakref.WeakSet[_Iter] = weakref.WeakSet()
         if batch_size is None and batch_sampler is None:
             raise numapin.InputError(
                 "batch_size=None (no batching) has no batch to place in a slot\n"
                 "  fix: use torch.utils.data.DataLoader for unbatched loading, or give a batch_size"
             )
-        self.device = torch.device(device) if device is not None else None
-        if self.device is not None and self.device.type != "cuda":
-            raise numapin.InputError(
-                f"device={device!r} is not a CUDA device\n  fix: pass a CUDA device, or None for pinned CPU batches"
-            )
-        if self.device is not None and self.device.index is None:
-            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.device = _device(device)
         self._gpu = self.device.index if self.device is not None else None
         # A slot is held from the start of a batch's collate to the end of
         # its copy: the workers' batches in progress and a few done ahead.
@@ -429,23 +561,22 @@ class DataLoader:
         # fewer slots, workers ahead of the batch the main process waits for
         # could hold them all while its worker waits for one (a stall until
         # slot_timeout). A few more cover copies still running.
-        in_flight = (prefetch_factor or 2) * num_workers if num_workers > 0 else 1
-        wanted = slots if slots is not None else max(4, in_flight + 4)
-        if not 1 <= wanted <= 4096:
-            raise numapin.InputError(f"slots={wanted}: a pool holds 1 to 4096 slots\n  fix: ask for fewer slots")
-        self._nslots = wanted
-        self._slot_bytes = slot_bytes
-        self._warned = False
-        self.stats_plain = collections.Counter()
-        self.stats_slotted = 0
-        self._pool = _numapin.SlotPool.create()
-        _MAIN_POOLS[self._pool.path] = (os.getpid(), self._pool)
+        workers = num_workers if isinstance(num_workers, int) and num_workers > 0 else 0
+        pf = prefetch_factor if isinstance(prefetch_factor, int) and prefetch_factor > 0 else 2
+        in_flight = pf * workers if workers > 0 else 1
+        self._nslots = _count(slots, "slots", 1, 4096) if slots is not None else min(4096, max(4, in_flight + 4))
+        self._slot_bytes = None if slot_bytes is None else _count(slot_bytes, "slot_bytes", 1, 2**62)
         if slot_timeout is None:
             # In the main process no one else frees a slot while collate
             # waits; for CPU batches the consumer may hold them all (a
             # short wait, then torch's path); copies to a device free
             # their slots within milliseconds.
-            slot_timeout = 0.0 if num_workers == 0 else (5.0 if self.device is not None else 0.05)
+            slot_timeout = 0.0 if workers == 0 else (5.0 if self.device is not None else 0.05)
+        self._slot_timeout = _seconds(slot_timeout, "slot_timeout")
+        self._user_collate = collate_fn
+        self._warned = False
+        self.stats_plain = collections.Counter()
+        self.stats_slotted = 0
         # With workers and no slot_bytes, the first worker to collate asks
         # for slots of its batch's size and the main process provisions them
         # on a thread of its own while the workers wait (their first batches
@@ -453,41 +584,14 @@ class DataLoader:
         # the first of them: up to prefetch_factor x num_workers batches),
         # all but worker 0's first batch, which takes torch's path so that
         # the first batch comes as soon as torch's (FIRST_BATCH_WAITS).
-        self._on_request = num_workers > 0 and slot_bytes is None
+        self._on_request = workers > 0 and slot_bytes is None
         self._failed_warned = False
-        self._collate = _SlotCollate(
-            self._pool.path,
-            collate_fn,
-            slot_timeout,
-            POOL_WAIT if self._on_request else 0.0,
-            ask=self._on_request,
-            first_waits=FIRST_BATCH_WAITS,
-        )
-        if num_workers == 0 and slot_bytes is None:
-            self._collate.provision_here = self._provision
-        if self._on_request:
-            # Two slots per worker and two more first (what a consumer as
-            # fast as the workers needs: one being filled and one done per
-            # worker), more when workers find none free, up to the bound.
-            self._pool.provision_on_request(
-                self._nslots,
-                first=min(self._nslots, 2 * num_workers + 2),
-                grow_by=max(2, num_workers),
-                gpu=self._gpu,
-                register=self._register(),
-            )
-        self._cpus = self._worker_cpus()
-        # Weak: an epoch the consumer drops (a `break` out of a for loop)
-        # ends at once and gives its slots back.
         self._iter: weakref.ref[_Iter] | None = None
-        kwargs: dict[str, Any] = {}
-        if num_workers > 0:
-            kwargs["prefetch_factor"] = prefetch_factor
-            kwargs["persistent_workers"] = persistent_workers
-            kwargs["worker_init_fn"] = _WorkerInit(self._cpus, keep_worker_heap, worker_init_fn)
-            kwargs["multiprocessing_context"] = multiprocessing_context
-        elif worker_init_fn is not None:
-            kwargs["worker_init_fn"] = worker_init_fn
+        self.dataset = dataset
+        self.num_workers = num_workers
+        self.persistent_workers = bool(persistent_workers) and workers > 0
+        # torch checks its own arguments first (nothing of numapin's is
+        # made yet), with a collate function that is replaced below.
         self._loader = _TorchLoader(
             dataset,
             batch_size=batch_size,
@@ -495,18 +599,30 @@ class DataLoader:
             sampler=sampler,
             batch_sampler=batch_sampler,
             num_workers=num_workers,
-            collate_fn=self._collate,
+            collate_fn=default_collate,
             pin_memory=False,
             drop_last=drop_last,
             timeout=timeout,
+            worker_init_fn=worker_init_fn,
+            multiprocessing_context=multiprocessing_context,
             generator=generator,
-            **kwargs,
+            prefetch_factor=prefetch_factor,
+            persistent_workers=persistent_workers,
         )
-        self.dataset = dataset
-        self.num_workers = num_workers
-        self.persistent_workers = persistent_workers and num_workers > 0
-        if slot_bytes is not None:
-            self._provision(slot_bytes)
+        self._cpus = self._worker_cpus()
+        if workers > 0:
+            self._loader.worker_init_fn = _WorkerInit(self._cpus, keep_worker_heap, worker_init_fn)
+        self._slots = _Slots(self, collate_fn, self._slot_timeout, workers)
+        self._loader.collate_fn = self._slots.collate
+
+    @property
+    def _pool(self) -> Any:
+        return self._slots.pool if self._slots is not None else None
+
+    @property
+    def _collate(self) -> _SlotCollate:
+        assert self._slots is not None
+        return self._slots.collate
 
     def _worker_cpus(self) -> list[int]:
         """The CPUs numapin places the device's work on (:func:`numapin.place`:
@@ -518,7 +634,8 @@ class DataLoader:
         return self.device is not None or torch.cuda.is_available()
 
     def _provision(self, nbytes: int) -> None:
-        self._pool.provision(self._nslots, max(nbytes, 1), gpu=self._gpu, register=self._register())
+        assert self._slots is not None
+        self._slots.provision(nbytes)
 
     def memory_bound(self) -> dict[str, int]:
         """Pinned host bytes the slot pool may hold (``slots`` x slot size)
@@ -541,22 +658,35 @@ class DataLoader:
         return len(self._loader)
 
     def __iter__(self) -> _Iter:
-        old = self._iter() if self._iter is not None else None
-        if old is not None and not self.persistent_workers:
-            old.close()
-        it = _Iter(self)
+        assert self._slots is not None, "the loader is closed"
+        busy = any(not i.done and i.slots is self._slots for i in list(self._iters))
+        if busy and not self.persistent_workers:
+            # torch runs both epochs: this one gets a pool of its own (made
+            # as the loader's was), closed when the iterator ends.
+            slots = _Slots(self, self._user_collate, self._slot_timeout,
+                           self.num_workers if self.num_workers > 0 else 0)
+            it = _Iter(self, slots, own=True)
+        else:
+            it = _Iter(self, self._slots, own=False)
         self._iter = weakref.ref(it)
+        self._iters.add(it)
         return it
 
     def close(self) -> None:
         """Stops the workers and gives every slot back (also on deletion)."""
-        it = self._iter() if self._iter is not None else None
-        if it is not None:
+        for it in list(getattr(self, "_iters", ())):
             it.close(shutdown=True)
         self._iter = None
-        if self._pool is not None:
-            self._pool.close()
-            _MAIN_POOLS.pop(self._pool.path, None)
+        # torch keeps the iterator of persistent workers on its loader.
+        persistent = getattr(getattr(self, "_loader", None), "_iterator", None)
+        if persistent is not None:
+            stop = getattr(persistent, "_shutdown_workers", None)
+            if stop is not None:
+                stop()
+            self._loader._iterator = None
+        slots = getattr(self, "_slots", None)
+        if slots is not None:
+            slots.close()
 
     def __del__(self) -> None:
         try:
@@ -566,12 +696,12 @@ class DataLoader:
 
     # Main-process side of a batch.
 
-    def _warn(self, why: str, nbytes: int) -> None:
+    def _warn(self, why: str, nbytes: int, pool: Any) -> None:
         if self._warned:
             return
         self._warned = True
         reason = {
-            "large": f"a batch of {nbytes} bytes is larger than a slot ({self._pool.slot_bytes} bytes)",
+            "large": f"a batch of {nbytes} bytes is larger than a slot ({pool.slot_bytes} bytes)",
             "busy": "no slot came free in time (the consumer holds many batches, or slots= is too small)",
         }[why]
         warnings.warn(
@@ -581,12 +711,13 @@ class DataLoader:
             stacklevel=3,
         )
 
-    def _plain(self, b: _Plain) -> Any:
+    def _plain(self, b: _Plain, slots: _Slots) -> Any:
         self.stats_plain[b.why] += 1
-        if b.why == "unsized" and not self._pool.ready:
+        pool = slots.pool
+        if b.why == "unsized" and not pool.ready:
             if not self._on_request:
-                self._provision(int(max(b.nbytes, 1) * HEADROOM))
-            elif (err := self._pool.provision_error()) is not None and not self._failed_warned:
+                slots.provision(int(max(b.nbytes, 1) * HEADROOM))
+            elif (err := pool.provision_error()) is not None and not self._failed_warned:
                 self._failed_warned = True
                 warnings.warn(
                     f"numapin.torch.DataLoader: the slot pool could not be made ({err}); "
@@ -595,26 +726,38 @@ class DataLoader:
                     stacklevel=3,
                 )
         elif b.why in ("large", "busy"):
-            self._warn(b.why, b.nbytes)
+            self._warn(b.why, b.nbytes, pool)
         if self.device is not None:
             return _map(b.data, lambda t: t.to(self.device, non_blocking=True))
-        return _map(b.data, lambda t: numapin.pin(t, node=None) if t.numel() else t)
+        return _map(b.data, lambda t: numapin.pin(t, node=None) if t.numel() and _slottable(t) else t)
 
 
 class _Iter:
-    """One epoch's iterator."""
+    """One epoch's iterator (over ``slots``, the loader's pool, or with
+    ``own`` one of its own that it closes when it ends)."""
 
-    def __init__(self, loader: DataLoader) -> None:
-        self.l = loader
-        generation = loader._pool.begin_generation()
-        self.it = iter(loader._loader)
+    def __init__(self, loader: DataLoader, slots: _Slots, own: bool) -> None:
+        self.l, self.slots, self.own = loader, slots, own
+        self.done = False
+        self.pending: collections.deque[tuple[Any, Any]] = collections.deque()
+        pool = slots.pool
+        generation = pool.begin_generation()
+        saved = loader._loader.collate_fn
+        try:
+            # torch's iterator takes the collate function it is made with.
+            loader._loader.collate_fn = slots.collate
+            self.it = iter(loader._loader)
+        except BaseException:
+            if own:
+                slots.close()
+            raise
+        finally:
+            loader._loader.collate_fn = saved
         # torch has drained an abandoned epoch of persistent workers by now:
         # the slots its undelivered batches took come back; the new epoch's
         # (taken in this generation, maybe being filled) are left alone.
-        loader._pool.reclaim_before(generation)
-        self.pending: collections.deque[tuple[Any, Any]] = collections.deque()
+        pool.reclaim_before(generation)
         self.side = torch.cuda.Stream(loader.device) if loader.device is not None else None
-        self.done = False
 
     def __iter__(self) -> _Iter:
         return self
@@ -637,9 +780,9 @@ class _Iter:
             self.close(shutdown=True)
             raise
         if isinstance(item, _Plain):
-            return self.l._plain(item)
+            return self.l._plain(item, self.slots)
         self.l.stats_slotted += 1
-        lease = self.l._pool.lease(item.slot)
+        lease = self.slots.pool.lease(item.slot)
         if self.l.device is None:
             # Pinned CPU batches: the slot comes back when the last tensor goes.
             return _map(
@@ -679,14 +822,19 @@ class _Iter:
         if self.done and not shutdown:
             return
         self.done = True
-        for ev, _ in self.pending:
+        for ev, _ in getattr(self, "pending", ()):
             ev.synchronize()
-        self.pending.clear()
-        stop = getattr(self.it, "_shutdown_workers", None)
+        if hasattr(self, "pending"):
+            self.pending.clear()
+        it = getattr(self, "it", None)
+        stop = getattr(it, "_shutdown_workers", None)
         if stop is not None and (shutdown or not self.l.persistent_workers):
             stop()
-        if self.l._pool.ready and (shutdown or not self.l.persistent_workers):
-            self.l._pool.reset()
+        if self.own:
+            # Its own pool: slots batches still hold stay mapped until they go.
+            self.slots.close()
+        elif self.slots.pool.ready and (shutdown or not self.l.persistent_workers):
+            self.slots.pool.reset()
 
     def __del__(self) -> None:
         try:
