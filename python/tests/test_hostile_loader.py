@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import os
+import shutil
 import signal
 import warnings
 
@@ -407,5 +408,111 @@ def test_device_cuda_without_a_gpu_gives_pinned_cpu_batches_with_a_warning():
     loader.close()
 
 
+def _no_memfd(*args, **kwargs):
+    raise numapin.LimitError("memfd_create: Too many open files (os error 24)\n  fix: raise ulimit -n")
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_pool_that_cannot_be_made_gives_torchs_batches_with_a_warning(monkeypatch, workers):
+    # No descriptor left for the pool's memfd: torch's path, said once.
+    monkeypatch.setattr(nt._numapin.SlotPool, "create", staticmethod(_no_memfd))
+    with pytest.warns(RuntimeWarning, match="slot pool could not be made .*Too many open files"):
+        loader = nt.DataLoader(Seq(n=16), batch_size=4, num_workers=workers)
+    got = [plain(b) for b in loader]
+    assert got == epochs(TorchLoader, Seq(n=16), batch_size=4, num_workers=workers, generator=None)[0]
+    s = loader.stats()
+    assert s["plain_batches"] == {"unmapped": 4} and s["nslots"] == 0, s
+    loader.close()
+
+
+def test_workers_that_cannot_map_the_pool_send_torchs_batches(monkeypatch):
+    # Forked workers inherit the failing attach: each batch goes torch's
+    # way, with one warning in the main process; the pool itself is fine.
+    monkeypatch.setattr(nt._numapin.SlotPool, "attach", staticmethod(_no_memfd))
+    loader = nt.DataLoader(Seq(n=16), batch_size=4, num_workers=2, multiprocessing_context="fork")
+    with pytest.warns(RuntimeWarning, match="a worker could not map the slot pool"):
+        got = [plain(b) for b in loader]
+    assert got == epochs(TorchLoader, Seq(n=16), batch_size=4, num_workers=2, generator=None)[0]
+    assert loader.stats()["plain_batches"] == {"unmapped": 4}, loader.stats()
+    loader.close()
+
+
 def test_no_child_is_left_after_the_loaders_above():
     assert children() == []
+
+
+def test_at_the_fewest_descriptors_torchs_loader_needs_numapins_works_too():
+    # Lower RLIMIT_NOFILE until torch's loader (2 workers) stops working;
+    # 6 descriptors above that numapin's gives the same batches, never an
+    # error (torch's own need moves by up to 3 between runs: its workers
+    # pass tensors through descriptors; numapin's pool and stats files take
+    # 2 more in the main process and 3 in each worker: docs/python.md);
+    # far below it, a numapin.LimitError naming ulimit -n (torch's raises
+    # OSError or RuntimeError there). The fallbacks at the edge (no pool
+    # made, or not mapped) are tested deterministically above.
+    code = """
+import faulthandler, resource, sys, warnings, torch, numapin.torch as nt
+from torch.utils.data import DataLoader, TensorDataset
+faulthandler.dump_traceback_later(100, exit=True)
+ds = TensorDataset(torch.arange(64.0).reshape(32, 2))
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+def run(cls, limit):
+    print(cls.__module__, limit, file=sys.stderr, flush=True)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (limit, hard))
+    try:
+        # (A loader that gets no batch for 20 s raises: at the edge of the
+        # limit torch's may wait for a worker that could not start.)
+        return [b[0].sum().item() for b in cls(ds, batch_size=2, num_workers=2, timeout=20)]
+    except Exception as e:
+        return type(e).__name__ + ": " + str(e).replace(chr(10), " | ")
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+works = t = None
+for limit in range(48, 7, -1):
+    got = run(DataLoader, limit)
+    if isinstance(got, str):
+        break
+    works, t = limit, got
+print("torch works down to", works)
+with warnings.catch_warnings(record=True) as w:
+    warnings.simplefilter("always")
+    n = run(nt.DataLoader, works + 6)
+print("same", n == t)
+if n != t: print(n)
+low = run(nt.DataLoader, 10)
+print("below", low if isinstance(low, list) else low.split(":")[0], "ulimit -n" in str(low))
+"""
+    r = run_py(code, timeout=120)
+    assert r.returncode == 0, r.stderr[-4000:]
+    lines = r.stdout.splitlines()
+    assert lines[0] != "torch works down to None" and lines[1] == "same True", r.stdout
+    assert lines[2] == "below LimitError True", r.stdout
+
+
+@pytest.mark.skipif(shutil.which("prlimit") is None or shutil.which("setpriv") is None,
+                    reason="prlimit/setpriv (util-linux) are not installed")
+def test_a_64k_memlock_limit_gives_torchs_batches_with_a_warning():
+    # Without CAP_IPC_LOCK, with the 64 KiB limit many containers set and
+    # no CUDA: nothing can be pinned. Torch's loader works; numapin's gives
+    # the same batches on torch's path and says why once.
+    code = """
+import warnings, torch, numapin, numapin.torch as nt
+from torch.utils.data import DataLoader, TensorDataset
+ds = TensorDataset(torch.arange(512.0).reshape(64, 8))
+t = [b[0].tolist() for b in DataLoader(ds, batch_size=4, num_workers=2)]
+for workers in (0, 2):
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        dl = nt.DataLoader(ds, batch_size=4, num_workers=workers)
+        n = [b[0].tolist() for b in dl]
+        dl.close()
+    why = [str(x.message) for x in w if "ordinary path" in str(x.message)]
+    print(workers, "same", n == t, "warned", len(why) >= 1, "memlock" in " ".join(why).lower())
+print("pinned", sum(s["bytes_in_use"] for s in numapin.stats()))
+"""
+    prefix = ["prlimit", "--memlock=65536:65536", "setpriv", "--bounding-set", "-ipc_lock",
+              "--inh-caps", "-ipc_lock"]
+    r = run_py(code, prefix=prefix, env={"NUMAPIN_NO_CUDA": "1"}, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.splitlines() == [
+        "0 same True warned True True", "2 same True warned True True", "pinned 0"], r.stdout

@@ -47,7 +47,9 @@ Memory held: ``memory_bound()``.
 from __future__ import annotations
 
 import collections
+import errno
 import os
+import resource
 import warnings
 import weakref
 from collections.abc import Mapping, Sequence
@@ -128,8 +130,10 @@ class _SlotBatch:
 
 
 class _Plain:
-    """A batch that took torch's ordinary path, and why (``"unsized"``
-    before the pool exists, ``"large"``, ``"busy"``)."""
+    """A batch that took torch's ordinary path, and why: ``"unsized"``
+    before the pool exists, ``"large"`` (more than a slot), ``"busy"`` (no
+    slot came free in time), ``"foreign"`` (tensors a slot cannot hold:
+    sparse, quantized), ``"unmapped"`` (no pool could be made or mapped)."""
 
     __slots__ = ("data", "why", "nbytes")
 
@@ -293,8 +297,15 @@ class _SlotCollate:
             mine = _MAIN_POOLS.get(self.path)
             if mine is not None and mine[0] == os.getpid():
                 self._pool = mine[1]
+            elif not self.path:
+                self._pool = _NoPool("no slot pool")
             else:
-                self._pool = _numapin.SlotPool.attach(self.path)
+                try:
+                    self._pool = _numapin.SlotPool.attach(self.path)
+                except numapin.Error as e:
+                    # A worker that cannot map the pool (few descriptors
+                    # left) sends its batches down torch's path.
+                    self._pool = _NoPool(str(e).splitlines()[0])
         return self._pool
 
     def _ordinary(self, samples: list[Any]) -> Any:
@@ -305,6 +316,9 @@ class _SlotCollate:
         # A user collate runs once, here or below; its result is copied in.
         data: Any = None
         first, self._called = not self._called, True
+        if isinstance(pool, _NoPool):
+            data = self._ordinary(samples)
+            return _Plain(data, "unmapped", _tensor_bytes(data))
         if not pool.ready:
             wait = self.wait if self.first_waits or not first or _worker_id() != 0 else 0.0
             if wait <= 0 and self.provision_here is None:
@@ -462,6 +476,50 @@ def _device(device: Any) -> torch.device | None:
     return torch.device("cuda", index)
 
 
+class _NoPool:
+    """Stands in for a slot pool that could not be made (main process) or
+    mapped (a worker), for a descriptor or memory limit: never ready, so
+    every batch takes torch's ordinary path, as torch's own loader works
+    under that limit. ``why``: the error, said once in a warning."""
+
+    path = ""
+    ready = False
+    nslots = max_slots = slot_bytes = 0
+
+    def __init__(self, why: str) -> None:
+        self.why = why
+
+    def request(self, nbytes: int) -> None:
+        pass
+
+    def wait_ready(self, timeout: float) -> bool:
+        return False
+
+    def provision_error(self) -> str:
+        return self.why
+
+    def provision_on_request(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def provision(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def stats(self) -> dict[str, Any]:
+        return {"nslots": 0, "max_slots": 0, "slot_bytes": 0, "free": 0, "leased": 0, "registered": False}
+
+    def begin_generation(self) -> int:
+        return 0
+
+    def reclaim_before(self, generation: int) -> None:
+        pass
+
+    def reset(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 class _Slots:
     """A slot pool and the collate function its workers run: one per loader,
     and one more for each iterator started while another of the same
@@ -470,7 +528,22 @@ class _Slots:
 
     def __init__(self, loader: DataLoader, collate_fn: Any, slot_timeout: float, num_workers: int) -> None:
         self.loader = loader
-        self.pool = _numapin.SlotPool.create()
+        self.failed: str | None = None
+        try:
+            self.pool: Any = _numapin.SlotPool.create()
+        except numapin.Error as e:
+            if loader._slot_bytes is not None:
+                raise
+            # Torch's own loader works where no memfd can be made (few
+            # descriptors left): so does this one, on torch's path.
+            self.pool = _NoPool(str(e).splitlines()[0])
+            warnings.warn(
+                f"numapin.torch.DataLoader: the slot pool could not be made ({self.pool.why}); "
+                "batches take torch's ordinary path\n  fix: raise the limit named (ulimit -n for "
+                "descriptors), or use fewer workers",
+                RuntimeWarning,
+                stacklevel=4,
+            )
         _MAIN_POOLS[self.pool.path] = (os.getpid(), self.pool)
         try:
             self.collate = _SlotCollate(
@@ -501,8 +574,26 @@ class _Slots:
             raise
 
     def provision(self, nbytes: int) -> None:
+        """Makes the pool's slots of ``nbytes`` (main process). Where that
+        fails (a memory or memlock limit) and no ``slot_bytes`` was asked
+        for, says so once and leaves the pool unmade: batches take torch's
+        path, as torch's own loader works under that limit."""
+        if self.failed is not None:
+            return
         l = self.loader
-        self.pool.provision(l._nslots, max(nbytes, 1), gpu=l._gpu, register=l._register())
+        try:
+            self.pool.provision(l._nslots, max(nbytes, 1), gpu=l._gpu, register=l._register())
+        except numapin.Error as e:
+            if l._slot_bytes is not None:
+                raise
+            self.failed = str(e).splitlines()[0]
+            fix = getattr(e, "fix", None)
+            warnings.warn(
+                f"numapin.torch.DataLoader: the slot pool could not be made ({self.failed}); "
+                "batches take torch's ordinary path" + (f"\n  fix: {fix}" if fix else ""),
+                RuntimeWarning,
+                stacklevel=4,
+            )
 
     def close(self) -> None:
         self.pool.close()
@@ -586,6 +677,7 @@ class DataLoader:
         # the first batch comes as soon as torch's (FIRST_BATCH_WAITS).
         self._on_request = workers > 0 and slot_bytes is None
         self._failed_warned = False
+        self._pin_failed = False
         self._iter: weakref.ref[_Iter] | None = None
         self.dataset = dataset
         self.num_workers = num_workers
@@ -727,9 +819,53 @@ class DataLoader:
                 )
         elif b.why in ("large", "busy"):
             self._warn(b.why, b.nbytes, pool)
+        elif b.why == "unmapped" and not isinstance(pool, _NoPool) and not self._failed_warned:
+            # (A pool that could not be made was said at construction.)
+            self._failed_warned = True
+            warnings.warn(
+                "numapin.torch.DataLoader: a worker could not map the slot pool (few descriptors "
+                "left?); its batches take torch's ordinary path\n  fix: raise the descriptor "
+                "limit (ulimit -n), or use fewer workers",
+                RuntimeWarning,
+                stacklevel=3,
+            )
         if self.device is not None:
             return _map(b.data, lambda t: t.to(self.device, non_blocking=True))
-        return _map(b.data, lambda t: numapin.pin(t, node=None) if t.numel() and _slottable(t) else t)
+        return _map(b.data, self._pinned_or_kept)
+
+    def _pinned_or_kept(self, t: Any) -> Any:
+        """A CPU batch's tensor pinned (as a slot's would be), or kept as it
+        is where nothing can be pinned (a memlock or memory limit: said
+        once)."""
+        if not (isinstance(t, torch.Tensor) and t.numel() and _slottable(t)) or self._pin_failed:
+            return t
+        try:
+            return numapin.pin(t, node=None)
+        except numapin.Error as e:
+            self._pin_failed = True
+            warnings.warn(
+                f"numapin.torch.DataLoader: batches on torch's ordinary path cannot be pinned "
+                f"({str(e).splitlines()[0]}); they stay in pageable memory",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+            return t
+
+
+def _out_of_descriptors(e: BaseException) -> numapin.LimitError | None:
+    """The error to raise for `e` when it says the process ran out of file
+    descriptors (torch's workers and queues take several each), else None."""
+    if isinstance(e, OSError) and e.errno in (errno.EMFILE, errno.ENFILE):
+        why = str(e)
+    elif isinstance(e, RuntimeError) and str(e).startswith("Too many open files"):
+        why = str(e).split(".")[0]
+    else:
+        return None
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return numapin.LimitError(
+        f"the DataLoader ran out of file descriptors ({why}; RLIMIT_NOFILE is {soft})\n"
+        "  fix: raise the descriptor limit (ulimit -n), or use fewer workers"
+    )
 
 
 class _Iter:
@@ -747,9 +883,11 @@ class _Iter:
             # torch's iterator takes the collate function it is made with.
             loader._loader.collate_fn = slots.collate
             self.it = iter(loader._loader)
-        except BaseException:
+        except BaseException as e:
             if own:
                 slots.close()
+            if (limit := _out_of_descriptors(e)) is not None:
+                raise limit from e
             raise
         finally:
             loader._loader.collate_fn = saved
@@ -776,8 +914,10 @@ class _Iter:
         except StopIteration:
             self.close()
             raise
-        except BaseException:
+        except BaseException as e:
             self.close(shutdown=True)
+            if (limit := _out_of_descriptors(e)) is not None:
+                raise limit from e
             raise
         if isinstance(item, _Plain):
             return self.l._plain(item, self.slots)
