@@ -150,6 +150,56 @@ fn a_forked_child_does_not_inherit_arena_pages() {
     assert!(buf.iter().all(|&b| b == 7));
 }
 
+/// A forked child that drops an inherited region (a DataLoader worker's
+/// garbage collector dropping the parent's pool, say) leaves alone what the
+/// child itself has mapped since at those addresses: the region's pages are
+/// `MADV_DONTFORK`, so the range is free in the child and may be reused.
+#[test]
+fn a_forked_child_dropping_an_inherited_region_keeps_its_own_mappings() {
+    let _g = serial();
+    let node = first_node(&runtime(small()));
+    let r = Region::create(&region_options(node, 2 * MIB, node_cpus(node))).unwrap();
+    let (addr, len) = (r.ptr() as usize, r.len());
+    // SAFETY: the child makes only system calls (mmap, a write and a read
+    // of its own mapping, munmap in the region's drop) before _exit.
+    match unsafe { nix::unistd::fork() }.unwrap() {
+        nix::unistd::ForkResult::Child => {
+            // SAFETY: a fresh mapping at addresses free in this child (the
+            // region's pages did not come across the fork); nothing else
+            // lives there.
+            let p = unsafe {
+                libc::mmap(
+                    addr as *mut libc::c_void,
+                    len,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+                    -1,
+                    0,
+                )
+            };
+            // 3: the range was not free (the region came across the fork).
+            let code = if p as usize != addr {
+                3
+            } else {
+                drop(r);
+                // 0: the child's own mapping is still there.
+                i32::from(!is_mapped(addr))
+            };
+            // SAFETY: leaves the child at once, running no destructors.
+            unsafe { libc::_exit(code) };
+        }
+        nix::unistd::ForkResult::Parent { child } => {
+            let status = nix::sys::wait::waitpid(child, None).unwrap();
+            assert_eq!(
+                status,
+                nix::sys::wait::WaitStatus::Exited(child, 0),
+                "1 = the inherited region's drop unmapped the child's own memory, 3 = the region's range was mapped in the child"
+            );
+        }
+    }
+    drop(r);
+}
+
 /// Failure at every step of region creation leaves nothing locked or
 /// mapped (and so nothing bound or registered).
 #[test]

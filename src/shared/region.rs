@@ -202,6 +202,9 @@ pub struct AttachedRegion {
     mapped: usize,
     node: u32,
     registered: bool,
+    /// The process that mapped it (`MADV_DONTFORK`: a forked child's copy
+    /// unmaps nothing, see `Region`'s).
+    pid: u32,
 }
 
 // SAFETY: the mapping is owned by the value; the pointer is an address.
@@ -277,6 +280,7 @@ impl AttachedRegion {
             mapped: len,
             node,
             registered: false,
+            pid: std::process::id(),
         };
         // SAFETY: our own fresh mapping; advice changes no data.
         let _ = unsafe { numa::advise(ptr, len, libc::MADV_DONTFORK) };
@@ -368,6 +372,9 @@ fn read_header(fd: &OwnedFd) -> Option<(usize, u32)> {
 
 impl Drop for AttachedRegion {
     fn drop(&mut self) {
+        if self.pid != std::process::id() {
+            return;
+        }
         if self.registered {
             // SAFETY: registered by attach at this address; nothing of ours
             // copies from it any more (the value is going).

@@ -68,6 +68,7 @@ impl Region {
             },
             notes,
             charge: None,
+            pid: std::process::id(),
             times: StepTimes {
                 map: started.elapsed(),
                 ..StepTimes::default()

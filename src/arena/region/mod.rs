@@ -296,6 +296,11 @@ pub struct Region {
     /// Set for a driver backend: the memory is the driver's, not a mapping
     /// of ours.
     driver: Option<DriverMemory>,
+    /// The process that made it. Its pages are `MADV_DONTFORK`: a forked
+    /// child that drops an inherited copy (the garbage collector of a
+    /// DataLoader worker, say) must not unmap the range, which the child
+    /// may have mapped anew since, nor call the driver.
+    pid: u32,
 }
 
 /// Where a region's 4 KiB pages are, and how that was read.
@@ -487,6 +492,12 @@ fn fail_after(o: &RegionOptions, step: Step) -> bool {
 
 impl Drop for Region {
     fn drop(&mut self) {
+        if self.pid != std::process::id() {
+            // An inherited copy in a forked child: nothing of it is mapped
+            // or registered here (see `pid`).
+            std::mem::forget(self.driver.take());
+            return;
+        }
         if let Some(memory) = self.driver.take() {
             // The driver's own teardown (cuMemUnmap, cuMemAddressFree,
             // cuMemRelease; or cuMemFreeHost).
