@@ -297,8 +297,10 @@ def test_only_the_first_batch_takes_torchs_path_while_the_pool_is_made():
     ours = nt.DataLoader(ds, **kw)
     compare_epochs(TorchLoader(ds, **kw), ours)
     s = ours.stats()
-    # (CPU batches the consumer holds may find no slot free: "busy".)
-    assert s["plain_batches"].get("unsized") == 1, s
+    # (CPU batches the consumer holds may find no slot free: "busy"; the
+    # pool may also be ready before worker 0's first batch, asked for by
+    # the other worker: then none goes torch's way.)
+    assert s["plain_batches"].get("unsized", 0) <= 1, s
     assert s["slotted_batches"] + sum(s["plain_batches"].values()) == 24, s
     ours.close()
 

@@ -309,7 +309,14 @@ class _SlotCollate:
         return self._pool
 
     def _ordinary(self, samples: list[Any]) -> Any:
-        return (self.user or default_collate)(samples)
+        if self.user is not None:
+            return self.user(samples)
+        # Without grad, as the slots are filled: torch's workers refuse
+        # samples that require grad (their stack into shared memory is an
+        # out= call), and whether a batch took this path or a slot must not
+        # decide whether it fails.
+        with torch.no_grad():
+            return default_collate(samples)
 
     def __call__(self, samples: list[Any]) -> Any:
         pool = self._attached()
