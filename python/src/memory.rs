@@ -2,7 +2,6 @@
 
 use std::sync::Arc;
 
-use std::mem::ManuallyDrop;
 use std::ops::Deref;
 
 use numapin::PinnedBuf;
@@ -16,14 +15,15 @@ use numapin::shared::{SlotLease, SlotPool};
 /// and only the parent gives them back, unmaps or unregisters them.
 #[derive(Debug)]
 pub(crate) struct Here<T> {
-    inner: ManuallyDrop<T>,
+    /// Always `Some` until dropped.
+    inner: Option<T>,
     pid: u32,
 }
 
 impl<T> Here<T> {
     pub(crate) fn new(inner: T) -> Self {
         Here {
-            inner: ManuallyDrop::new(inner),
+            inner: Some(inner),
             pid: std::process::id(),
         }
     }
@@ -38,15 +38,15 @@ impl<T> Deref for Here<T> {
     type Target = T;
 
     fn deref(&self) -> &T {
-        &self.inner
+        self.inner.as_ref().expect("held until dropped")
     }
 }
 
 impl<T> Drop for Here<T> {
     fn drop(&mut self) {
-        if self.here() {
-            // SAFETY: dropped once, here; the field is not used after.
-            unsafe { ManuallyDrop::drop(&mut self.inner) };
+        if !self.here() {
+            // A forked child's copy: forgotten, not dropped (see above).
+            std::mem::forget(self.inner.take());
         }
     }
 }
