@@ -123,23 +123,11 @@ fn list(dir: &Path) -> Vec<String> {
     v
 }
 
-/// Whether `s` reads as a PCI function address, `dddd:bb:dd.f`.
-fn is_pci_address(s: &str) -> bool {
-    let b = s.as_bytes();
-    b.len() == 12
-        && b[4] == b':'
-        && b[7] == b':'
-        && b[10] == b'.'
-        && b.iter()
-            .enumerate()
-            .all(|(i, c)| matches!(i, 4 | 7 | 10) || c.is_ascii_hexdigit())
-}
-
 /// The last PCI function on a device path.
 fn last_pci_function(dir: &Path) -> Option<String> {
     dir.components()
         .filter_map(|c| c.as_os_str().to_str())
-        .rfind(|c| is_pci_address(c))
+        .rfind(|c| crate::platform::pci::is_pci_address(c))
         .map(str::to_ascii_lowercase)
 }
 
@@ -430,9 +418,9 @@ mod tests {
 
     #[test]
     fn pci_addresses_and_controllers() {
-        assert!(is_pci_address("0000:41:00.0"));
-        assert!(!is_pci_address("pci0000:40"));
-        assert!(!is_pci_address("0000:41:00"));
+        assert!(crate::platform::pci::is_pci_address("0000:41:00.0"));
+        assert!(!crate::platform::pci::is_pci_address("pci0000:40"));
+        assert!(!crate::platform::pci::is_pci_address("0000:41:00"));
         assert!(is_controller("nvme12") && !is_controller("nvme1n1") && !is_controller("nvme"));
     }
 

@@ -1,5 +1,18 @@
 //! PCI bus ids, as CUDA, hwloc, sysfs and NCCL write them.
 
+/// Whether `s` reads as a PCI function address as sysfs writes it,
+/// `dddd:bb:dd.f` in hex (any case).
+pub(crate) fn is_pci_address(s: &str) -> bool {
+    let b = s.as_bytes();
+    b.len() == 12
+        && b[4] == b':'
+        && b[7] == b':'
+        && b[10] == b'.'
+        && b.iter()
+            .enumerate()
+            .all(|(i, c)| matches!(i, 4 | 7 | 10) || c.is_ascii_hexdigit())
+}
+
 /// Normalises a PCI bus id to `dddd:bb:dd.f`, lower case (CUDA and
 /// nvidia-smi print 8-digit domains and upper case).
 pub fn normalize_bus_id(id: &str) -> Option<String> {

@@ -127,19 +127,7 @@ fn sysfs_bus_id(path: &[u8]) -> Option<String> {
             !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())
         });
     let bus = dir.rsplit('/').next()?;
-    (ok && is_bus_id(bus)).then(|| bus.to_ascii_lowercase())
-}
-
-/// `dddd:bb:dd.f` in hex.
-fn is_bus_id(s: &str) -> bool {
-    let b = s.as_bytes();
-    b.len() == 12
-        && b[4] == b':'
-        && b[7] == b':'
-        && b[10] == b'.'
-        && b.iter()
-            .enumerate()
-            .all(|(i, c)| [4, 7, 10].contains(&i) || c.is_ascii_hexdigit())
+    (ok && crate::platform::pci::is_pci_address(bus)).then(|| bus.to_ascii_lowercase())
 }
 
 #[cfg(test)]
