@@ -19,7 +19,7 @@ pub use crate::report::{with_causes, ErrorKind};
 pub use crate::affinity::AffinityError;
 pub use crate::arena::ArenaError;
 pub use crate::loader::LoaderError;
-pub use crate::process::ProcessError;
+pub use crate::procs::ProcessError;
 pub use crate::shared::SharedError;
 pub use crate::storage::StorageError;
 pub use crate::topology::TopologyError;
@@ -46,7 +46,7 @@ pub enum Error {
     /// Reading files (a checkpoint, a dataset) failed.
     #[error(transparent)]
     Storage(#[from] StorageError),
-    /// Reading another process ([`crate::process`]).
+    /// Reading another process ([`crate::procs`]).
     #[error(transparent)]
     Process(#[from] ProcessError),
 }

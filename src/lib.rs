@@ -57,7 +57,7 @@ pub mod doctor;
 pub mod error;
 pub mod gpu;
 pub mod loader;
-pub mod process;
+pub mod procs;
 pub mod region;
 pub mod runtime;
 pub mod shared;

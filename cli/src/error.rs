@@ -44,7 +44,7 @@ from_domain!(
     numapin::affinity::AffinityError,
     numapin::runtime::ArenaError,
     numapin::LoaderError,
-    numapin::process::ProcessError
+    numapin::procs::ProcessError
 );
 
 /// `Result` with [`CliError`].

@@ -4,7 +4,7 @@
 //! `maps` and a numapin stats memfd, split at 0xff bytes. Reading and
 //! judging never panic, and what is read stays within the reader's limits.
 use libfuzzer_sys::fuzz_target;
-use numapin::process::{judge, node_use, ProcReader, ReadLimits};
+use numapin::procs::{judge, node_use, ProcReader, ReadLimits};
 use numapin::topology::{ProbeOptions, Topology};
 
 fn topology() -> &'static Topology {

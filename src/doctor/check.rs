@@ -51,7 +51,7 @@ pub enum Subject {
     Node(u32),
     /// A NIC (its position in [`crate::Topology::nics`]).
     Nic(usize),
-    /// A running process, by pid (`numapin ps`: [`crate::process`]).
+    /// A running process, by pid (`numapin ps`: [`crate::procs`]).
     Process(u32),
 }
 

@@ -1,7 +1,7 @@
 //! Other processes' `/proc/<pid>` files, read under a root (`/` on a live
 //! machine, a folder in tests): bounded reads, line by line where files can
 //! be huge, and pure parsers of what the kernel prints. Nothing here
-//! decides anything; [`crate::process`] builds its snapshots from these.
+//! decides anything; [`crate::procs`] builds its snapshots from these.
 //!
 //! Every reader takes a limit and fails with `InvalidData` (naming the
 //! limit) rather than allocate past it; every parser takes arbitrary bytes

@@ -44,7 +44,7 @@
 mod driver;
 mod huge_pages;
 mod kernel;
-mod process;
+mod this_process;
 
 use std::path::PathBuf;
 
@@ -56,7 +56,7 @@ pub use crate::platform::sys::{SecurityStatus, CAP_IPC_LOCK, CAP_SYS_NICE};
 pub use driver::CudaDriver;
 pub use huge_pages::{HugePages, HugePagesError, PoolRow};
 pub use kernel::{Iommu, Thp};
-pub use process::{
+pub use this_process::{
     MemlockError, MemlockLimit, MempolicyError, PolicyMode, PolicySource, ThreadPolicy,
 };
 
@@ -145,7 +145,7 @@ impl SystemSnapshot {
         let thp = Thp::read_under(root);
         SystemSnapshot {
             memlock: MemlockLimit::read(),
-            security: process::security_under(root),
+            security: this_process::security_under(root),
             cuda_driver: if opts.cuda {
                 CudaDriver::load()
             } else {

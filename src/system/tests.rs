@@ -4,7 +4,7 @@
 use proptest::prelude::*;
 
 use super::kernel::{iommu_params, selected_word};
-use super::process::parse_policy;
+use super::this_process::parse_policy;
 use super::*;
 use crate::platform::fake_root;
 

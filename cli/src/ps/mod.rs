@@ -1,6 +1,6 @@
 //! `numapin ps`: each process that uses a GPU, and whether it sits near it.
 //!
-//! The reading and the verdicts are the library's ([`numapin::process`]);
+//! The reading and the verdicts are the library's ([`numapin::procs`]);
 //! this module chooses the processes, repeats the pass for `--watch`,
 //! prints the report and decides the exit code: 1 when a verdict fails, 2
 //! for a `--pid` that does not exist or bad flags.
@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use numapin::doctor::{Check, Verdict};
-use numapin::process::{
+use numapin::procs::{
     judge, node_use, NodeUse, ProcReader, ProcessError, ProcessReport, Scan, Unlisted,
 };
 use numapin::topology::{ProbeEnv, Topology};

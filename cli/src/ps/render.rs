@@ -1,7 +1,7 @@
 //! The text and JSON forms of a `numapin ps` report.
 
 use numapin::doctor::{Check, Subject, Verdict};
-use numapin::process::{NodeUse, ProcessReport, Unlisted};
+use numapin::procs::{NodeUse, ProcessReport, Unlisted};
 use numapin::text::{fmt_bytes, Table};
 
 use super::Report;

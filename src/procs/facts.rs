@@ -1,6 +1,6 @@
 //! What was read of a process, in sentences for the text report.
 
-use super::place::{nodes_of, threads_by_node};
+use super::locality::{nodes_of, threads_by_node};
 use super::publish::Publication;
 use super::snapshot::ProcessSnapshot;
 use super::words::node_list;

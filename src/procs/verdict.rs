@@ -57,8 +57,8 @@ pub fn judge(topo: &Topology, snapshot: ProcessSnapshot) -> ProcessReport {
     let (gpu, expected) = expect(topo, s);
     let mut checks = vec![gpu];
     if let Some(e) = &expected {
-        checks.extend(super::place::cpus(topo, s, e));
-        checks.extend(super::place::memory(topo, s, e));
+        checks.extend(super::locality::cpus(topo, s, e));
+        checks.extend(super::locality::memory(topo, s, e));
         checks.extend(super::nic::nic(topo, s, e));
     }
     checks.extend(numapin(s, expected.as_ref()));

@@ -35,7 +35,7 @@
 //! visible GPU), so mappings win when there are any.
 //!
 //! ```no_run
-//! use numapin::process::{judge, ProcReader};
+//! use numapin::procs::{judge, ProcReader};
 //! use numapin::topology::{ProbeOptions, Topology};
 //!
 //! let topo = Topology::probe(&ProbeOptions::default())?;
@@ -53,9 +53,9 @@ mod devices;
 mod error;
 mod expect;
 mod facts;
+mod locality;
 mod nic;
 mod nodes;
-mod place;
 mod publish;
 mod read;
 mod scan;
@@ -66,8 +66,8 @@ mod words;
 pub use devices::STATS_MEMFD_NAME;
 pub use error::ProcessError;
 pub use expect::Expected;
+pub use locality::MIN_OFF_NODE_BYTES;
 pub use nodes::{node_use, NodeUse};
-pub use place::MIN_OFF_NODE_BYTES;
 pub use publish::{
     ArenaBytes, Publication, Published, PublishedRuntime, STATS_FILE_BYTES, STATS_MAGIC,
     STATS_VERSION,

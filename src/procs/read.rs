@@ -63,7 +63,7 @@ const SMALL_FILE: usize = 64 << 10;
 
 /// Reads processes under a root: `/proc/<pid>/...` below it (`/` on a live
 /// machine; a folder holding a fake or saved `proc/` in tests). Knows which
-/// open files are GPUs (see [`crate::process`]) from the topology and the
+/// open files are GPUs (see [`crate::procs`]) from the topology and the
 /// NVIDIA driver's `proc/driver/nvidia/gpus`, read when it is made.
 #[derive(Debug, Clone)]
 pub struct ProcReader {

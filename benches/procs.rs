@@ -18,7 +18,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use numapin::process::{judge, node_use, ProcReader};
+use numapin::procs::{judge, node_use, ProcReader};
 use numapin::topology::{ProbeOptions, Topology};
 
 const PROCESSES: usize = 1000;
