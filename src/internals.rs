@@ -160,3 +160,9 @@ pub fn numa_maps_line(start: u64) -> Option<NumaMapsLine> {
         nodes: parsed.nodes,
     })
 }
+
+/// Test hook: gives the blocks the calling thread has cached for `node`'s
+/// arena back to it; returns how many there were (0 without an arena).
+pub fn flush_thread_cache(rt: &crate::runtime::Runtime, node: u32) -> usize {
+    rt.arena(node).map_or(0, |a| a.flush_thread_cache())
+}

@@ -16,7 +16,7 @@
 //! let rt = Runtime::new(topo, RuntimeConfig::default())?;
 //! let gpu = CudaOrdinal(0);
 //! rt.bind_current_thread(gpu)?;               // this thread onto GPU 0's CPUs
-//! let mut buf = rt.alloc_for_gpu(gpu, 64 << 20)?; // pinned, on GPU 0's node
+//! let mut buf = rt.alloc(Target::Gpu(gpu), 64 << 20)?; // pinned, on GPU 0's node
 //! buf.fill(1);
 //! # Ok::<(), numapin::Error>(())
 //! ```
@@ -81,5 +81,5 @@ pub use cpulist::CpuList;
 pub use error::{Error, ErrorKind, Result};
 pub use gpu::{CudaOrdinal, GpuIndex};
 pub use loader::{Batch, Loader, LoaderConfig, LoaderError, Target};
-pub use runtime::{PinnedBuf, Runtime, RuntimeConfig};
+pub use runtime::{AllocOptions, PinnedBuf, Runtime, RuntimeConfig};
 pub use topology::Topology;

@@ -840,7 +840,7 @@ mod guest {
     /// over it refused with the figures.
     fn a_buffer_lands_on_its_node_within_its_budget(rt: &Runtime, node: u32, mem: u64) {
         const BUF: usize = 8 << 20;
-        let mut b = rt.alloc_on_node(node, BUF).unwrap();
+        let mut b = rt.alloc(numapin::Target::HostNode(node), BUF).unwrap();
         assert_eq!(b.node(), node);
         b.fill(7);
         let page = 4096;
@@ -876,7 +876,7 @@ mod guest {
             "node {node}: the default budget is half the node's memory: {st:?}"
         );
         // Over budget: the error names the node and the figures.
-        match rt.alloc_on_node(node, (mem / 2) as usize) {
+        match rt.alloc(numapin::Target::HostNode(node), (mem / 2) as usize) {
             Err(numapin::runtime::ArenaError::BudgetExceeded { node: n, limit, .. }) => {
                 assert_eq!((n, limit), (node, mem / 2));
             }
@@ -912,7 +912,7 @@ mod guest {
         for node in 0..4u32 {
             // Two 12 MiB buffers: one in each half of one region.
             let mut bufs: Vec<_> = (0..2)
-                .map(|_| rt.alloc_on_node(node, 12 << 20).unwrap())
+                .map(|_| rt.alloc(numapin::Target::HostNode(node), 12 << 20).unwrap())
                 .collect();
             for b in &mut bufs {
                 b.fill(9);
@@ -989,7 +989,7 @@ mod guest {
     /// agrees over the buffer alone.
     fn a_filtered_region_is_placed_by_first_touch(rt: &Runtime, node: u32) {
         const BUF: usize = 8 << 20;
-        let mut b = rt.alloc_on_node(node, BUF).unwrap();
+        let mut b = rt.alloc(numapin::Target::HostNode(node), BUF).unwrap();
         b.fill(5);
         let s = stats_of(rt, node);
         assert_eq!(
@@ -1081,9 +1081,9 @@ mod guest {
         let root = crate::common::cgroup_v2_root(64 << 20);
         numapin::internals::cgroup_root(&mut cfg, Some(root.path().to_path_buf()));
         let rt = Runtime::new(t, cfg).unwrap();
-        let a = rt.alloc_on_node(2, 16 << 20).unwrap();
-        let b = rt.alloc_on_node(3, 16 << 20).unwrap();
-        match rt.alloc_on_node(1, 2 << 20) {
+        let a = rt.alloc(numapin::Target::HostNode(2), 16 << 20).unwrap();
+        let b = rt.alloc(numapin::Target::HostNode(3), 16 << 20).unwrap();
+        match rt.alloc(numapin::Target::HostNode(1), 2 << 20) {
             Err(ArenaError::CgroupBudget { limit, in_use, .. }) => {
                 assert_eq!((limit, in_use), (32 << 20, 32 << 20));
             }
@@ -1094,7 +1094,7 @@ mod guest {
         }
         drop(a);
         assert_eq!(rt.trim(), 16 << 20);
-        drop(rt.alloc_on_node(1, 2 << 20).unwrap());
+        drop(rt.alloc(numapin::Target::HostNode(1), 2 << 20).unwrap());
         drop(b);
     }
 
@@ -1291,7 +1291,7 @@ mod guest {
     ) {
         use numapin::runtime::ArenaError;
         let rt = Runtime::new(t.clone(), explicit.clone()).unwrap();
-        let mut b = rt.alloc_on_node(2, 3 * MIB).unwrap();
+        let mut b = rt.alloc(numapin::Target::HostNode(2), 3 * MIB).unwrap();
         b.fill(9);
         let pages: Vec<*mut libc::c_void> = (0..3 * MIB)
             .step_by(4096)
@@ -1311,7 +1311,7 @@ mod guest {
             "{s:?}"
         );
         assert_eq!(pool.free(), 4);
-        match rt.alloc_on_node(3, MIB) {
+        match rt.alloc(numapin::Target::HostNode(3), MIB) {
             Err(ArenaError::HugePages {
                 node: 3,
                 needed: 4,
@@ -1335,8 +1335,8 @@ mod guest {
     ) {
         let auto = numapin::runtime::RuntimeConfig::default().with_region_bytes(8 * MIB);
         let rt = Runtime::new(t.clone(), auto).unwrap();
-        let a = rt.alloc_on_node(2, MIB).unwrap();
-        let b = rt.alloc_on_node(3, MIB).unwrap();
+        let a = rt.alloc(numapin::Target::HostNode(2), MIB).unwrap();
+        let b = rt.alloc(numapin::Target::HostNode(3), MIB).unwrap();
         let (s2, s3) = (stats_of(&rt, 2), stats_of(&rt, 3));
         assert_eq!(s2.regions_hugetlb_2m, 1, "{s2:?}");
         assert_eq!(s3.regions_hugetlb_2m, 0, "{s3:?}");
@@ -1384,7 +1384,7 @@ mod guest {
         }
         numapin::internals::pool_root(&mut cfg, Some(fake.path().to_path_buf()));
         let rt = Runtime::new(t, cfg).unwrap();
-        let e = rt.alloc_on_node(3, MIB).unwrap_err();
+        let e = rt.alloc(numapin::Target::HostNode(3), MIB).unwrap_err();
         let msg = numapin::error::with_causes(&e);
         assert!(
             matches!(

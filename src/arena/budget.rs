@@ -11,7 +11,7 @@ use super::{fmt_bytes, huge, Admitted, ArenaError, Backend, HugePages, NodeArena
 /// charged to the cgroup whatever their node, and above `memory.max` the
 /// OOM killer ends the process).
 #[derive(Debug)]
-pub struct SharedBudget {
+pub(crate) struct SharedBudget {
     limit: u64,
     used: AtomicU64,
     source: String,
@@ -20,7 +20,7 @@ pub struct SharedBudget {
 impl SharedBudget {
     /// A budget of `limit` bytes; `source` says where it comes from (for
     /// messages: `half of memory.max = 2 GiB (sys/fs/cgroup/memory.max)`).
-    pub fn new(limit: u64, source: String) -> SharedBudget {
+    pub(crate) fn new(limit: u64, source: String) -> SharedBudget {
         SharedBudget {
             limit,
             used: AtomicU64::new(0),
@@ -29,18 +29,13 @@ impl SharedBudget {
     }
 
     /// The limit in bytes.
-    pub fn limit(&self) -> u64 {
+    pub(crate) fn limit(&self) -> u64 {
         self.limit
     }
 
     /// Bytes charged now.
-    pub fn used(&self) -> u64 {
+    pub(crate) fn used(&self) -> u64 {
         self.used.load(Ordering::SeqCst)
-    }
-
-    /// Where the limit comes from.
-    pub fn source(&self) -> &str {
-        &self.source
     }
 
     /// Charges `bytes` if they fit; whether they did.

@@ -97,7 +97,7 @@ pub fn fmt_bytes(b: u64) -> String {
 
 /// How one node's arena behaves.
 #[derive(Debug, Clone)]
-pub struct ArenaConfig {
+pub(crate) struct ArenaConfig {
     /// Standard region size in bytes (a multiple of 2 MiB, of 1 GiB with
     /// [`HugePages::Hugetlb1G`]).
     pub region_bytes: u64,
@@ -215,7 +215,7 @@ struct Slow {
 }
 
 /// The pinned memory of one NUMA node (see the module docs).
-pub struct NodeArena {
+pub(crate) struct NodeArena {
     // Read on every alloc and free, written rarely (waiters: only while a
     // thread waits for the budget).
     node: u32,
@@ -257,7 +257,7 @@ fn all_done(events: &[Event]) -> bool {
 impl NodeArena {
     /// An arena for `node`; no memory is touched until the first
     /// allocation.
-    pub fn new(node: u32, cfg: ArenaConfig) -> Arc<NodeArena> {
+    pub(crate) fn new(node: u32, cfg: ArenaConfig) -> Arc<NodeArena> {
         static NEXT_ID: AtomicU64 = AtomicU64::new(0);
         Arc::new(NodeArena {
             node,
@@ -287,17 +287,18 @@ impl NodeArena {
     }
 
     /// The node.
-    pub fn node(&self) -> u32 {
+    pub(crate) fn node(&self) -> u32 {
         self.node
     }
 
-    /// The configuration.
-    pub fn config(&self) -> &ArenaConfig {
+    /// The configuration (the measurements make regions as it would).
+    #[cfg(feature = "measure")]
+    pub(crate) fn config(&self) -> &ArenaConfig {
         &self.cfg
     }
 
     /// Lends a buffer of `bytes`; over budget, an error at once.
-    pub fn alloc(self: &Arc<Self>, bytes: usize) -> Result<PinnedBuf, ArenaError> {
+    pub(crate) fn alloc(self: &Arc<Self>, bytes: usize) -> Result<PinnedBuf, ArenaError> {
         let r = self.alloc_inner(bytes, false);
         if r.is_err() {
             lock(&self.state).counters.failures += 1;
@@ -310,7 +311,7 @@ impl NodeArena {
     /// to 2 MiB) rather than a standard region: for staging buffers that
     /// must not pin more than they hold. Such a region is kept for reuse
     /// until [`trim`](Self::trim), as other regions are.
-    pub fn alloc_fitted(self: &Arc<Self>, bytes: usize) -> Result<PinnedBuf, ArenaError> {
+    pub(crate) fn alloc_fitted(self: &Arc<Self>, bytes: usize) -> Result<PinnedBuf, ArenaError> {
         let r = self.alloc_inner(bytes, true);
         if r.is_err() {
             lock(&self.state).counters.failures += 1;
@@ -318,16 +319,18 @@ impl NodeArena {
         r
     }
 
-    /// Lends a buffer of `bytes`; over budget, waits up to `timeout` for
-    /// other buffers to be freed, then fails with the budget error.
-    pub fn alloc_timeout(
+    /// Lends a buffer of `bytes` (a [`fitted`](Self::alloc_fitted) one
+    /// with `fitted`); over budget, waits up to `timeout` for other
+    /// buffers to be freed, then fails with the budget error.
+    pub(crate) fn alloc_waiting(
         self: &Arc<Self>,
         bytes: usize,
+        fitted: bool,
         timeout: Duration,
     ) -> Result<PinnedBuf, ArenaError> {
         let deadline = Instant::now() + timeout;
         loop {
-            match self.alloc_inner(bytes, false) {
+            match self.alloc_inner(bytes, fitted) {
                 Err(ArenaError::BudgetExceeded { .. }) if Instant::now() < deadline => {
                     // While a thread waits, frees bypass the threads' caches
                     // and wake it.
@@ -465,7 +468,7 @@ impl NodeArena {
     /// when [`ArenaConfig::register_in_parts`] is on; 0 (one piece)
     /// otherwise. Every request a standard region serves (at most half a
     /// region, see [`alloc::region_size_for`]) fits in one part.
-    pub fn part_bytes_for(&self, size: u64, bytes: u64) -> usize {
+    pub(crate) fn part_bytes_for(&self, size: u64, bytes: u64) -> usize {
         let half = self.cfg.region_bytes / 2;
         if self.cfg.register_in_parts && size == self.cfg.region_bytes && bytes <= half {
             half as usize
@@ -591,7 +594,7 @@ impl NodeArena {
 
     /// Takes back the buffers whose copies have completed; returns how many
     /// are still waiting.
-    pub fn reclaim(&self) -> usize {
+    pub(crate) fn reclaim(&self) -> usize {
         let (released, left) = {
             let mut st = lock(&self.state);
             let r = Self::reclaim_locked(&mut st);
@@ -606,7 +609,7 @@ impl NodeArena {
 
     /// Gives the blocks in threads' caches back, then empty regions back to
     /// the system; returns the bytes still reserved.
-    pub fn trim(&self) -> u64 {
+    pub(crate) fn trim(&self) -> u64 {
         self.flush_all_caches();
         self.releasing.wait();
         let (released, left) = {

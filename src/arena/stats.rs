@@ -198,7 +198,7 @@ impl NodeStats {
 
 impl NodeArena {
     /// The node's counters.
-    pub fn stats(&self) -> NodeStats {
+    pub(crate) fn stats(&self) -> NodeStats {
         // Every shelf locked, then the state: one consistent snapshot (a
         // block moves between a shelf and the bookkeeping only under both
         // locks).

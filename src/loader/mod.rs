@@ -247,7 +247,7 @@ impl Loader {
         let cfg = config::resolve_config(config, place.cpus.len() / sharing)?;
         let mut slots = Vec::with_capacity(cfg.depth);
         for _ in 0..cfg.depth {
-            slots.push(rt.alloc_on_node(place.node, cfg.batch_bytes)?);
+            slots.push(rt.alloc(Target::HostNode(place.node), cfg.batch_bytes)?);
         }
         let slot_bytes = slots.first().map_or(0, |s| s.capacity() as u64);
         let mut warnings = place.warnings.clone();

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use crate::arena::alloc::{region_size_for, Tlsf};
 use crate::arena::region::{self, Region, RegionOptions};
 use crate::arena::{ArenaError, Placement, RegionMethods};
-use crate::runtime::Runtime;
+use crate::runtime::{Runtime, Target};
 
 /// Summary of repeated measurements.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
@@ -58,10 +58,10 @@ fn per_op_ns(d: Duration) -> f64 {
     d.as_nanos() as f64 / f64::from(BATCH)
 }
 
-/// Nanoseconds per `alloc_on_node(node, bytes)` + drop, once the node has
+/// Nanoseconds per `alloc(Target::HostNode(node), bytes)` + drop, once the node has
 /// a region: `reps` samples of 64 pairs each.
 pub fn alloc_free_ns(rt: &Runtime, node: u32, bytes: usize, reps: usize) -> crate::Result<Stats> {
-    drop(rt.alloc_on_node(node, bytes)?);
+    drop(rt.alloc(Target::HostNode(node), bytes)?);
     Ok(Stats::of(alloc_free_samples(rt, node, bytes, reps)?))
 }
 
@@ -76,7 +76,7 @@ fn alloc_free_samples(
     for _ in 0..reps {
         let t = Instant::now();
         for _ in 0..BATCH {
-            black_box(rt.alloc_on_node(node, bytes)?);
+            black_box(rt.alloc(Target::HostNode(node), bytes)?);
         }
         samples.push(per_op_ns(t.elapsed()));
     }
@@ -98,7 +98,7 @@ pub fn alloc_free_ns_threads(
     threads: usize,
     reps: usize,
 ) -> crate::Result<Stats> {
-    drop(rt.alloc_on_node(node, bytes)?);
+    drop(rt.alloc(Target::HostNode(node), bytes)?);
     let threads = threads.max(1);
     let barrier = std::sync::Barrier::new(threads);
     let per_thread: Vec<crate::Result<Vec<Duration>>> = std::thread::scope(|s| {
@@ -116,7 +116,7 @@ pub fn alloc_free_ns_threads(
                         }
                         let t = Instant::now();
                         for _ in 0..ROUND {
-                            match rt.alloc_on_node(node, bytes) {
+                            match rt.alloc(Target::HostNode(node), bytes) {
                                 Ok(b) => drop(black_box(b)),
                                 Err(e) => {
                                     failed = Some(e);

@@ -515,7 +515,7 @@ pub fn pinned_copy_gbps(
 ) -> Result<Stats> {
     let err = |what| cuda_err(gpu, what);
     let _ctx = ContextGuard::push(gpu.0).map_err(err("context"))?;
-    let mut src = rt.alloc_for_gpu(gpu, bytes)?;
+    let mut src = rt.alloc(Target::Gpu(gpu), bytes)?;
     fill_pattern(1, &mut src);
     let dev = DeviceBuffer::new(bytes).map_err(err("cuMemAlloc"))?;
     let stream = Stream::new().map_err(err("stream"))?;

@@ -2,7 +2,7 @@
 //! a [`Topology`], lending [`PinnedBuf`]s by node or by GPU.
 //!
 //! ```no_run
-//! use numapin::runtime::{Runtime, RuntimeConfig};
+//! use numapin::runtime::{Runtime, RuntimeConfig, Target};
 //! use numapin::topology::{ProbeOptions, Topology};
 //! use numapin::CudaOrdinal;
 //!
@@ -10,7 +10,7 @@
 //! let mut config = RuntimeConfig::default();
 //! config.budget_bytes = Some(8 << 30);
 //! let rt = std::sync::Arc::new(Runtime::new(topo, config)?);
-//! let mut buf = rt.alloc_for_gpu(CudaOrdinal(0), 64 << 20)?; // on GPU 0's node
+//! let mut buf = rt.alloc(Target::Gpu(CudaOrdinal(0)), 64 << 20)?; // on GPU 0's node
 //! buf.as_mut_slice_of::<f32>().fill(1.0);
 //! # Ok::<(), numapin::Error>(())
 //! ```
@@ -98,8 +98,9 @@ pub struct RuntimeConfig {
     /// 64 blocks, 16 MiB, blocks up to 4 MiB; [`arena::CacheLimits::off`]
     /// turns caching off).
     pub thread_cache: arena::CacheLimits,
-    /// How long [`Runtime::alloc_on_node`] and [`Runtime::alloc_for_gpu`]
-    /// wait for frees when over budget (default `None`: fail at once).
+    /// How long [`Runtime::alloc`] waits for frees when over budget
+    /// (default `None`: fail at once; [`AllocOptions::wait`] overrides it
+    /// for one allocation).
     pub budget_wait: Option<Duration>,
     /// Which pages back the regions (default [`HugePages::Auto`]: hugetlb
     /// pages when the node's pool has enough free pages for a region,
@@ -155,6 +156,29 @@ with_setters!(RuntimeConfig {
     with_budget_wait => budget_wait: Option<Duration>,
     with_huge_pages => huge_pages: HugePages,
     with_register_in_parts => register_in_parts: bool,
+});
+
+/// How [`Runtime::alloc_with`] lends a buffer. Start from
+/// `AllocOptions::default()` (what [`Runtime::alloc`] does) and set what
+/// you need.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct AllocOptions {
+    /// How long to wait for other buffers to be freed when the node's
+    /// budget is spent: `None` (the default) for
+    /// [`RuntimeConfig::budget_wait`], `Some(Duration::ZERO)` to fail at
+    /// once whatever the configuration says.
+    pub wait: Option<Duration>,
+    /// A staging slot (a buffer a reader or a copy reuses for a while):
+    /// when a region must be made for it, the region is of the buffer's
+    /// own size, rounded up to 2 MiB, instead of a standard region, so
+    /// that slots pin no more than they hold (default false).
+    pub staging: bool,
+}
+
+with_setters!(AllocOptions {
+    with_wait => wait: Option<Duration>,
+    with_staging => staging: bool,
 });
 
 /// One arena per NUMA node with memory (see the module docs). `Send +
@@ -358,7 +382,7 @@ impl Runtime {
     }
 
     /// The arena of `node`.
-    pub fn arena(&self, node: u32) -> Result<&Arc<NodeArena>, ArenaError> {
+    pub(crate) fn arena(&self, node: u32) -> Result<&Arc<NodeArena>, ArenaError> {
         if let Some(a) = self.arenas.iter().find(|a| a.node() == node) {
             return Ok(a);
         }
@@ -385,37 +409,66 @@ impl Runtime {
         }
     }
 
-    /// Lends `bytes` of pinned memory on `node` (waiting for frees up to
-    /// [`RuntimeConfig::budget_wait`] when over budget).
-    pub fn alloc_on_node(&self, node: u32, bytes: usize) -> Result<PinnedBuf, ArenaError> {
-        let a = self.arena(node)?;
-        match self.config.budget_wait {
-            Some(t) => a.alloc_timeout(bytes, t),
+    /// Lends `bytes` of pinned memory for `target`: on a node
+    /// ([`Target::HostNode`]), on the node of a GPU ([`Target::Gpu`],
+    /// [`Target::HostForGpu`]: [`Runtime::place`]'s node) or on the
+    /// calling thread's node ([`Target::Host`]), counted in that node's
+    /// budget. Over budget, it waits for frees up to
+    /// [`RuntimeConfig::budget_wait`] (by default not at all).
+    ///
+    /// The way in to pinned memory for one process; [`Runtime::alloc_with`]
+    /// says how (waiting, staging), [`crate::shared`] makes memory other
+    /// processes map.
+    ///
+    /// # Errors
+    ///
+    /// [`ArenaError::UnknownNode`] or [`ArenaError::NoMemory`] for a node
+    /// this process cannot pin memory on, [`ArenaError::UnknownGpu`] or
+    /// [`ArenaError::UnknownGpuIndex`] for a GPU the topology does not
+    /// have, [`ArenaError::BadRequest`] for 0 bytes or a size past any
+    /// address space, [`ArenaError::BudgetExceeded`] or
+    /// [`ArenaError::CgroupBudget`] over a budget, and when a region must
+    /// be made, its errors ([`ArenaError::Memlock`],
+    /// [`ArenaError::System`], [`ArenaError::Placement`],
+    /// [`ArenaError::HugePages`], ...).
+    #[inline]
+    pub fn alloc(&self, target: Target, bytes: usize) -> Result<PinnedBuf, ArenaError> {
+        self.alloc_with(target, bytes, &AllocOptions::default())
+    }
+
+    /// [`Runtime::alloc`] with options: how long to wait for frees over
+    /// budget, and whether the buffer is a staging slot (see
+    /// [`AllocOptions`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`Runtime::alloc`]; with [`AllocOptions::wait`], the budget
+    /// errors come only once the wait is over.
+    #[inline]
+    pub fn alloc_with(
+        &self,
+        target: Target,
+        bytes: usize,
+        opts: &AllocOptions,
+    ) -> Result<PinnedBuf, ArenaError> {
+        let a = self.arena(self.node_for(target)?)?;
+        match opts.wait.or(self.config.budget_wait) {
+            Some(t) => a.alloc_waiting(bytes, opts.staging, t),
+            None if opts.staging => a.alloc_fitted(bytes),
             None => a.alloc(bytes),
         }
     }
 
-    /// Lends `bytes` on `node` for staging (slots a reader or a copy reuses
-    /// for a while): when a region must be made for the buffer, it is made
-    /// of the buffer's own size, rounded up to 2 MiB, instead of a standard
-    /// region, so that the slots pin no more than they hold.
-    ///
-    /// # Errors
-    ///
-    /// As [`Runtime::alloc_on_node`] (no waiting for frees).
-    pub fn alloc_staging(&self, node: u32, bytes: usize) -> Result<PinnedBuf, ArenaError> {
-        self.arena(node)?.alloc_fitted(bytes)
-    }
-
-    /// Lends `bytes` on `node`, waiting up to `timeout` for other buffers to
-    /// be freed when the node's budget is spent.
-    pub fn alloc_on_node_timeout(
-        &self,
-        node: u32,
-        bytes: usize,
-        timeout: Duration,
-    ) -> Result<PinnedBuf, ArenaError> {
-        self.arena(node)?.alloc_timeout(bytes, timeout)
+    /// The node pinned memory for `target` comes from: the node itself for
+    /// [`Target::HostNode`] (without working out CPUs: the allocation fast
+    /// path), else [`Runtime::place`]'s.
+    #[inline]
+    fn node_for(&self, target: Target) -> Result<u32, ArenaError> {
+        match target {
+            Target::HostNode(node) => Ok(node),
+            Target::Host => Ok(self.calling_thread_node()),
+            _ => Ok(self.place(target)?.node),
+        }
     }
 
     /// The node buffers for CUDA device `gpu` go on
@@ -443,17 +496,6 @@ impl Runtime {
         self.nearest_arena(here)
             .or_else(|| self.arenas.first().map(|a| a.node()))
             .unwrap_or(here)
-    }
-
-    /// Lends `bytes` on the node of CUDA device `gpu` (see
-    /// [`Runtime::place`]).
-    ///
-    /// # Errors
-    ///
-    /// As [`Runtime::place`] and [`Runtime::alloc_on_node`].
-    pub fn alloc_for_gpu(&self, gpu: CudaOrdinal, bytes: usize) -> Result<PinnedBuf, ArenaError> {
-        let node = self.node_for_gpu(gpu)?;
-        self.alloc_on_node(node, bytes)
     }
 
     /// Counters per node with memory, by node number.

@@ -1,5 +1,5 @@
 //! [`Runtime::place`]: the one answer to "which node and which CPUs for
-//! this GPU". Allocations for a GPU ([`Runtime::alloc_for_gpu`]), loaders,
+//! this GPU". Allocations for a GPU ([`Runtime::alloc`]), loaders,
 //! staged copies, the storage reader, the Python package and its
 //! DataLoader all ask it, so that memory and threads for one GPU always
 //! land in the same place, with the same warnings.

@@ -18,10 +18,10 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
-mod pin;
+mod pinned_copy;
 mod stream_copy;
 
-pub use pin::pin;
+pub use pinned_copy::pinned_copy;
 
 use crate::cpulist::CpuList;
 use crate::gpu::{CudaError, CudaOrdinal};
@@ -305,7 +305,7 @@ fn prepare(
     for _ in 0..threads {
         let mut group = Vec::with_capacity(per_thread);
         for _ in 0..per_thread {
-            group.push(rt.alloc_on_node(place.node, chunk)?);
+            group.push(rt.alloc(Target::HostNode(place.node), chunk)?);
         }
         slots.push(group);
     }

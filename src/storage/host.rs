@@ -53,7 +53,7 @@ pub(super) fn read(
     // One aligned block per worker for the unaligned ends of direct reads.
     let mut bounces = Vec::with_capacity(threads);
     for _ in 0..threads {
-        bounces.push(rt.alloc_on_node(place.node, bounce_len)?);
+        bounces.push(rt.alloc(Target::HostNode(place.node), bounce_len)?);
     }
     let bounces = Mutex::new(bounces);
     let queue = Mutex::new(items.into_iter());

@@ -402,7 +402,7 @@ impl Checkpoint {
             // the alignment, so its whole blocks can be read in place.
             let a = self.sources[t.source].alignment();
             let pad = (t.offset % a) as usize;
-            let buf = rt.alloc_on_node(node, (pad + t.len).max(1))?;
+            let buf = rt.alloc(Target::HostNode(node), (pad + t.len).max(1))?;
             bufs.push(HostTensor {
                 entry: i,
                 buf,

@@ -40,7 +40,11 @@ pub(super) fn run(
     out: &mut Sink,
 ) -> Result<()> {
     let node = rt.calling_thread_node();
-    let budget = rt.arena(node)?.config().budget;
+    let budget = rt
+        .stats()
+        .iter()
+        .find(|s| s.node == node)
+        .map_or(0, |s| s.budget);
     let pin = Pin {
         rt,
         node,

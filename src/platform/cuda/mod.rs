@@ -32,10 +32,10 @@ pub(crate) use context::device;
 #[cfg(feature = "measure")]
 pub(crate) use context::{device_attribute, multiprocessor_count};
 pub use context::{ensure_context, set_device, ContextGuard};
-pub(crate) use memory::{device_range, host_register, host_unregister};
+pub(crate) use memory::{device_range, host_register, host_unregister, HostAlloc};
 pub use memory::{
-    host_device_pointer, host_get_flags, memcpy_dtoh, memcpy_dtoh_async, memcpy_htod,
-    memcpy_htod_async, DeviceBuffer, HostAlloc, HOST_REGISTER_DEVICEMAP, HOST_REGISTER_PORTABLE,
+    failed_frees, host_device_pointer, host_get_flags, memcpy_dtoh, memcpy_dtoh_async, memcpy_htod,
+    memcpy_htod_async, DeviceBuffer, FailedFrees, HOST_REGISTER_DEVICEMAP, HOST_REGISTER_PORTABLE,
 };
 #[cfg(feature = "measure")]
 pub(crate) use module::{Function, Module};

@@ -1,5 +1,5 @@
-//! [`pin`]: a pinned copy of host memory on a GPU's node, made by threads
-//! on that node.
+//! [`pinned_copy`]: a pinned copy of host memory on a GPU's node, made by
+//! threads on that node.
 //!
 //! The threads are kept: one small pool per CPU set (a node's allowed CPUs),
 //! started on first use and bound to those CPUs, so a copy pays no thread
@@ -32,9 +32,15 @@ const CHUNK: usize = 2 << 20;
 ///
 /// This is the NUMA-local replacement for a framework's `pin_memory()`:
 /// the copy runs on the destination's node, where its writes are local.
-pub fn pin(rt: &Runtime, src: &[u8], target: Target) -> Result<PinnedBuf, LoaderError> {
+/// The buffer is [`Runtime::alloc`]'s, counted in the node's budget as
+/// every buffer is; this function only fills it.
+///
+/// # Errors
+///
+/// [`Runtime::alloc`]'s errors for `target` and `src.len()` bytes.
+pub fn pinned_copy(rt: &Runtime, src: &[u8], target: Target) -> Result<PinnedBuf, LoaderError> {
     let place = rt.place(target)?;
-    let mut buf = rt.alloc_on_node(place.node, src.len().max(1))?;
+    let mut buf = rt.alloc(Target::HostNode(place.node), src.len().max(1))?;
     copy_parallel(&mut buf[..src.len()], src, &place.cpus)?;
     Ok(buf)
 }
