@@ -44,10 +44,15 @@ fn a_gpu_gets_its_own_node_and_cpus_without_warnings() {
     let n = rt.place(Target::HostNode(1)).unwrap();
     assert_eq!((n.node, &n.cpus), (1, &want));
     // The planner `numapin affinity` uses gives the same CPUs.
-    let plan = rt
-        .gpu_plan(CudaOrdinal(4), numapin::affinity::Mode::Node)
-        .unwrap();
-    assert_eq!(plan.cpus, want);
+    let t = rt.topology();
+    let mut plan = numapin::affinity::plan(
+        t,
+        &[GpuIndex(4)],
+        numapin::affinity::Mode::Node,
+        &numapin::affinity::PlanOptions::default(),
+    )
+    .unwrap();
+    assert_eq!(plan.ranks.remove(0).cpus, want);
 }
 
 #[test]

@@ -77,7 +77,7 @@ pub fn one_visible_gpu(topo: &Topology) -> bool {
 /// the ordinal came from, for errors.
 pub fn gpu_of_ordinal(topo: &Topology, ordinal: CudaOrdinal, what: &str) -> Result<GpuIndex> {
     let seen = topo.cuda.ordinals.len();
-    let Some(entry) = topo.cuda.ordinals.iter().find(|e| e.ordinal == ordinal) else {
+    let Some(entry) = topo.visible_entry(ordinal) else {
         let cvd = match &topo.cuda.visible_devices {
             Some(v) => format!(" (CUDA_VISIBLE_DEVICES={})", crate::report::quote(v)),
             None => String::new(),

@@ -215,6 +215,11 @@ pub enum ArenaError {
         /// What is wrong.
         problem: String,
     },
+    /// Binding the calling thread or process to a placement's CPUs and
+    /// node failed (`Runtime::bind_current_thread`,
+    /// `Runtime::bind_current_process`).
+    #[error(transparent)]
+    Affinity(#[from] crate::affinity::AffinityError),
     /// A CUDA call for a copy failed.
     #[error("node {node}: {what} failed")]
     Copy {
@@ -238,6 +243,7 @@ impl ArenaError {
                 usable: Some(_), ..
             } => ErrorKind::Budget,
             ArenaError::Memlock { .. } => ErrorKind::Permission,
+            ArenaError::Affinity(e) => e.kind(),
             ArenaError::NoMemory {
                 source: Some(e), ..
             } if e.raw_os_error() == Some(libc::EPERM) => ErrorKind::Permission,
@@ -253,6 +259,7 @@ impl ArenaError {
     /// What to do about it.
     pub fn fix(&self) -> Option<String> {
         Some(match self {
+            ArenaError::Affinity(e) => return e.fix(),
             ArenaError::BudgetExceeded { .. } => "free buffers first, ask for less, or raise the budget (RuntimeConfig::budget_bytes / budget_fraction; default half the node's memory)".into(),
             ArenaError::Memlock { .. } => "raise the memlock limit of the process: `ulimit -l unlimited` in the shell that starts it (or `memlock` in /etc/security/limits.conf), `LimitMEMLOCK=infinity` in its systemd unit, `docker run --ulimit memlock=-1` for a container; or run with CAP_IPC_LOCK".into(),
             ArenaError::NoMemory { .. } => "use a node that has memory and is in this process's allowed memory nodes (`numapin topo`; cpuset.mems of the cgroup, `numactl --membind`)".into(),

@@ -21,7 +21,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::affinity::{AffinityError, Mode, RankPlan};
 use crate::arena::{self, ArenaConfig, NodeArena};
 use crate::gpu::CudaOrdinal;
 use crate::topology::{NodeKind, Topology};
@@ -516,39 +515,59 @@ impl Runtime {
         self.arenas.iter().map(|a| a.trim()).sum()
     }
 
-    /// Binds the calling thread to the CPUs near CUDA device `gpu` (its
-    /// node's allowed CPUs; with unknown locality, the allowed CPUs, with a
-    /// warning in the returned plan). Loader workers call this.
-    pub fn bind_current_thread(&self, gpu: CudaOrdinal) -> Result<RankPlan, AffinityError> {
-        let plan = self.gpu_plan(gpu, Mode::Node)?;
-        crate::affinity::bind_current_thread(&plan.cpus)?;
-        Ok(plan)
+    /// Binds the calling thread to [`Runtime::place`]'s CPUs for `target`
+    /// (for a GPU, its node's allowed CPUs; with unknown locality, the
+    /// allowed CPUs, with a warning in the returned site). Threads it
+    /// starts afterwards inherit the binding.
+    ///
+    /// # Errors
+    ///
+    /// [`Runtime::place`]'s errors for `target`, and
+    /// [`ArenaError::Affinity`] when `sched_setaffinity` refuses the CPUs.
+    pub fn bind_current_thread(&self, target: Target) -> Result<Site, ArenaError> {
+        let site = self.place(target)?;
+        crate::affinity::bind_current_thread(&site.cpus)?;
+        Ok(site)
     }
 
-    /// Binds the whole process (CPUs and memory policy, `MPOL_BIND`) near
-    /// CUDA device `gpu` as `mode` plans it, the way `numapin exec` does.
-    /// When `set_mempolicy` is refused (a seccomp profile), only the CPUs
-    /// are bound and the returned plan's warnings say so.
-    pub fn bind_current_process(
-        &self,
-        gpu: CudaOrdinal,
-        mode: Mode,
-    ) -> Result<RankPlan, AffinityError> {
-        let mut plan = self.gpu_plan(gpu, mode)?;
-        let b = crate::affinity::bind_current_process(&plan, crate::affinity::MemPolicy::Bind)?;
-        if let crate::affinity::Binding::CpusOnly { reason } = b {
-            plan.warnings.push(reason);
+    /// Binds the whole process to [`Runtime::place`]'s answer for
+    /// `target`: every thread still on the calling thread's CPU set moves
+    /// to the site's CPUs, and the calling thread's memory policy becomes
+    /// `MPOL_BIND` to the site's node (the node its pinned memory comes
+    /// from), as `numapin exec` does for one rank. Call it early, before
+    /// starting workers (a memory policy is per thread). When
+    /// `set_mempolicy` is refused (a seccomp profile), only the CPUs are
+    /// bound and the returned site's warnings say so. For a rank plan in
+    /// another [`Mode`](crate::affinity::Mode) (socket, exclusive cores,
+    /// ...), plan with [`crate::affinity::plan`] and apply it with
+    /// [`crate::affinity::bind_current_process`].
+    ///
+    /// # Errors
+    ///
+    /// [`Runtime::place`]'s errors for `target`, and
+    /// [`ArenaError::Affinity`] when the CPUs or the memory policy cannot
+    /// be set (other than a refused `set_mempolicy`).
+    pub fn bind_current_process(&self, target: Target) -> Result<Site, ArenaError> {
+        use crate::affinity::{Binding, MemPolicy, RankPlan};
+        let mut site = self.place(target)?;
+        let plan = RankPlan {
+            local_rank: 0,
+            gpu: site.gpu,
+            pci_bus_id: site
+                .gpu
+                .and_then(|g| self.topology.gpu(g))
+                .map(|g| g.pci_bus_id.clone()),
+            cpus: site.cpus.clone(),
+            mems: vec![site.node],
+            warnings: Vec::new(),
+            nics: Vec::new(),
+        };
+        if let Binding::CpusOnly { reason } =
+            crate::affinity::bind_current_process(&plan, MemPolicy::Bind)?
+        {
+            site.warnings.push(reason);
         }
-        Ok(plan)
-    }
-
-    /// The plan for CUDA device `gpu` alone, as `numapin affinity` computes it.
-    pub fn gpu_plan(&self, gpu: CudaOrdinal, mode: Mode) -> Result<RankPlan, AffinityError> {
-        let t = self.topology();
-        let index = crate::affinity::launcher::gpu_of_ordinal(t, gpu, "the runtime")?;
-        let mut p =
-            crate::affinity::plan(t, &[index], mode, &crate::affinity::PlanOptions::default())?;
-        Ok(p.ranks.remove(0))
+        Ok(site)
     }
 }
 

@@ -17,7 +17,6 @@ use crate::affinity::{Mode, PlanOptions};
 use crate::arena::ArenaError;
 use crate::cpulist::CpuList;
 use crate::gpu::{CudaOrdinal, GpuIndex};
-use crate::topology::Topology;
 
 use super::Runtime;
 
@@ -57,7 +56,8 @@ pub struct Site {
     /// The node pinned memory for the target comes from (a node with an
     /// arena).
     pub node: u32,
-    /// The GPU (position in [`Topology::gpus`]) for GPU targets.
+    /// The GPU (position in [`Topology::gpus`](crate::Topology::gpus)) for
+    /// GPU targets.
     pub gpu: Option<GpuIndex>,
     /// What a person should know about how the site was chosen (each
     /// fallback, in a sentence).
@@ -89,10 +89,13 @@ impl Runtime {
         let topo = self.topology();
         match target {
             Target::Gpu(ordinal) => {
-                let index = gpu_index(topo, ordinal).ok_or_else(|| ArenaError::UnknownGpu {
-                    gpu: ordinal,
-                    known: topo.gpus.iter().filter_map(|g| g.cuda_ordinal).collect(),
-                })?;
+                let index = topo
+                    .gpu_by_ordinal(ordinal)
+                    .map(|g| g.index)
+                    .ok_or_else(|| ArenaError::UnknownGpu {
+                        gpu: ordinal,
+                        known: topo.gpus.iter().filter_map(|g| g.cuda_ordinal).collect(),
+                    })?;
                 Ok(self.near_gpu(target, index))
             }
             Target::HostForGpu(index) => {
@@ -249,14 +252,4 @@ impl Runtime {
             .min()
             .map(|(_, n)| n)
     }
-}
-
-/// `topo`'s GPU for CUDA device `ordinal`, if it has one (for callers
-/// that only need the topology, not a runtime).
-pub(crate) fn gpu_index(topo: &Topology, ordinal: CudaOrdinal) -> Option<GpuIndex> {
-    topo.cuda
-        .ordinals
-        .iter()
-        .find(|o| o.ordinal == ordinal)
-        .and_then(|o| o.gpu)
 }

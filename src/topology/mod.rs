@@ -491,10 +491,21 @@ impl Topology {
         self.gpus.get(index.as_usize())
     }
 
-    /// The GPU this process sees as CUDA ordinal `ordinal`.
+    /// What this process sees as CUDA ordinal `ordinal`: the
+    /// `CUDA_VISIBLE_DEVICES` entry and the GPU it is
+    /// ([`VisibleEntry::gpu`], `None` when it cannot be matched to a PCI
+    /// device without the driver); `None` when this process sees no such
+    /// device. The one lookup from a CUDA ordinal to a GPU: everything
+    /// else ([`Topology::gpu_by_ordinal`], `Runtime::place`, the launcher
+    /// helpers) asks it.
+    pub fn visible_entry(&self, ordinal: CudaOrdinal) -> Option<&VisibleEntry> {
+        self.cuda.ordinals.iter().find(|e| e.ordinal == ordinal)
+    }
+
+    /// The GPU this process sees as CUDA ordinal `ordinal` (see
+    /// [`Topology::visible_entry`]).
     pub fn gpu_by_ordinal(&self, ordinal: CudaOrdinal) -> Option<&Gpu> {
-        let entry = self.cuda.ordinals.iter().find(|e| e.ordinal == ordinal)?;
-        self.gpu(entry.gpu?)
+        self.gpu(self.visible_entry(ordinal)?.gpu?)
     }
 
     /// The CUDA ordinal this process sees GPU `index` as, `None` when it is
