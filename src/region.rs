@@ -26,5 +26,5 @@ pub use crate::arena::region::{
     HUGE_PAGE, PAGE, VERIFY_SPLIT_BYTES, VERIFY_THREADS,
 };
 pub use crate::arena::{
-    Backend, HugePages, PageKind, PinnedBy, PlacedBy, Placement, RegionMethods, VerifiedBy,
+    Backend, HugePages, OffNode, PageKind, PinnedBy, PlacedBy, RegionMethods, VerifiedBy,
 };

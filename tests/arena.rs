@@ -646,7 +646,7 @@ fn child_unprivileged() {
 // ---- Where users run: seccomp filters, low memlock limits, cgroups ----
 
 use numapin::region::{Region, RegionOptions};
-use numapin::runtime::{HugePages, PageKind, PinnedBy, PlacedBy, Placement, VerifiedBy};
+use numapin::runtime::{HugePages, OffNode, PageKind, PinnedBy, PlacedBy, VerifiedBy};
 
 fn region_options(node: u32, size: usize, cpus: numapin::CpuList) -> RegionOptions {
     RegionOptions {
@@ -655,7 +655,7 @@ fn region_options(node: u32, size: usize, cpus: numapin::CpuList) -> RegionOptio
         cpus,
         populate_threads: 2,
         register: false,
-        placement: Placement::Strict,
+        off_node: OffNode::Strict,
         pin_by_registration: None,
         backend: numapin::runtime::Backend::Mapped,
         huge_pages: HugePages::Transparent,

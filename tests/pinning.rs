@@ -10,9 +10,7 @@ mod common;
 use std::sync::{Mutex, MutexGuard};
 
 use numapin::region::{Region, RegionOptions};
-use numapin::runtime::{
-    ArenaError, Backend, Placement, Runtime, RuntimeConfig, Target, VerifiedBy,
-};
+use numapin::runtime::{ArenaError, Backend, OffNode, Runtime, RuntimeConfig, Target, VerifiedBy};
 use numapin::topology::{CudaMode, ProbeOptions, Topology};
 
 const MIB: usize = 1 << 20;
@@ -42,7 +40,7 @@ fn options(node: u32, size: usize, backend: Backend) -> RegionOptions {
         cpus: numapin::CpuList::new(),
         populate_threads: 2,
         register: true,
-        placement: Placement::Strict,
+        off_node: OffNode::Strict,
         pin_by_registration: None,
         backend,
         huge_pages: numapin::runtime::HugePages::Transparent,

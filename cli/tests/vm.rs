@@ -956,7 +956,7 @@ mod guest {
     /// The child of [`arena_under_a_seccomp_filter`]: regions on nodes 2
     /// and 3 are placed by first touch from each node's CPU and verified
     /// through numa_maps; a region for a node whose CPUs the populate
-    /// threads may not use lands elsewhere and the Placement rule judges
+    /// threads may not use lands elsewhere and the OffNode rule judges
     /// it; a memory cgroup's cap holds over all nodes together.
     #[test]
     #[ignore = "runs inside the emulated machine, in a child under a seccomp filter"]
@@ -1029,10 +1029,10 @@ mod guest {
 
     /// Node 2 with no CPU to touch from: the populate threads run where
     /// this thread does (CPU 0), the pages land on node 0, and the
-    /// Placement rule decides.
+    /// OffNode rule decides.
     fn a_node_without_cpus_is_left_to_the_placement_rule() {
         use numapin::region::{Region, RegionOptions};
-        use numapin::runtime::{ArenaError, Placement};
+        use numapin::runtime::{ArenaError, OffNode};
         numapin::affinity::bind_current_thread(&CpuList::from_iter_unsorted([0])).unwrap();
         let o = RegionOptions {
             node: 2,
@@ -1040,7 +1040,7 @@ mod guest {
             cpus: CpuList::new(),
             populate_threads: 1,
             register: false,
-            placement: Placement::Strict,
+            off_node: OffNode::Strict,
             pin_by_registration: None,
             backend: numapin::runtime::Backend::Mapped,
             huge_pages: Default::default(),
@@ -1052,7 +1052,7 @@ mod guest {
         let e = Region::create(&o).unwrap_err();
         let msg = numapin::error::with_causes(&e);
         assert!(
-            matches!(&e, ArenaError::Placement { on_node: 0, elsewhere, .. } if elsewhere == &[(0, 1024)]),
+            matches!(&e, ArenaError::OffNode { on_node: 0, elsewhere, .. } if elsewhere == &[(0, 1024)]),
             "{msg}"
         );
         assert!(
@@ -1061,7 +1061,7 @@ mod guest {
         );
         assert!(e.fix().unwrap().contains("SYS_NICE"));
         let r = Region::create(&RegionOptions {
-            placement: Placement::Warn,
+            off_node: OffNode::Warn,
             shared: None,
             ..o
         })

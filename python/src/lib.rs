@@ -24,7 +24,7 @@ mod storage;
 use std::sync::{Arc, Mutex};
 
 use numapin::affinity::{self, MemPolicy, Mode, PlanOptions, RankChoice};
-use numapin::runtime::{Backend, CacheLimits, HugePages, Placement, Runtime, RuntimeConfig};
+use numapin::runtime::{Backend, CacheLimits, HugePages, OffNode, Runtime, RuntimeConfig};
 use numapin::topology::ProbeOptions;
 use numapin::{CudaOrdinal, Target, Topology};
 use pyo3::buffer::PyUntypedBuffer;
@@ -668,8 +668,8 @@ fn configure(
     let placement =
         match placement {
             None => None,
-            Some("strict") => Some(Placement::Strict),
-            Some("warn") => Some(Placement::Warn),
+            Some("strict") => Some(OffNode::Strict),
+            Some("warn") => Some(OffNode::Warn),
             Some(other) => return Err(input_error(
                 py,
                 format!("placement={other:?} is not a placement rule"),
@@ -690,7 +690,7 @@ fn configure(
             c = c.with_register(r);
         }
         if let Some(p) = placement {
-            c = c.with_placement(p);
+            c = c.with_off_node(p);
         }
         if let Some(t) = populate_threads {
             c = c.with_populate_threads(t);

@@ -1,27 +1,29 @@
 //! What may be pinned: the node's budget, the memory cgroup's budget over
-//! every node ([`SharedBudget`]) and the memlock limit, decided for each new
+//! every node ([`CgroupCap`]) and the memlock limit, decided for each new
 //! region before anything is mapped.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::{fmt_bytes, huge, Admitted, ArenaError, Backend, HugePages, NodeArena, Region};
 
-/// A budget of pinned bytes shared by every node of a runtime: the share of
-/// the process's memory cgroup limit that may be pinned (pinned pages are
-/// charged to the cgroup whatever their node, and above `memory.max` the
-/// OOM killer ends the process).
+/// The cap on pinned bytes over every node of a runtime under the
+/// process's memory cgroup limit: the share of that limit that may be
+/// pinned (pinned pages are charged to the cgroup whatever their node, and
+/// above `memory.max` the OOM killer ends the process). Formerly
+/// `SharedBudget`: "shared" in numapin means memory other processes map
+/// ([`crate::shared`]).
 #[derive(Debug)]
-pub(crate) struct SharedBudget {
+pub(crate) struct CgroupCap {
     limit: u64,
     used: AtomicU64,
     source: String,
 }
 
-impl SharedBudget {
+impl CgroupCap {
     /// A budget of `limit` bytes; `source` says where it comes from (for
     /// messages: `half of memory.max = 2 GiB (sys/fs/cgroup/memory.max)`).
-    pub(crate) fn new(limit: u64, source: String) -> SharedBudget {
-        SharedBudget {
+    pub(crate) fn new(limit: u64, source: String) -> CgroupCap {
+        CgroupCap {
             limit,
             used: AtomicU64::new(0),
             source,
@@ -88,13 +90,13 @@ impl NodeArena {
             }
             if reserved + size > self.cfg.budget {
                 // A budget the memory cgroup set says so, with its fix.
-                if let Some(shared) = self
+                if let Some(cap) = self
                     .cfg
-                    .shared
+                    .cgroup_cap
                     .as_ref()
                     .filter(|s| s.limit() == self.cfg.budget)
                 {
-                    return Err(shared.exceeded(self.node, bytes));
+                    return Err(cap.exceeded(self.node, bytes));
                 }
                 return Err(ArenaError::BudgetExceeded {
                     node: self.node,
@@ -163,21 +165,21 @@ impl NodeArena {
         size: u64,
         fitted: u64,
     ) -> Result<u64, ArenaError> {
-        let Some(shared) = &self.cfg.shared else {
+        let Some(cap) = &self.cfg.cgroup_cap else {
             return Ok(size);
         };
-        if shared.try_reserve(size) {
+        if cap.try_reserve(size) {
             return Ok(size);
         }
         // Empty regions of this node make room (other nodes keep theirs
         // until their own trim).
         self.trim();
-        if size > fitted && shared.try_reserve(fitted) {
+        if size > fitted && cap.try_reserve(fitted) {
             Ok(fitted)
-        } else if shared.try_reserve(size) {
+        } else if cap.try_reserve(size) {
             Ok(size)
         } else {
-            Err(shared.exceeded(self.node, bytes))
+            Err(cap.exceeded(self.node, bytes))
         }
     }
 
@@ -191,14 +193,14 @@ impl NodeArena {
     ) -> Result<Region, ArenaError> {
         match created {
             Ok(mut region) => {
-                if let Some(shared) = &self.cfg.shared {
-                    region.charge(shared.clone(), size);
+                if let Some(cap) = &self.cfg.cgroup_cap {
+                    region.charge(cap.clone(), size);
                 }
                 Ok(region)
             }
             Err(e) => {
-                if let Some(shared) = &self.cfg.shared {
-                    shared.release(size);
+                if let Some(cap) = &self.cfg.cgroup_cap {
+                    cap.release(size);
                 }
                 Err(e)
             }

@@ -103,9 +103,10 @@ pub enum ArenaError {
         /// Where the limit comes from (the cgroup file and the fraction).
         cgroup: String,
     },
-    /// Pages of a new region are not on its node.
+    /// Pages of a new region are not on its node (and
+    /// [`OffNode::Strict`](super::OffNode::Strict) says that is an error).
     #[error("node {node}: {} of {pages} pages of a new {} region are not on the node ({}{} not present); the region ({how}) was given back", pages - on_node, fmt_bytes(*size), fmt_elsewhere(elsewhere), if fmt_elsewhere(elsewhere).is_empty() { format!("{missing}") } else { format!(", {missing}") })]
-    Placement {
+    OffNode {
         /// The node.
         node: u32,
         /// Bytes of the region.
@@ -267,8 +268,8 @@ impl ArenaError {
             ArenaError::Backend { source, .. } if source.is_no_driver() => "this backend needs the CUDA driver and a GPU: use the default backend (RuntimeConfig::backend = Backend::Mapped), which works without one".into(),
             ArenaError::Backend { .. } => "driver backends need a recent driver (cuMemCreate on a host NUMA node: CUDA 12.2 or later) and memory free on the node (`numastat -m`); the default backend (Backend::Mapped) needs neither".into(),
             ArenaError::CgroupBudget { .. } => "raise the memory limit of the container or cgroup (`docker run --memory`, Kubernetes resources.limits.memory): by default numapin pins at most budget_fraction of it over all nodes, since pinned pages count against it and the OOM killer ends the process above it; or free buffers (Runtime::trim), or set RuntimeConfig::budget_bytes (the cgroup cap is then not applied)".into(),
-            ArenaError::Placement { how, .. } if how.contains("first touch") => "first touch put the pages elsewhere: the node's CPUs this process may use (cpuset) must exist and the memory policy must be the default (no `numactl --membind` around the container), and the node needs free memory (`numastat -m`); to bind with mbind instead, allow it (`docker run --cap-add SYS_NICE`, Kubernetes securityContext.capabilities.add [\"SYS_NICE\"]); RuntimeConfig::placement = Warn keeps such regions".into(),
-            ArenaError::Placement { .. } => "the node is short of free memory or the kernel moved pages (check `numastat -m`, free memory on the node, or lower the budget); RuntimeConfig::placement = Warn keeps such regions".into(),
+            ArenaError::OffNode { how, .. } if how.contains("first touch") => "first touch put the pages elsewhere: the node's CPUs this process may use (cpuset) must exist and the memory policy must be the default (no `numactl --membind` around the container), and the node needs free memory (`numastat -m`); to bind with mbind instead, allow it (`docker run --cap-add SYS_NICE`, Kubernetes securityContext.capabilities.add [\"SYS_NICE\"]); RuntimeConfig::off_node = OffNode::Warn (`placement=\"warn\"` in Python) keeps such regions".into(),
+            ArenaError::OffNode { .. } => "the node is short of free memory or the kernel moved pages (check `numastat -m`, free memory on the node, or lower the budget); RuntimeConfig::off_node = OffNode::Warn (`placement=\"warn\"` in Python) keeps such regions".into(),
             ArenaError::System { .. } => "check free memory on the node (`numastat -m`) and the process's limits (`ulimit -a`)".into(),
             ArenaError::HugePages {
                 node,

@@ -47,12 +47,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
-pub(crate) use budget::SharedBudget;
+pub(crate) use budget::CgroupCap;
 pub use buf::PinnedBuf;
 pub use cache::CacheLimits;
 pub use error::ArenaError;
 pub use huge::{HugePages, PageKind, ParseHugePagesError};
-pub use methods::{Backend, PinnedBy, PlacedBy, Placement, RegionMethods, VerifiedBy};
+pub use methods::{Backend, OffNode, PinnedBy, PlacedBy, RegionMethods, VerifiedBy};
 pub(crate) use region::{Region, RegionOptions, Registration, SharedFile, Step};
 pub(crate) use shared::SharedPart;
 pub use stats::NodeStats;
@@ -112,14 +112,14 @@ pub(crate) struct ArenaConfig {
     /// Whether to register regions with CUDA.
     pub register: bool,
     /// What a page off the node means.
-    pub placement: Placement,
+    pub off_node: OffNode,
     /// Where regions' memory comes from.
     pub backend: Backend,
     /// Whether RLIMIT_MEMLOCK applies (false with CAP_IPC_LOCK).
     pub memlock_applies: bool,
-    /// A budget over every node of the runtime (the memory cgroup's
+    /// The cap over every node of the runtime (under the memory cgroup's
     /// limit), charged by each region as well as the node's own budget.
-    pub shared: Option<Arc<SharedBudget>>,
+    pub cgroup_cap: Option<Arc<CgroupCap>>,
     /// Bounds of each thread's cache of freed blocks.
     pub cache: CacheLimits,
     /// Which pages regions ask for.
@@ -451,7 +451,7 @@ impl NodeArena {
             cpus: self.cfg.cpus.clone(),
             populate_threads: self.cfg.populate_threads,
             register: self.cfg.register,
-            placement: self.cfg.placement,
+            off_node: self.cfg.off_node,
             pin_by_registration: admitted.pin_by_registration.clone(),
             backend: self.cfg.backend,
             huge_pages: self.cfg.huge_pages,

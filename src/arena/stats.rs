@@ -50,7 +50,7 @@ pub struct NodeStats {
     /// page counts as the 4 KiB pages it holds: 512 for 2 MiB).
     pub pages_on_node: u64,
     /// 4 KiB pages of the current regions found elsewhere or not present
-    /// (only with [`Placement::Warn`]).
+    /// (only with [`OffNode::Warn`]).
     pub pages_off_node: u64,
     /// `"registered"`, `"skipped: <why>"`, or `"none"` before any region.
     pub registration: String,

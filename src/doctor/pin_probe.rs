@@ -25,7 +25,7 @@ use crate::arena::region::{Region, RegionOptions, Registration};
 use crate::platform::sys;
 use crate::report::with_causes;
 use crate::runtime::{
-    ArenaError, Backend, PinnedBy, PlacedBy, Placement, RegionMethods, RuntimeConfig, Step,
+    ArenaError, Backend, OffNode, PinnedBy, PlacedBy, RegionMethods, RuntimeConfig, Step,
 };
 use crate::topology::{NumaNode, Topology};
 
@@ -112,7 +112,7 @@ fn run(t: &Topology, n: &NumaNode, bytes: usize, cuda: bool) -> Result<ProbeOutc
         cpus: n.cpus.intersection(&t.allowed.cpus),
         populate_threads: 1,
         register: cuda,
-        placement: Placement::Warn,
+        off_node: OffNode::Warn,
         pin_by_registration: memlock_too_low(bytes),
         backend: Backend::Mapped,
         huge_pages: RuntimeConfig::default().huge_pages,

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use crate::arena::alloc::{region_size_for, Tlsf};
 use crate::arena::region::{self, Region, RegionOptions};
-use crate::arena::{ArenaError, Placement, RegionMethods};
+use crate::arena::{ArenaError, OffNode, RegionMethods};
 use crate::runtime::{Runtime, Target};
 
 /// Summary of repeated measurements.
@@ -194,7 +194,7 @@ pub fn region_create_ms_per_gib(
             threads
         },
         register: cfg.register,
-        placement: Placement::Strict,
+        off_node: OffNode::Strict,
         pin_by_registration: None,
         backend: cfg.backend,
         huge_pages: cfg.huge_pages,

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use super::arena::Stats;
 use crate::arena::region::{Region, RegionOptions, StepTimes};
-use crate::arena::{ArenaError, Backend, Placement, RegionMethods};
+use crate::arena::{ArenaError, Backend, OffNode, RegionMethods};
 use crate::platform::cuda;
 use crate::runtime::Runtime;
 
@@ -51,7 +51,7 @@ fn options(
         cpus: cfg.cpus,
         populate_threads: cfg.populate_threads,
         register: cfg.register,
-        placement: Placement::Strict,
+        off_node: OffNode::Strict,
         pin_by_registration: None,
         backend,
         huge_pages: cfg.huge_pages,

@@ -30,8 +30,8 @@ pub use place::{Site, Target};
 
 pub use crate::arena::region::Step;
 pub use crate::arena::{
-    ArenaError, Backend, CacheLimits, HugePages, NodeStats, PageKind, ParseHugePagesError,
-    PinnedBuf, PinnedBy, PlacedBy, Placement, RegionMethods, VerifiedBy, DEFAULT_ALIGNMENT,
+    ArenaError, Backend, CacheLimits, HugePages, NodeStats, OffNode, PageKind, ParseHugePagesError,
+    PinnedBuf, PinnedBy, PlacedBy, RegionMethods, VerifiedBy, DEFAULT_ALIGNMENT,
     DEFAULT_BUDGET_FRACTION, DEFAULT_REGION_BYTES, MAX_ALIGNMENT,
 };
 
@@ -87,7 +87,7 @@ pub struct RuntimeConfig {
     /// (default true).
     pub register: bool,
     /// What a page found off its node means (default an error).
-    pub placement: Placement,
+    pub off_node: OffNode,
     /// Where regions' memory comes from (default [`Backend::Mapped`],
     /// numapin's own mmap + mbind + mlock + `cuMemHostRegister`; the
     /// driver backends are measured against it by `numapin bench --only
@@ -131,7 +131,7 @@ impl Default for RuntimeConfig {
             budget_bytes: None,
             populate_threads: 0,
             register: true,
-            placement: Placement::Strict,
+            off_node: OffNode::Strict,
             backend: Backend::Mapped,
             thread_cache: arena::CacheLimits::default(),
             budget_wait: None,
@@ -149,7 +149,7 @@ with_setters!(RuntimeConfig {
     with_budget_bytes => budget_bytes: Option<u64>,
     with_populate_threads => populate_threads: usize,
     with_register => register: bool,
-    with_placement => placement: Placement,
+    with_off_node => off_node: OffNode,
     with_backend => backend: Backend,
     with_thread_cache => thread_cache: CacheLimits,
     with_budget_wait => budget_wait: Option<Duration>,
@@ -200,7 +200,7 @@ fn config_error(setting: &'static str, value: String, problem: &str, fix: &str) 
 
 /// The budget over all nodes under the process's memory cgroup limit:
 /// `budget_fraction` of the tightest limit, or `None` without one.
-fn cgroup_budget(config: &RuntimeConfig) -> Option<Arc<arena::SharedBudget>> {
+fn cgroup_cap(config: &RuntimeConfig) -> Option<Arc<arena::CgroupCap>> {
     let limits = match &config.hooks.cgroup_root {
         Some(root) => crate::platform::cgroup::read_limits(root),
         None => crate::platform::cgroup::read_self(),
@@ -208,7 +208,7 @@ fn cgroup_budget(config: &RuntimeConfig) -> Option<Arc<arena::SharedBudget>> {
     let l = limits.tightest()?;
     let f = config.budget_fraction;
     let cap = (l.bytes as f64 * f) as u64;
-    Some(Arc::new(arena::SharedBudget::new(
+    Some(Arc::new(arena::CgroupCap::new(
         cap,
         format!(
             "budget_fraction {f} of {} = {}, in /{}",
@@ -281,13 +281,13 @@ fn check_config(config: &RuntimeConfig) -> Result<(), ArenaError> {
 }
 
 /// One arena per node of `topology` that can hold pinned memory, each with
-/// its budget (the node's share, capped by the cgroup's `shared` budget),
+/// its budget (the node's share, capped by the cgroup's `cap`),
 /// its allowed CPUs and its populate threads.
 fn make_arenas(
     topology: &Topology,
     config: &RuntimeConfig,
     region_bytes: u64,
-    shared: Option<Arc<arena::SharedBudget>>,
+    cap: Option<Arc<arena::CgroupCap>>,
 ) -> Vec<Arc<NodeArena>> {
     let (a, f) = (config.alignment, config.budget_fraction);
     let memlock_applies =
@@ -308,7 +308,7 @@ fn make_arenas(
             let mut budget = config
                 .budget_bytes
                 .unwrap_or((n.memory_bytes as f64 * f) as u64);
-            if let Some(s) = &shared {
+            if let Some(s) = &cap {
                 budget = budget.min(s.limit());
             }
             let allowed = &topology.allowed.cpus;
@@ -326,11 +326,11 @@ fn make_arenas(
                     populate_threads: threads.min(cpus.len().max(1)),
                     cpus,
                     register: config.register,
-                    placement: config.placement,
+                    off_node: config.off_node,
                     backend: config.backend,
                     cache: config.thread_cache,
                     memlock_applies,
-                    shared: shared.clone(),
+                    cgroup_cap: cap.clone(),
                     huge_pages: config.huge_pages,
                     register_in_parts: config.register_in_parts,
                     pool_root: config.hooks.pool_root.clone(),
@@ -357,11 +357,11 @@ impl Runtime {
             config.region_bytes as u64,
             config.huge_pages.granule() as u64,
         );
-        let shared = match config.budget_bytes {
+        let cap = match config.budget_bytes {
             Some(_) => None,
-            None => cgroup_budget(&config),
+            None => cgroup_cap(&config),
         };
-        let arenas = make_arenas(&topology, &config, region_bytes, shared);
+        let arenas = make_arenas(&topology, &config, region_bytes, cap);
         arena::publish::register(&arenas);
         Ok(Runtime {
             topology,
@@ -428,7 +428,7 @@ impl Runtime {
     /// address space, [`ArenaError::BudgetExceeded`] or
     /// [`ArenaError::CgroupBudget`] over a budget, and when a region must
     /// be made, its errors ([`ArenaError::Memlock`],
-    /// [`ArenaError::System`], [`ArenaError::Placement`],
+    /// [`ArenaError::System`], [`ArenaError::OffNode`],
     /// [`ArenaError::HugePages`], ...).
     #[inline]
     pub fn alloc(&self, target: Target, bytes: usize) -> Result<PinnedBuf, ArenaError> {

@@ -29,7 +29,7 @@ impl Region {
     /// undone): [`ArenaError::System`] naming the step,
     /// [`ArenaError::HugePages`], [`ArenaError::NoMemory`] when `mbind`
     /// fails, [`ArenaError::Memlock`], [`ArenaError::Register`] and
-    /// [`ArenaError::Placement`].
+    /// [`ArenaError::OffNode`].
     pub fn create(o: &RegionOptions) -> Result<Region, ArenaError> {
         if o.backend != Backend::Mapped {
             return Self::create_by_driver(o);

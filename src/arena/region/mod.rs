@@ -84,7 +84,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use super::huge::{HugePages, PageKind};
-use super::{ArenaError, Backend, Placement, RegionMethods, SharedBudget, VerifiedBy};
+use super::{ArenaError, Backend, CgroupCap, OffNode, RegionMethods, VerifiedBy};
 use crate::cpulist::CpuList;
 use crate::platform::numa;
 
@@ -162,7 +162,7 @@ pub struct RegionOptions {
     /// Whether to register with CUDA when the driver is present.
     pub register: bool,
     /// What a page off the node means.
-    pub placement: Placement,
+    pub off_node: OffNode,
     /// Skip `mlock` and let CUDA registration pin the pages (the caller
     /// found RLIMIT_MEMLOCK too low for the region and registration will
     /// happen); the reason, for [`Region::notes`].
@@ -289,7 +289,7 @@ pub struct Region {
     pages_off_node: u64,
     methods: RegionMethods,
     notes: Vec<String>,
-    charge: Option<(std::sync::Arc<SharedBudget>, u64)>,
+    charge: Option<(std::sync::Arc<CgroupCap>, u64)>,
     times: StepTimes,
     /// Threads that populated the region (and check its placement).
     threads: usize,
@@ -421,7 +421,7 @@ impl Region {
 
     /// Charges the region's bytes to `budget` until it is dropped (the
     /// caller reserved them).
-    pub(crate) fn charge(&mut self, budget: std::sync::Arc<SharedBudget>, bytes: u64) {
+    pub(crate) fn charge(&mut self, budget: std::sync::Arc<CgroupCap>, bytes: u64) {
         self.charge = Some((budget, bytes));
     }
 

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::super::{ArenaError, Placement, VerifiedBy};
+use super::super::{ArenaError, OffNode, VerifiedBy};
 use super::{
     fail_after, step_failed, verify_threads, PageCounts, Region, RegionOptions, Step, PAGE,
 };
@@ -18,7 +18,7 @@ impl Region {
 
     /// Step 6, for every backend: counts where the pages are (unless
     /// `counted` already did, beside registration) and judges it by
-    /// `o.placement`.
+    /// `o.off_node`.
     pub(super) fn verify(
         mut self,
         o: &RegionOptions,
@@ -58,8 +58,8 @@ impl Region {
                 std::io::Error::other("failure injected by a test"),
             ));
         }
-        if off + counts.missing > 0 && o.placement == Placement::Strict {
-            return Err(ArenaError::Placement {
+        if off + counts.missing > 0 && o.off_node == OffNode::Strict {
+            return Err(ArenaError::OffNode {
                 node: o.node,
                 size: len as u64,
                 pages: counts.pages,
