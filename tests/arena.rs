@@ -17,7 +17,7 @@ use numapin::internals::is_mapped;
 use numapin::internals::last_mapped_addr;
 use numapin::internals::locked_bytes;
 use numapin::runtime::{AllocOptions, Runtime, RuntimeConfig, Target};
-use numapin::runtime::{ArenaError, Step};
+use numapin::runtime::{RuntimeError, Step};
 use numapin::topology::{CudaMode, ProbeOptions, Topology};
 use numapin::Error;
 
@@ -46,9 +46,9 @@ fn first_node(rt: &Runtime) -> u32 {
     rt.stats().first().expect("a node with memory").node
 }
 
-fn arena_err(e: impl Into<Error>) -> ArenaError {
+fn arena_err(e: impl Into<Error>) -> RuntimeError {
     match e.into() {
-        Error::Arena(a) => a,
+        Error::Runtime(a) => a,
         other => panic!("expected an arena error, got {other}"),
     }
 }
@@ -223,7 +223,7 @@ fn a_failed_region_leaves_nothing_behind() {
         let before = locked_bytes();
         let e = arena_err(rt.alloc(Target::HostNode(node), MIB).unwrap_err());
         assert!(
-            matches!(e, ArenaError::System { step: s, .. } if s == step),
+            matches!(e, RuntimeError::System { step: s, .. } if s == step),
             "{step:?}: {e}"
         );
         assert_eq!(locked_bytes(), before, "{step:?}: VmLck unchanged");
@@ -245,7 +245,7 @@ fn unknown_node_and_gpu_are_input_errors() {
     let rt = runtime(small());
     let e = arena_err(rt.alloc(Target::HostNode(999), 4096).unwrap_err());
     assert!(
-        matches!(e, ArenaError::UnknownNode { node: 999, .. }),
+        matches!(e, RuntimeError::UnknownNode { node: 999, .. }),
         "{e}"
     );
     assert_eq!(e.kind(), numapin::ErrorKind::Input);
@@ -256,13 +256,13 @@ fn unknown_node_and_gpu_are_input_errors() {
     assert_eq!(e.kind(), numapin::ErrorKind::Input);
     assert!(matches!(
         arena_err(e),
-        ArenaError::UnknownGpu {
+        RuntimeError::UnknownGpu {
             gpu: numapin::CudaOrdinal(999),
             ..
         }
     ));
     let e = arena_err(rt.alloc(Target::HostNode(first_node(&rt)), 0).unwrap_err());
-    assert!(matches!(e, ArenaError::BadRequest { .. }), "{e}");
+    assert!(matches!(e, RuntimeError::BadRequest { .. }), "{e}");
     let bad = Runtime::new(topology(), small().with_alignment(3000)).unwrap_err();
     assert_eq!(bad.kind(), numapin::ErrorKind::Input);
     assert!(bad.to_string().contains("alignment"), "{bad}");
@@ -280,7 +280,10 @@ fn binding_to_a_node_without_memory_fails_cleanly() {
     let rt = Runtime::new(t, small()).unwrap();
     let before = locked_bytes();
     let e = arena_err(rt.alloc(Target::HostNode(1000), MIB).unwrap_err());
-    assert!(matches!(e, ArenaError::NoMemory { node: 1000, .. }), "{e}");
+    assert!(
+        matches!(e, RuntimeError::NoMemory { node: 1000, .. }),
+        "{e}"
+    );
     assert!(e.to_string().contains("mbind"), "{e}");
     assert_eq!(locked_bytes(), before);
     assert!(!is_mapped(last_mapped_addr()));
@@ -297,7 +300,7 @@ fn budget_is_enforced_and_waited_for() {
     assert_eq!(rt.stats()[0].bytes_reserved, 56 * MIB as u64);
     let e = arena_err(rt.alloc(Target::HostNode(node), 30 * MIB).unwrap_err());
     match e {
-        ArenaError::BudgetExceeded {
+        RuntimeError::BudgetExceeded {
             node: n,
             requested,
             in_use,
@@ -320,7 +323,7 @@ fn budget_is_enforced_and_waited_for() {
         )
         .unwrap_err(),
     );
-    assert!(matches!(e, ArenaError::BudgetExceeded { .. }));
+    assert!(matches!(e, RuntimeError::BudgetExceeded { .. }));
     assert!(t.elapsed() >= Duration::from_millis(100));
     // Another thread frees `a` a little later: the waiting allocation then
     // succeeds (the empty region is given back to make room).
@@ -363,7 +366,7 @@ fn a_call_can_refuse_the_configured_budget_wait() {
         )
         .unwrap_err(),
     );
-    assert!(matches!(e, ArenaError::BudgetExceeded { .. }), "{e}");
+    assert!(matches!(e, RuntimeError::BudgetExceeded { .. }), "{e}");
     let e = arena_err(
         rt.alloc_with(
             Target::HostNode(node),
@@ -374,7 +377,7 @@ fn a_call_can_refuse_the_configured_budget_wait() {
         )
         .unwrap_err(),
     );
-    assert!(matches!(e, ArenaError::BudgetExceeded { .. }), "{e}");
+    assert!(matches!(e, RuntimeError::BudgetExceeded { .. }), "{e}");
     assert_eq!(rt.stats()[0].failures, 2);
     drop(held);
 }
@@ -590,7 +593,7 @@ fn child_unprivileged() {
     );
     println!("{msg}");
     assert!(
-        matches!(e, ArenaError::Memlock { node: n, limit, source: None, .. } if n == node && limit == 8 << 20),
+        matches!(e, RuntimeError::Memlock { node: n, limit, source: None, .. } if n == node && limit == 8 << 20),
         "{e}"
     );
     for fix in [
@@ -628,7 +631,7 @@ fn child_unprivileged() {
         assert!(
             matches!(
                 e,
-                ArenaError::Memlock {
+                RuntimeError::Memlock {
                     source: Some(_),
                     ..
                 }
@@ -885,7 +888,7 @@ fn first_touch_from_a_missing_cpu_is_an_error(node: u32) {
     assert!(
         matches!(
             e,
-            ArenaError::System {
+            RuntimeError::System {
                 step: Step::Populate,
                 ..
             }
@@ -926,7 +929,7 @@ fn child_nobody_64k() {
     );
     println!("{msg}");
     assert!(
-        matches!(e, ArenaError::Memlock { limit, source: None, .. } if limit == 64 << 10),
+        matches!(e, RuntimeError::Memlock { limit, source: None, .. } if limit == 64 << 10),
         "{msg}"
     );
     for part in [
@@ -957,7 +960,7 @@ fn a_memory_cgroup_limit_caps_the_default_budget() {
     let e = arena_err(rt.alloc(Target::HostNode(node), 2 * MIB).unwrap_err());
     let msg = numapin::error::with_causes(&e);
     assert!(
-        matches!(e, ArenaError::CgroupBudget { limit, in_use, .. } if limit == 32 * MIB as u64 && in_use == limit),
+        matches!(e, RuntimeError::CgroupBudget { limit, in_use, .. } if limit == 32 * MIB as u64 && in_use == limit),
         "{msg}"
     );
     assert!(msg.contains("memory.max"), "{msg}");
@@ -1082,7 +1085,7 @@ fn child_in_memory_cgroup() {
     let e = arena_err(rt.alloc(Target::HostNode(node), 32 * MIB).unwrap_err());
     println!("{}", numapin::error::with_causes(&e));
     assert!(
-        matches!(e, ArenaError::CgroupBudget { limit, .. } if limit == 128 * MIB as u64),
+        matches!(e, RuntimeError::CgroupBudget { limit, .. } if limit == 128 * MIB as u64),
         "{e}"
     );
     let usage = std::fs::read_to_string(std::path::Path::new(&procs).with_file_name(
@@ -1890,7 +1893,7 @@ fn a_pool_too_small_fails_cleanly_and_auto_falls_back_to_thp() {
     let e = arena_err(rt.alloc(Target::HostNode(node), MIB).unwrap_err());
     let msg = numapin::error::with_causes(&e);
     assert!(
-        matches!(e, ArenaError::HugePages { needed: 4, usable: Some(u), .. } if u == free),
+        matches!(e, RuntimeError::HugePages { needed: 4, usable: Some(u), .. } if u == free),
         "{msg}"
     );
     assert!(
@@ -2004,7 +2007,7 @@ fn hugetlb_pages_the_kernel_refuses_after_the_check_fail_cleanly() {
     let e = arena_err(rt.alloc(Target::HostNode(node), MIB).unwrap_err());
     let msg = numapin::error::with_causes(&e);
     assert!(
-        matches!(&e, ArenaError::HugePages { usable: None, source: Some(s), .. } if s.raw_os_error() == Some(libc::ENOMEM)),
+        matches!(&e, RuntimeError::HugePages { usable: None, source: Some(s), .. } if s.raw_os_error() == Some(libc::ENOMEM)),
         "{msg}"
     );
     assert!(msg.contains("mmap(MAP_HUGETLB) failed (ENOMEM)"), "{msg}");
@@ -2050,7 +2053,7 @@ fn a_failed_hugetlb_region_leaves_nothing_behind() {
         let rt = runtime(cfg);
         let e = arena_err(rt.alloc(Target::HostNode(node), MIB).unwrap_err());
         assert!(
-            matches!(e, ArenaError::System { step: s, .. } if s == step),
+            matches!(e, RuntimeError::System { step: s, .. } if s == step),
             "{step:?}: {e}"
         );
         let addr = last_mapped_addr();
@@ -2072,7 +2075,7 @@ fn hugetlb_pages_with_a_driver_backend_are_a_config_error() {
     assert!(
         matches!(
             e,
-            ArenaError::Config {
+            RuntimeError::Config {
                 setting: "huge_pages",
                 ..
             }
@@ -2157,7 +2160,7 @@ fn child_hugetlb_nobody() {
     assert_eq!(s.pages_on_node, (4 * MIB / 4096) as u64, "{s:?}");
     let thp = runtime(small().with_huge_pages(HugePages::Transparent));
     let e = arena_err(thp.alloc(Target::HostNode(node), MIB).unwrap_err());
-    assert!(matches!(e, ArenaError::Memlock { .. }), "{e}");
+    assert!(matches!(e, RuntimeError::Memlock { .. }), "{e}");
 }
 
 #[test]

@@ -10,7 +10,9 @@ mod common;
 use std::sync::{Mutex, MutexGuard};
 
 use numapin::region::{Region, RegionOptions};
-use numapin::runtime::{ArenaError, Backend, OffNode, Runtime, RuntimeConfig, Target, VerifiedBy};
+use numapin::runtime::{
+    Backend, OffNode, Runtime, RuntimeConfig, RuntimeError, Target, VerifiedBy,
+};
 use numapin::topology::{CudaMode, ProbeOptions, Topology};
 
 const MIB: usize = 1 << 20;
@@ -237,7 +239,7 @@ fn child_driver_backend_without_a_driver() {
     let rt = Runtime::new(topology(CudaMode::Off), cfg).unwrap();
     let node = first_node(&rt);
     let e = rt.alloc(Target::HostNode(node), MIB).unwrap_err();
-    assert!(matches!(e, ArenaError::Backend { .. }), "{e:?}");
+    assert!(matches!(e, RuntimeError::Backend { .. }), "{e:?}");
     let msg = e.to_string();
     assert!(msg.contains(&format!("node {node}")), "{msg}");
     let fix = e.fix().unwrap();

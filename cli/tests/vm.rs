@@ -877,7 +877,7 @@ mod guest {
         );
         // Over budget: the error names the node and the figures.
         match rt.alloc(numapin::Target::HostNode(node), (mem / 2) as usize) {
-            Err(numapin::runtime::ArenaError::BudgetExceeded { node: n, limit, .. }) => {
+            Err(numapin::runtime::RuntimeError::BudgetExceeded { node: n, limit, .. }) => {
                 assert_eq!((n, limit), (node, mem / 2));
             }
             other => panic!(
@@ -1032,7 +1032,7 @@ mod guest {
     /// OffNode rule decides.
     fn a_node_without_cpus_is_left_to_the_placement_rule() {
         use numapin::region::{Region, RegionOptions};
-        use numapin::runtime::{ArenaError, OffNode};
+        use numapin::runtime::{OffNode, RuntimeError};
         numapin::affinity::bind_current_thread(&CpuList::from_iter_unsorted([0])).unwrap();
         let o = RegionOptions {
             node: 2,
@@ -1052,7 +1052,7 @@ mod guest {
         let e = Region::create(&o).unwrap_err();
         let msg = numapin::error::with_causes(&e);
         assert!(
-            matches!(&e, ArenaError::OffNode { on_node: 0, elsewhere, .. } if elsewhere == &[(0, 1024)]),
+            matches!(&e, RuntimeError::OffNode { on_node: 0, elsewhere, .. } if elsewhere == &[(0, 1024)]),
             "{msg}"
         );
         assert!(
@@ -1077,14 +1077,14 @@ mod guest {
         t: numapin::topology::Topology,
         mut cfg: numapin::runtime::RuntimeConfig,
     ) {
-        use numapin::runtime::ArenaError;
+        use numapin::runtime::RuntimeError;
         let root = crate::common::cgroup_v2_root(64 << 20);
         numapin::internals::cgroup_root(&mut cfg, Some(root.path().to_path_buf()));
         let rt = Runtime::new(t, cfg).unwrap();
         let a = rt.alloc(numapin::Target::HostNode(2), 16 << 20).unwrap();
         let b = rt.alloc(numapin::Target::HostNode(3), 16 << 20).unwrap();
         match rt.alloc(numapin::Target::HostNode(1), 2 << 20) {
-            Err(ArenaError::CgroupBudget { limit, in_use, .. }) => {
+            Err(RuntimeError::CgroupBudget { limit, in_use, .. }) => {
                 assert_eq!((limit, in_use), (32 << 20, 32 << 20));
             }
             other => panic!(
@@ -1289,7 +1289,7 @@ mod guest {
         explicit: &numapin::runtime::RuntimeConfig,
         pool: &crate::common::HugePool,
     ) {
-        use numapin::runtime::ArenaError;
+        use numapin::runtime::RuntimeError;
         let rt = Runtime::new(t.clone(), explicit.clone()).unwrap();
         let mut b = rt.alloc(numapin::Target::HostNode(2), 3 * MIB).unwrap();
         b.fill(9);
@@ -1312,7 +1312,7 @@ mod guest {
         );
         assert_eq!(pool.free(), 4);
         match rt.alloc(numapin::Target::HostNode(3), MIB) {
-            Err(ArenaError::HugePages {
+            Err(RuntimeError::HugePages {
                 node: 3,
                 needed: 4,
                 usable: Some(0),
@@ -1354,7 +1354,7 @@ mod guest {
         mut cfg: numapin::runtime::RuntimeConfig,
         pool: &crate::common::HugePool,
     ) {
-        use numapin::runtime::ArenaError;
+        use numapin::runtime::RuntimeError;
         let fake = tempfile::tempdir().unwrap();
         for (dir, files) in [
             (
@@ -1389,7 +1389,7 @@ mod guest {
         assert!(
             matches!(
                 &e,
-                ArenaError::HugePages {
+                RuntimeError::HugePages {
                     node: 3,
                     usable: None,
                     source: Some(_),

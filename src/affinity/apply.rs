@@ -84,11 +84,7 @@ pub fn probe_memory_binding(nodes: &[u32]) -> Binding {
 }
 
 fn affinity_error(who: &str, cpus: &CpuList, source: std::io::Error) -> Error {
-    Error::System {
-        what: format!("binding {who} to CPUs {cpus}: sched_setaffinity failed"),
-        fix: "bind only to CPUs this process may use (see `numapin topo`: a cpuset or taskset may exclude them)".into(),
-        source,
-    }
+    Error::system(format!("binding {who} to CPUs {cpus}: sched_setaffinity failed"), "bind only to CPUs this process may use (see `numapin topo`: a cpuset or taskset may exclude them)", source)
 }
 
 /// Restricts the calling thread to `cpus` (`sched_setaffinity(0)`); threads
@@ -113,9 +109,13 @@ pub fn bind_current_process(plan: &RankPlan, policy: MemPolicy) -> Result<Bindin
     bind_current_process_cpus(plan)?;
     match set_mempolicy(policy, &plan.mems) {
         Ok(()) => Ok(Binding::CpusAndMemory),
-        Err(Error::System { source, .. }) if crate::platform::numa::is_refusal(&source) => Ok(
-            Binding::refused(&crate::platform::numa::errno_name(&source), &plan.mems),
-        ),
+        Err(Error::System(e)) if e.io_error().is_some_and(crate::platform::numa::is_refusal) => {
+            let errno = e.io_error().map(crate::platform::numa::errno_name);
+            Ok(Binding::refused(
+                errno.as_deref().unwrap_or("refused"),
+                &plan.mems,
+            ))
+        }
         Err(e) => Err(e),
     }
 }
@@ -125,12 +125,13 @@ pub fn bind_current_process(plan: &RankPlan, policy: MemPolicy) -> Result<Bindin
 /// as it is (memory then comes from the node of the CPU that first touches
 /// it, which the binding makes the plan's node).
 pub fn bind_current_process_cpus(plan: &RankPlan) -> Result<()> {
-    let before =
-        crate::platform::sys::sched_getaffinity_self().map_err(|source| Error::System {
-            what: "reading this thread's CPU set: sched_getaffinity failed".into(),
-            fix: "check that /proc and the sched_* system calls are available".into(),
+    let before = crate::platform::sys::sched_getaffinity_self().map_err(|source| {
+        Error::system(
+            "reading this thread's CPU set: sched_getaffinity failed",
+            "check that /proc and the sched_* system calls are available",
             source,
-        })?;
+        )
+    })?;
     bind_current_thread(&plan.cpus)?;
     let me = nix::unistd::gettid().as_raw();
     if let Ok(tasks) = std::fs::read_dir("/proc/self/task") {
@@ -183,20 +184,16 @@ pub fn set_mempolicy(policy: MemPolicy, nodes: &[u32]) -> Result<()> {
     }
     r.map_err(|source| {
         let list = nodes.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
-        Error::System {
-            what: format!(
+        Error::system(format!(
                 "setting the memory policy to {} nodes {list}: set_mempolicy failed",
                 policy.as_str()
-            ),
-            fix: match source.raw_os_error() {
+            ), match source.raw_os_error() {
                 Some(libc::EINVAL) => "use nodes that exist on this machine and that the cpuset's mems allow (see `numapin topo`)",
                 Some(libc::ENOSYS) | Some(libc::EPERM) => "run where NUMA system calls are allowed (a seccomp profile may block set_mempolicy)",
                 _ if source.kind() == std::io::ErrorKind::InvalidInput => "check the topology description",
                 _ => "check the node list",
             }
-            .into(),
-            source,
-        }
+            , source)
     })
 }
 
@@ -292,10 +289,12 @@ pub fn exec(argv: &[OsString], env: &[(OsString, OsString)]) -> Error {
             kv.push(v);
             envp.push(cstring(&kv, "an environment variable")?);
         }
-        crate::platform::cleanup::restore_for_exec().map_err(|source| Error::System {
-            what: "restoring the signal mask before running the command".into(),
-            fix: "report this as a bug".into(),
-            source,
+        crate::platform::cleanup::restore_for_exec().map_err(|source| {
+            Error::system(
+                "restoring the signal mask before running the command",
+                "report this as a bug",
+                source,
+            )
         })?;
         nix::unistd::execvpe(&file, &args, &envp).map_err(|e| Error::Request {
             problem: format!("cannot run `{}`: {e}", program.to_string_lossy()),

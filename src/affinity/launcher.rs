@@ -50,12 +50,12 @@ pub fn local_rank_with(get: impl Fn(&str) -> Option<OsString>) -> Result<Option<
         };
         return match rank {
             Some(rank) if rank <= MAX_LOCAL_RANK => Ok(Some(LocalRank { rank, variable: var })),
-            _ => Err(Error::Env {
-                variable: var.into(),
-                value: text.into_owned(),
-                problem: format!("not a local rank (expected an integer from 0 to {MAX_LOCAL_RANK})"),
-                fix: format!("unset {var} or set it to this process's rank on its machine (the launcher normally does)"),
-            }),
+            _ => Err(Error::Env(crate::report::EnvError::new(
+                var,
+                text,
+                format!("not a local rank (expected an integer from 0 to {MAX_LOCAL_RANK})"),
+                format!("unset {var} or set it to this process's rank on its machine (the launcher normally does)"),
+            ))),
         };
     }
     Ok(None)

@@ -4,7 +4,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::{fmt_bytes, huge, Admitted, ArenaError, Backend, HugePages, NodeArena, Region};
+use super::{fmt_bytes, huge, Admitted, Backend, HugePages, NodeArena, Region, RuntimeError};
 
 /// The cap on pinned bytes over every node of a runtime under the
 /// process's memory cgroup limit: the share of that limit that may be
@@ -50,8 +50,8 @@ impl CgroupCap {
     }
 
     /// The error for `requested` bytes on `node` that do not fit.
-    pub(super) fn exceeded(&self, node: u32, requested: u64) -> ArenaError {
-        ArenaError::CgroupBudget {
+    pub(super) fn exceeded(&self, node: u32, requested: u64) -> RuntimeError {
+        RuntimeError::CgroupBudget {
             node,
             requested,
             in_use: self.used(),
@@ -79,7 +79,7 @@ impl NodeArena {
         bytes: u64,
         (size, fitted): (u64, u64),
         reserved: u64,
-    ) -> Result<Admitted, ArenaError> {
+    ) -> Result<Admitted, RuntimeError> {
         let mut size = size;
         let mut reserved = reserved;
         if reserved + size > self.cfg.budget {
@@ -98,7 +98,7 @@ impl NodeArena {
                 {
                     return Err(cap.exceeded(self.node, bytes));
                 }
-                return Err(ArenaError::BudgetExceeded {
+                return Err(RuntimeError::BudgetExceeded {
                     node: self.node,
                     requested: bytes,
                     in_use: reserved,
@@ -123,7 +123,7 @@ impl NodeArena {
         &self,
         size: u64,
         fitted: u64,
-    ) -> Result<(u64, Option<String>), ArenaError> {
+    ) -> Result<(u64, Option<String>), RuntimeError> {
         if !self.cfg.memlock_applies
             || self.cfg.backend != Backend::Mapped
             || self.will_use_hugetlb(size)
@@ -144,7 +144,7 @@ impl NodeArena {
         // Without CUDA registration nothing else would pin the pages: then
         // the limit is an error, as before.
         if !(self.cfg.register && crate::platform::cuda::driver_version().is_ok()) {
-            return Err(ArenaError::lock_failed(self.node, size, None));
+            return Err(RuntimeError::lock_failed(self.node, size, None));
         }
         Ok((
             size,
@@ -164,7 +164,7 @@ impl NodeArena {
         bytes: u64,
         size: u64,
         fitted: u64,
-    ) -> Result<u64, ArenaError> {
+    ) -> Result<u64, RuntimeError> {
         let Some(cap) = &self.cfg.cgroup_cap else {
             return Ok(size);
         };
@@ -188,9 +188,9 @@ impl NodeArena {
     /// reservation is given back.
     pub(super) fn charged(
         &self,
-        created: Result<Region, ArenaError>,
+        created: Result<Region, RuntimeError>,
         size: u64,
-    ) -> Result<Region, ArenaError> {
+    ) -> Result<Region, RuntimeError> {
         match created {
             Ok(mut region) => {
                 if let Some(cap) = &self.cfg.cgroup_cap {

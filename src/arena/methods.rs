@@ -14,7 +14,7 @@ use super::huge::PageKind;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum OffNode {
-    /// An error: the region is torn down ([`ArenaError::OffNode`]).
+    /// An error: the region is torn down ([`RuntimeError::OffNode`]).
     #[default]
     Strict,
     /// Counted in [`NodeStats::pages_off_node`], the region kept.

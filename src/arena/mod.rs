@@ -50,7 +50,7 @@ use std::time::{Duration, Instant};
 pub(crate) use budget::CgroupCap;
 pub use buf::PinnedBuf;
 pub use cache::CacheLimits;
-pub use error::ArenaError;
+pub use error::RuntimeError;
 pub use huge::{HugePages, PageKind, ParseHugePagesError};
 pub use methods::{Backend, OffNode, PinnedBy, PlacedBy, RegionMethods, VerifiedBy};
 pub(crate) use region::{Region, RegionOptions, Registration, SharedFile, Step};
@@ -298,7 +298,7 @@ impl NodeArena {
     }
 
     /// Lends a buffer of `bytes`; over budget, an error at once.
-    pub(crate) fn alloc(self: &Arc<Self>, bytes: usize) -> Result<PinnedBuf, ArenaError> {
+    pub(crate) fn alloc(self: &Arc<Self>, bytes: usize) -> Result<PinnedBuf, RuntimeError> {
         let r = self.alloc_inner(bytes, false);
         if r.is_err() {
             lock(&self.state).counters.failures += 1;
@@ -311,7 +311,7 @@ impl NodeArena {
     /// to 2 MiB) rather than a standard region: for staging buffers that
     /// must not pin more than they hold. Such a region is kept for reuse
     /// until [`trim`](Self::trim), as other regions are.
-    pub(crate) fn alloc_fitted(self: &Arc<Self>, bytes: usize) -> Result<PinnedBuf, ArenaError> {
+    pub(crate) fn alloc_fitted(self: &Arc<Self>, bytes: usize) -> Result<PinnedBuf, RuntimeError> {
         let r = self.alloc_inner(bytes, true);
         if r.is_err() {
             lock(&self.state).counters.failures += 1;
@@ -327,11 +327,11 @@ impl NodeArena {
         bytes: usize,
         fitted: bool,
         timeout: Duration,
-    ) -> Result<PinnedBuf, ArenaError> {
+    ) -> Result<PinnedBuf, RuntimeError> {
         let deadline = Instant::now() + timeout;
         loop {
             match self.alloc_inner(bytes, fitted) {
-                Err(ArenaError::BudgetExceeded { .. }) if Instant::now() < deadline => {
+                Err(RuntimeError::BudgetExceeded { .. }) if Instant::now() < deadline => {
                     // While a thread waits, frees bypass the threads' caches
                     // and wake it.
                     self.waiters.fetch_add(1, Ordering::SeqCst);
@@ -356,8 +356,12 @@ impl NodeArena {
     }
 
     #[inline]
-    fn alloc_inner(self: &Arc<Self>, bytes: usize, fitted: bool) -> Result<PinnedBuf, ArenaError> {
-        let bad = |problem: &str| ArenaError::BadRequest {
+    fn alloc_inner(
+        self: &Arc<Self>,
+        bytes: usize,
+        fitted: bool,
+    ) -> Result<PinnedBuf, RuntimeError> {
+        let bad = |problem: &str| RuntimeError::BadRequest {
             node: self.node,
             bytes: bytes as u64,
             problem: problem.into(),

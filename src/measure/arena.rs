@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use crate::arena::alloc::{region_size_for, Tlsf};
 use crate::arena::region::{self, Region, RegionOptions};
-use crate::arena::{ArenaError, OffNode, RegionMethods};
+use crate::arena::{OffNode, RegionMethods, RuntimeError};
 use crate::runtime::{Runtime, Target};
 
 /// Summary of repeated measurements.
@@ -222,7 +222,7 @@ pub fn region_create_ms_per_gib(
 pub fn mmap_mlock_ms_per_gib(bytes: usize, reps: usize) -> crate::Result<Stats> {
     let mut samples = Vec::with_capacity(reps);
     for _ in 0..reps {
-        let d = region::mmap_mlock_baseline(bytes).map_err(|source| ArenaError::System {
+        let d = region::mmap_mlock_baseline(bytes).map_err(|source| RuntimeError::System {
             node: 0,
             size: bytes as u64,
             step: region::Step::Lock,

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use super::arena::Stats;
 use crate::arena::region::{Region, RegionOptions, StepTimes};
-use crate::arena::{ArenaError, Backend, OffNode, RegionMethods};
+use crate::arena::{Backend, OffNode, RegionMethods, RuntimeError};
 use crate::platform::cuda;
 use crate::runtime::Runtime;
 
@@ -129,7 +129,7 @@ pub fn verify_costs(
     opts.register = false;
     let r = Region::create(&opts)?;
     let io = |source| {
-        crate::Error::from(ArenaError::System {
+        crate::Error::from(RuntimeError::System {
             node,
             size: r.len() as u64,
             step: crate::arena::Step::Verify,
@@ -255,7 +255,7 @@ pub fn register_parts(
     let base = r.ptr() as usize;
     let len = r.len();
     let fail = |source| {
-        crate::Error::from(ArenaError::Register {
+        crate::Error::from(RuntimeError::Register {
             node,
             size: len as u64,
             source,
@@ -365,7 +365,7 @@ pub fn span_copy(
     reps: usize,
 ) -> crate::Result<SpanCopy> {
     let cuda_err = |e: crate::gpu::CudaError| {
-        crate::Error::from(ArenaError::Register {
+        crate::Error::from(RuntimeError::Register {
             node,
             size: part as u64,
             source: e,

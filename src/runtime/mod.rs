@@ -30,8 +30,8 @@ pub use place::{Site, Target};
 
 pub use crate::arena::region::Step;
 pub use crate::arena::{
-    ArenaError, Backend, CacheLimits, HugePages, NodeStats, OffNode, PageKind, ParseHugePagesError,
-    PinnedBuf, PinnedBy, PlacedBy, RegionMethods, VerifiedBy, DEFAULT_ALIGNMENT,
+    Backend, CacheLimits, HugePages, NodeStats, OffNode, PageKind, ParseHugePagesError, PinnedBuf,
+    PinnedBy, PlacedBy, RegionMethods, RuntimeError, VerifiedBy, DEFAULT_ALIGNMENT,
     DEFAULT_BUDGET_FRACTION, DEFAULT_REGION_BYTES, MAX_ALIGNMENT,
 };
 
@@ -189,8 +189,8 @@ pub struct Runtime {
     arenas: Vec<Arc<NodeArena>>,
 }
 
-fn config_error(setting: &'static str, value: String, problem: &str, fix: &str) -> ArenaError {
-    ArenaError::Config {
+fn config_error(setting: &'static str, value: String, problem: &str, fix: &str) -> RuntimeError {
+    RuntimeError::Config {
         setting,
         value,
         problem: problem.into(),
@@ -226,15 +226,15 @@ impl RuntimeConfig {
     ///
     /// # Errors
     ///
-    /// [`ArenaError::Config`] naming the first setting out of range, its
+    /// [`RuntimeError::Config`] naming the first setting out of range, its
     /// value and what to use.
-    pub fn check(&self) -> Result<(), ArenaError> {
+    pub fn check(&self) -> Result<(), RuntimeError> {
         check_config(self)
     }
 }
 
 /// Refuses a configuration setting out of range.
-fn check_config(config: &RuntimeConfig) -> Result<(), ArenaError> {
+fn check_config(config: &RuntimeConfig) -> Result<(), RuntimeError> {
     let a = config.alignment;
     if !a.is_power_of_two() || !(arena::DEFAULT_ALIGNMENT..=arena::MAX_ALIGNMENT).contains(&a) {
         return Err(config_error(
@@ -349,9 +349,9 @@ impl Runtime {
     ///
     /// # Errors
     ///
-    /// [`ArenaError::Config`] for a setting out of range (alignment,
+    /// [`RuntimeError::Config`] for a setting out of range (alignment,
     /// region size, budget fraction, hugetlb pages with a driver backend).
-    pub fn new(topology: Topology, config: RuntimeConfig) -> Result<Runtime, ArenaError> {
+    pub fn new(topology: Topology, config: RuntimeConfig) -> Result<Runtime, RuntimeError> {
         check_config(&config)?;
         let region_bytes = arena::alloc::round_up(
             config.region_bytes as u64,
@@ -381,12 +381,12 @@ impl Runtime {
     }
 
     /// The arena of `node`.
-    pub(crate) fn arena(&self, node: u32) -> Result<&Arc<NodeArena>, ArenaError> {
+    pub(crate) fn arena(&self, node: u32) -> Result<&Arc<NodeArena>, RuntimeError> {
         if let Some(a) = self.arenas.iter().find(|a| a.node() == node) {
             return Ok(a);
         }
         match self.topology.node(node) {
-            None => Err(ArenaError::UnknownNode {
+            None => Err(RuntimeError::UnknownNode {
                 node,
                 known: self
                     .topology
@@ -395,7 +395,7 @@ impl Runtime {
                     .map(|n| n.os_index)
                     .collect(),
             }),
-            Some(n) => Err(ArenaError::NoMemory {
+            Some(n) => Err(RuntimeError::NoMemory {
                 node,
                 size: 0,
                 reason: if n.kind == NodeKind::GpuMemory {
@@ -421,17 +421,17 @@ impl Runtime {
     ///
     /// # Errors
     ///
-    /// [`ArenaError::UnknownNode`] or [`ArenaError::NoMemory`] for a node
-    /// this process cannot pin memory on, [`ArenaError::UnknownGpu`] or
-    /// [`ArenaError::UnknownGpuIndex`] for a GPU the topology does not
-    /// have, [`ArenaError::BadRequest`] for 0 bytes or a size past any
-    /// address space, [`ArenaError::BudgetExceeded`] or
-    /// [`ArenaError::CgroupBudget`] over a budget, and when a region must
-    /// be made, its errors ([`ArenaError::Memlock`],
-    /// [`ArenaError::System`], [`ArenaError::OffNode`],
-    /// [`ArenaError::HugePages`], ...).
+    /// [`RuntimeError::UnknownNode`] or [`RuntimeError::NoMemory`] for a node
+    /// this process cannot pin memory on, [`RuntimeError::UnknownGpu`] or
+    /// [`RuntimeError::UnknownGpuIndex`] for a GPU the topology does not
+    /// have, [`RuntimeError::BadRequest`] for 0 bytes or a size past any
+    /// address space, [`RuntimeError::BudgetExceeded`] or
+    /// [`RuntimeError::CgroupBudget`] over a budget, and when a region must
+    /// be made, its errors ([`RuntimeError::Memlock`],
+    /// [`RuntimeError::System`], [`RuntimeError::OffNode`],
+    /// [`RuntimeError::HugePages`], ...).
     #[inline]
-    pub fn alloc(&self, target: Target, bytes: usize) -> Result<PinnedBuf, ArenaError> {
+    pub fn alloc(&self, target: Target, bytes: usize) -> Result<PinnedBuf, RuntimeError> {
         self.alloc_with(target, bytes, &AllocOptions::default())
     }
 
@@ -449,7 +449,7 @@ impl Runtime {
         target: Target,
         bytes: usize,
         opts: &AllocOptions,
-    ) -> Result<PinnedBuf, ArenaError> {
+    ) -> Result<PinnedBuf, RuntimeError> {
         let a = self.arena(self.node_for(target)?)?;
         match opts.wait.or(self.config.budget_wait) {
             Some(t) => a.alloc_waiting(bytes, opts.staging, t),
@@ -462,7 +462,7 @@ impl Runtime {
     /// [`Target::HostNode`] (without working out CPUs: the allocation fast
     /// path), else [`Runtime::place`]'s.
     #[inline]
-    fn node_for(&self, target: Target) -> Result<u32, ArenaError> {
+    fn node_for(&self, target: Target) -> Result<u32, RuntimeError> {
         match target {
             Target::HostNode(node) => Ok(node),
             Target::Host => Ok(self.calling_thread_node()),
@@ -475,8 +475,8 @@ impl Runtime {
     ///
     /// # Errors
     ///
-    /// [`ArenaError::UnknownGpu`] when the topology has no such device.
-    pub fn node_for_gpu(&self, gpu: CudaOrdinal) -> Result<u32, ArenaError> {
+    /// [`RuntimeError::UnknownGpu`] when the topology has no such device.
+    pub fn node_for_gpu(&self, gpu: CudaOrdinal) -> Result<u32, RuntimeError> {
         Ok(self.place(Target::Gpu(gpu))?.node)
     }
 
@@ -523,8 +523,8 @@ impl Runtime {
     /// # Errors
     ///
     /// [`Runtime::place`]'s errors for `target`, and
-    /// [`ArenaError::Affinity`] when `sched_setaffinity` refuses the CPUs.
-    pub fn bind_current_thread(&self, target: Target) -> Result<Site, ArenaError> {
+    /// [`RuntimeError::Affinity`] when `sched_setaffinity` refuses the CPUs.
+    pub fn bind_current_thread(&self, target: Target) -> Result<Site, RuntimeError> {
         let site = self.place(target)?;
         crate::affinity::bind_current_thread(&site.cpus)?;
         Ok(site)
@@ -545,9 +545,9 @@ impl Runtime {
     /// # Errors
     ///
     /// [`Runtime::place`]'s errors for `target`, and
-    /// [`ArenaError::Affinity`] when the CPUs or the memory policy cannot
+    /// [`RuntimeError::Affinity`] when the CPUs or the memory policy cannot
     /// be set (other than a refused `set_mempolicy`).
-    pub fn bind_current_process(&self, target: Target) -> Result<Site, ArenaError> {
+    pub fn bind_current_process(&self, target: Target) -> Result<Site, RuntimeError> {
         use crate::affinity::{Binding, MemPolicy, RankPlan};
         let mut site = self.place(target)?;
         let plan = RankPlan {

@@ -14,7 +14,7 @@
 //! one NUMA node there is nothing to choose and nothing to warn about.
 
 use crate::affinity::{Mode, PlanOptions};
-use crate::arena::ArenaError;
+use crate::arena::RuntimeError;
 use crate::cpulist::CpuList;
 use crate::gpu::{CudaOrdinal, GpuIndex};
 
@@ -81,18 +81,18 @@ impl Runtime {
     ///
     /// # Errors
     ///
-    /// [`ArenaError::UnknownGpu`] for an ordinal the topology does not
-    /// have, [`ArenaError::UnknownGpuIndex`] for an index past its GPUs,
-    /// and [`ArenaError::UnknownNode`] or [`ArenaError::NoMemory`] for a
+    /// [`RuntimeError::UnknownGpu`] for an ordinal the topology does not
+    /// have, [`RuntimeError::UnknownGpuIndex`] for an index past its GPUs,
+    /// and [`RuntimeError::UnknownNode`] or [`RuntimeError::NoMemory`] for a
     /// [`Target::HostNode`] this process cannot pin memory on.
-    pub fn place(&self, target: Target) -> Result<Site, ArenaError> {
+    pub fn place(&self, target: Target) -> Result<Site, RuntimeError> {
         let topo = self.topology();
         match target {
             Target::Gpu(ordinal) => {
                 let index = topo
                     .gpu_by_ordinal(ordinal)
                     .map(|g| g.index)
-                    .ok_or_else(|| ArenaError::UnknownGpu {
+                    .ok_or_else(|| RuntimeError::UnknownGpu {
                         gpu: ordinal,
                         known: topo.gpus.iter().filter_map(|g| g.cuda_ordinal).collect(),
                     })?;
@@ -100,7 +100,7 @@ impl Runtime {
             }
             Target::HostForGpu(index) => {
                 if topo.gpu(index).is_none() {
-                    return Err(ArenaError::UnknownGpuIndex {
+                    return Err(RuntimeError::UnknownGpuIndex {
                         index,
                         count: topo.gpus.len(),
                     });
@@ -129,7 +129,7 @@ impl Runtime {
             .unwrap_or_else(|_| self.topology().all_cpus())
     }
 
-    fn on_node(&self, node: u32) -> Result<Site, ArenaError> {
+    fn on_node(&self, node: u32) -> Result<Site, RuntimeError> {
         self.arena(node)?;
         let allowed = self.allowed_cpus();
         let node_cpus = self

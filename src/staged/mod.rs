@@ -18,21 +18,22 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
+mod error;
 mod pinned_copy;
 mod stream_copy;
 
+pub use error::StagedError;
 pub use pinned_copy::pinned_copy;
 
 use crate::cpulist::CpuList;
 use crate::gpu::{CudaError, CudaOrdinal};
-use crate::loader::LoaderError;
 use crate::platform::cuda::{self, CUdeviceptr, CUstream, Event, Stream};
 use crate::runtime::Target;
 use crate::runtime::{PinnedBuf, Runtime};
 
-use LoaderError as Error;
+use StagedError as Error;
 
-type Result<T, E = LoaderError> = std::result::Result<T, E>;
+type Result<T, E = StagedError> = std::result::Result<T, E>;
 
 /// Most threads a staged copy starts by default (the node's allowed CPUs,
 /// at most this many): memcpy from pageable memory is its bottleneck.
@@ -288,12 +289,12 @@ fn prepare(
     dir: Direction,
 ) -> Result<Option<Plan>> {
     if opts.chunk_bytes == 0 || opts.slots_per_thread == 0 {
-        return Err(Error::config(
-            "chunk_bytes/slots_per_thread",
-            format!("{}/{}", opts.chunk_bytes, opts.slots_per_thread),
-            "both must be at least 1",
-            "use StagedOptions::default() (4 MiB chunks, 2 slots per thread)",
-        ));
+        return Err(Error::Config {
+            setting: "chunk_bytes/slots_per_thread",
+            value: format!("{}/{}", opts.chunk_bytes, opts.slots_per_thread),
+            problem: "both must be at least 1".into(),
+            fix: "use StagedOptions::default() (4 MiB chunks, 2 slots per thread)".into(),
+        });
     }
     let place = rt.place(Target::Gpu(gpu))?;
     if len == 0 {

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 
 use super::stream_copy;
-use crate::loader::LoaderError;
+use super::StagedError;
 use crate::runtime::Target;
 use crate::runtime::{PinnedBuf, Runtime};
 use crate::CpuList;
@@ -38,7 +38,7 @@ const CHUNK: usize = 2 << 20;
 /// # Errors
 ///
 /// [`Runtime::alloc`]'s errors for `target` and `src.len()` bytes.
-pub fn pinned_copy(rt: &Runtime, src: &[u8], target: Target) -> Result<PinnedBuf, LoaderError> {
+pub fn pinned_copy(rt: &Runtime, src: &[u8], target: Target) -> Result<PinnedBuf, StagedError> {
     let place = rt.place(target)?;
     let mut buf = rt.alloc(Target::HostNode(place.node), src.len().max(1))?;
     copy_parallel(&mut buf[..src.len()], src, &place.cpus)?;
@@ -166,7 +166,7 @@ fn pool_for(cpus: &CpuList) -> Arc<Pool> {
 
 /// Copies `src` into `dst` with threads bound to `cpus` (the calling thread
 /// alone for small copies).
-pub(crate) fn copy_parallel(dst: &mut [u8], src: &[u8], cpus: &CpuList) -> Result<(), LoaderError> {
+pub(crate) fn copy_parallel(dst: &mut [u8], src: &[u8], cpus: &CpuList) -> Result<(), StagedError> {
     assert_eq!(dst.len(), src.len(), "copy_parallel: lengths differ");
     if src.len() < PARALLEL_FROM || cpus.len() < 2 {
         stream_copy::copy(dst, src);

@@ -3,10 +3,9 @@
 
 use std::path::PathBuf;
 
-use crate::arena::ArenaError;
+use crate::arena::RuntimeError;
 use crate::gpu::{CudaError, CudaOrdinal};
-use crate::loader::BoxError;
-use crate::report::ErrorKind;
+use crate::report::{BoxError, ErrorKind, SystemError};
 
 /// A failure of the storage reader or of a checkpoint loader; `fix()` says
 /// what to do, `kind()` what kind of failure it is.
@@ -74,19 +73,11 @@ pub enum StorageError {
         source: CudaError,
     },
     /// Threads could not be started or placed.
-    #[error("{what}")]
-    Setup {
-        /// What was attempted.
-        what: String,
-        /// What to do.
-        fix: String,
-        /// The cause.
-        #[source]
-        source: BoxError,
-    },
+    #[error(transparent)]
+    Setup(SystemError),
     /// The pinned slots (or pinned tensors) could not be had.
     #[error(transparent)]
-    Arena(#[from] ArenaError),
+    Runtime(#[from] RuntimeError),
 }
 
 impl StorageError {
@@ -96,8 +87,8 @@ impl StorageError {
             StorageError::Input { .. }
             | StorageError::Truncated { .. }
             | StorageError::Request { .. } => ErrorKind::Input,
-            StorageError::Arena(e) => e.kind(),
-            StorageError::Read { .. } | StorageError::Cuda { .. } | StorageError::Setup { .. } => {
+            StorageError::Runtime(e) => e.kind(),
+            StorageError::Read { .. } | StorageError::Cuda { .. } | StorageError::Setup(_) => {
                 ErrorKind::System
             }
         }
@@ -108,7 +99,7 @@ impl StorageError {
         match self {
             StorageError::Input { fix, .. }
             | StorageError::Request { fix, .. }
-            | StorageError::Setup { fix, .. } => Some(fix.clone()),
+            | StorageError::Setup(SystemError { fix, .. }) => Some(fix.clone()),
             StorageError::Read { source, .. } => Some(read_fix(source).into()),
             StorageError::Truncated { .. } => Some(
                 "do not write the file while it is read; check that it was copied whole".into(),
@@ -118,7 +109,7 @@ impl StorageError {
             } else {
                 "check the GPU (`nvidia-smi`) and its free memory".into()
             }),
-            StorageError::Arena(e) => e.fix(),
+            StorageError::Runtime(e) => e.fix(),
         }
     }
 
@@ -164,11 +155,7 @@ impl StorageError {
         fix: impl Into<String>,
         source: impl Into<BoxError>,
     ) -> Self {
-        StorageError::Setup {
-            what: what.into(),
-            fix: fix.into(),
-            source: source.into(),
-        }
+        StorageError::Setup(SystemError::new(what, fix, source))
     }
 }
 

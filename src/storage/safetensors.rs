@@ -384,7 +384,7 @@ impl Checkpoint {
     ///
     /// # Errors
     /// As [`read_ranges_to_host`](super::read_ranges_to_host), and
-    /// [`StorageError::Arena`] when the node's budget is short. Nothing
+    /// [`StorageError::Runtime`] when the node's budget is short. Nothing
     /// stays allocated after an error.
     pub fn load_to_host(
         &self,

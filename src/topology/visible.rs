@@ -35,12 +35,12 @@ impl DeviceOrder {
         match value.map(str::trim) {
             None | Some("") | Some("FASTEST_FIRST") => Ok(Self::FastestFirst),
             Some("PCI_BUS_ID") => Ok(Self::PciBusId),
-            Some(other) => Err(Error::Env {
-                variable: "CUDA_DEVICE_ORDER".into(),
-                value: other.into(),
-                problem: "not a CUDA device order".into(),
-                fix: "set it to FASTEST_FIRST (CUDA's default) or PCI_BUS_ID, or unset it".into(),
-            }),
+            Some(other) => Err(Error::env(
+                "CUDA_DEVICE_ORDER",
+                other,
+                "not a CUDA device order",
+                "set it to FASTEST_FIRST (CUDA's default) or PCI_BUS_ID, or unset it",
+            )),
         }
     }
 
@@ -99,12 +99,12 @@ pub struct VisibleEntry {
 }
 
 fn env_err(value: &str, problem: String) -> Error {
-    Error::Env {
-        variable: "CUDA_VISIBLE_DEVICES".into(),
-        value: value.into(),
+    Error::env(
+        "CUDA_VISIBLE_DEVICES",
+        value,
         problem,
-        fix: "use comma-separated GPU indices (0,1), GPU-<uuid> or MIG-<uuid> as `nvidia-smi -L` prints them, or unset the variable".into(),
-    }
+        "use comma-separated GPU indices (0,1), GPU-<uuid> or MIG-<uuid> as `nvidia-smi -L` prints them, or unset the variable",
+    )
 }
 
 fn is_uuid_text(s: &str) -> bool {

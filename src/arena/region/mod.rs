@@ -37,7 +37,7 @@
 //!    raise `SIGBUS` (the bound node ran out of free huge pages after the
 //!    check of step 1, because the kernel reserved the pages over the
 //!    machine, not on the node, or another process took them): the region
-//!    then fails with [`ArenaError::HugePages`]. On kernels before 5.14
+//!    then fails with [`RuntimeError::HugePages`]. On kernels before 5.14
 //!    (no `MADV_POPULATE_WRITE`) `Auto` never takes hugetlb pages, and an
 //!    explicit choice touches one byte per page after the check, so a
 //!    process taking the node's free pages in between would end this one
@@ -84,7 +84,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use super::huge::{HugePages, PageKind};
-use super::{ArenaError, Backend, CgroupCap, OffNode, RegionMethods, VerifiedBy};
+use super::{Backend, CgroupCap, OffNode, RegionMethods, RuntimeError, VerifiedBy};
 use crate::cpulist::CpuList;
 use crate::platform::numa;
 
@@ -477,8 +477,8 @@ impl Region {
 
 /// The error of a step that failed with `source`, for a region of `len`
 /// bytes on `node`.
-fn step_failed(node: u32, len: usize) -> impl Fn(Step, std::io::Error) -> ArenaError {
-    move |step, source| ArenaError::System {
+fn step_failed(node: u32, len: usize) -> impl Fn(Step, std::io::Error) -> RuntimeError {
+    move |step, source| RuntimeError::System {
         node,
         size: len as u64,
         step,

@@ -8,15 +8,15 @@ use std::sync::mpsc;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use super::super::{ArenaError, PinnedBy, PlacedBy, VerifiedBy};
+use super::super::{PinnedBy, PlacedBy, RuntimeError, VerifiedBy};
 use super::{step_failed, verify_threads, PageCounts, Region, RegionOptions, Registration, Step};
 use crate::platform::numa;
 
 /// What the pipeline's three threads came back with: the populate time,
 /// the registration time, and the page counts with their time.
 type Outcome = (
-    Result<Duration, ArenaError>,
-    Result<Duration, ArenaError>,
+    Result<Duration, RuntimeError>,
+    Result<Duration, RuntimeError>,
     (std::io::Result<PageCounts>, Duration),
 );
 
@@ -33,7 +33,7 @@ impl Region {
         o: &RegionOptions,
         part: usize,
         register: bool,
-    ) -> Result<Region, ArenaError> {
+    ) -> Result<Region, RuntimeError> {
         self.part = part;
         let base = self.ptr.as_ptr() as usize;
         let ranges: Vec<(usize, usize)> = (0..self.len)
@@ -83,7 +83,7 @@ impl Region {
     /// while the populate threads fault in it, or leaves the pinning to
     /// registration. Returns whether to lock once the region is in (a
     /// kernel without MLOCK_ONFAULT, before 4.4).
-    fn lock_on_fault(&mut self, o: &RegionOptions, register: bool) -> Result<bool, ArenaError> {
+    fn lock_on_fault(&mut self, o: &RegionOptions, register: bool) -> Result<bool, RuntimeError> {
         if let Some(why) = o.pin_by_registration.as_ref().filter(|_| register) {
             self.methods.pinned = PinnedBy::Registration;
             self.notes.push(format!(
@@ -211,7 +211,7 @@ fn register_parts(
     (node, len): (u32, usize),
     registered: &Mutex<Vec<usize>>,
     stop: &AtomicBool,
-) -> Result<Duration, ArenaError> {
+) -> Result<Duration, RuntimeError> {
     let flags = crate::platform::cuda::HOST_REGISTER_PORTABLE
         | crate::platform::cuda::HOST_REGISTER_DEVICEMAP;
     let mut took = Duration::ZERO;
@@ -223,7 +223,7 @@ fn register_parts(
         took += t.elapsed();
         if let Err(source) = r {
             stop.store(true, Ordering::Relaxed);
-            return Err(ArenaError::Register {
+            return Err(RuntimeError::Register {
                 node,
                 size: len as u64,
                 source,

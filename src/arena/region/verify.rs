@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::super::{ArenaError, OffNode, VerifiedBy};
+use super::super::{OffNode, RuntimeError, VerifiedBy};
 use super::{
     fail_after, step_failed, verify_threads, PageCounts, Region, RegionOptions, Step, PAGE,
 };
@@ -23,7 +23,7 @@ impl Region {
         mut self,
         o: &RegionOptions,
         counted: Option<(std::io::Result<PageCounts>, Duration)>,
-    ) -> Result<Region, ArenaError> {
+    ) -> Result<Region, RuntimeError> {
         let region = &mut self;
         let len = region.len;
         let system = step_failed(o.node, len);
@@ -59,7 +59,7 @@ impl Region {
             ));
         }
         if off + counts.missing > 0 && o.off_node == OffNode::Strict {
-            return Err(ArenaError::OffNode {
+            return Err(RuntimeError::OffNode {
                 node: o.node,
                 size: len as u64,
                 pages: counts.pages,

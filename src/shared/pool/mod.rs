@@ -201,7 +201,7 @@ impl SlotPool {
     ///
     /// [`SharedError::Pool`] for a second call, a call from a worker, or a
     /// size out of range; the placement's and the arena's errors
-    /// (budget, memlock, placement) as [`SharedError::Arena`];
+    /// (budget, memlock, placement) as [`SharedError::Runtime`];
     /// [`SharedError::System`] when the memfd cannot grow.
     pub fn provision(
         &self,

@@ -38,12 +38,12 @@ pub(crate) const HWLOC_REPLACING_VARS: [&str; 4] = [
 fn check_env_overrides() -> Result<()> {
     for var in HWLOC_REPLACING_VARS {
         if let Some(v) = std::env::var_os(var) {
-            return Err(Error::Env {
-                variable: var.into(),
-                value: v.to_string_lossy().into_owned(),
-                problem: "hwloc would describe what this variable names instead of this machine".into(),
-                fix: format!("unset {var} to describe this machine; to read a saved machine, give its file with --input"),
-            });
+            return Err(Error::env(
+                var,
+                v.to_string_lossy(),
+                "hwloc would describe what this variable names instead of this machine",
+                format!("unset {var} to describe this machine; to read a saved machine, give its file with --input"),
+            ));
         }
     }
     Ok(())
