@@ -10,20 +10,9 @@ use crate::report::{BoxError, ErrorKind, SystemError};
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum StagedError {
-    /// An option that cannot be used ([`StagedOptions`](super::StagedOptions)).
-    #[error("staged copy option {setting} = {value}: {problem}")]
-    Config {
-        /// The option.
-        setting: &'static str,
-        /// Its value.
-        value: String,
-        /// What is wrong.
-        problem: String,
-        /// What to do.
-        fix: String,
-    },
-    /// A copy that cannot be done: a pointer that is not device memory of
-    /// that GPU, a range past its end.
+    /// A copy that cannot be done: options out of range
+    /// ([`StagedOptions`](super::StagedOptions)), a pointer that is not
+    /// device memory of that GPU, a range past its end.
     #[error("{problem}")]
     Request {
         /// What is wrong.
@@ -47,7 +36,7 @@ impl StagedError {
     /// What kind of failure this is.
     pub fn kind(&self) -> ErrorKind {
         match self {
-            StagedError::Config { .. } | StagedError::Request { .. } => ErrorKind::Input,
+            StagedError::Request { .. } => ErrorKind::Input,
             StagedError::Setup(_) => ErrorKind::System,
             StagedError::Runtime(e) => e.kind(),
             StagedError::Affinity(e) => e.kind(),
@@ -57,9 +46,9 @@ impl StagedError {
     /// What to do about it.
     pub fn fix(&self) -> Option<String> {
         match self {
-            StagedError::Config { fix, .. }
-            | StagedError::Request { fix, .. }
-            | StagedError::Setup(SystemError { fix, .. }) => Some(fix.clone()),
+            StagedError::Request { fix, .. } | StagedError::Setup(SystemError { fix, .. }) => {
+                Some(fix.clone())
+            }
             StagedError::Runtime(e) => e.fix(),
             StagedError::Affinity(e) => e.fix(),
         }

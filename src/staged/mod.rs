@@ -289,10 +289,11 @@ fn prepare(
     dir: Direction,
 ) -> Result<Option<Plan>> {
     if opts.chunk_bytes == 0 || opts.slots_per_thread == 0 {
-        return Err(Error::Config {
-            setting: "chunk_bytes/slots_per_thread",
-            value: format!("{}/{}", opts.chunk_bytes, opts.slots_per_thread),
-            problem: "both must be at least 1".into(),
+        return Err(Error::Request {
+            problem: format!(
+                "staged copy option chunk_bytes/slots_per_thread = {}/{}: both must be at least 1",
+                opts.chunk_bytes, opts.slots_per_thread
+            ),
             fix: "use StagedOptions::default() (4 MiB chunks, 2 slots per thread)".into(),
         });
     }
