@@ -14,10 +14,10 @@ use super::huge::PageKind;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum OffNode {
-    /// An error: the region is torn down ([`RuntimeError::OffNode`]).
+    /// An error: the region is torn down ([`RuntimeError::OffNode`](super::RuntimeError::OffNode)).
     #[default]
     Strict,
-    /// Counted in [`NodeStats::pages_off_node`], the region kept.
+    /// Counted in [`NodeStats::pages_off_node`](super::NodeStats::pages_off_node), the region kept.
     Warn,
 }
 

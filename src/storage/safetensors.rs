@@ -340,7 +340,7 @@ impl Checkpoint {
     /// device `gpu`, each at a multiple of [`DEVICE_ALIGN`] bytes.
     ///
     /// # Errors
-    /// As [`read_ranges_to_device`](super::read_ranges_to_device), and
+    /// As [`read_ranges_to_device`], and
     /// [`StorageError::Cuda`] when the GPU's memory is short. Nothing stays
     /// allocated after an error.
     pub fn load_to_device(
@@ -383,7 +383,7 @@ impl Checkpoint {
     /// buffer per tensor, read straight into place by threads on that node.
     ///
     /// # Errors
-    /// As [`read_ranges_to_host`](super::read_ranges_to_host), and
+    /// As [`read_ranges_to_host`], and
     /// [`StorageError::Runtime`] when the node's budget is short. Nothing
     /// stays allocated after an error.
     pub fn load_to_host(

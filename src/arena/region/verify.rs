@@ -84,7 +84,8 @@ impl Region {
     /// Where each 4 KiB page is, from `move_pages` with a null node list
     /// (one status per page; per hugetlb page for hugetlb pages, counted
     /// as the 4 KiB pages it holds), on one thread, or on
-    /// [`VERIFY_THREADS`] for a region of [`VERIFY_SPLIT_BYTES`] or more.
+    /// [`VERIFY_THREADS`](super::VERIFY_THREADS) for a region of
+    /// [`VERIFY_SPLIT_BYTES`](super::VERIFY_SPLIT_BYTES) or more.
     pub fn count_pages_move_pages(&self) -> std::io::Result<PageCounts> {
         self.count_pages_move_pages_on(verify_threads(self.len).min(self.threads))
     }
