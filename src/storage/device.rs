@@ -6,9 +6,8 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use crate::gpu::{CUdeviceptr, CUstream, CudaError, CudaOrdinal};
-use crate::loader::Target;
 use crate::platform::cuda::{self, DeviceBuffer, Event, Stream};
-use crate::runtime::{AllocOptions, Runtime};
+use crate::runtime::{AllocOptions, Runtime, Target};
 
 use super::plan::{self, Plan, Req};
 use super::{io, DeviceRange, ReadOptions, ReadReport, Result, Source, StorageError};

@@ -5,8 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
-use crate::loader::Target;
-use crate::runtime::Runtime;
+use crate::runtime::{Runtime, Target};
 
 use super::plan::host_pieces;
 use super::{io, HostRange, ReadOptions, ReadReport, Result, Source};

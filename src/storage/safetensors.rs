@@ -33,8 +33,7 @@ use std::path::{Component, Path, PathBuf};
 use ::safetensors::tensor::Metadata;
 
 use crate::gpu::{CUdeviceptr, CudaOrdinal};
-use crate::loader::Target;
-use crate::runtime::{PinnedBuf, Runtime};
+use crate::runtime::{PinnedBuf, Runtime, Target};
 
 use super::{
     read_ranges_to_device, read_ranges_to_host, DeviceMemory, DeviceRange, HostRange, ReadOptions,
