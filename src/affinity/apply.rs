@@ -89,6 +89,12 @@ fn affinity_error(who: &str, cpus: &CpuList, source: std::io::Error) -> Error {
 
 /// Restricts the calling thread to `cpus` (`sched_setaffinity(0)`); threads
 /// it starts afterwards inherit the set.
+///
+/// # Errors
+///
+/// [`AffinityError::System`](Error::System) when `sched_setaffinity` refuses
+/// `cpus` (none of them allowed by the cpuset, or beyond the machine's CPUs);
+/// its kind is `Permission` for `EPERM`.
 pub fn bind_current_thread(cpus: &CpuList) -> Result<()> {
     crate::platform::sys::sched_setaffinity(0, cpus)
         .map_err(|e| affinity_error("this thread", cpus, e))
@@ -105,6 +111,12 @@ pub fn bind_current_thread(cpus: &CpuList) -> Result<()> {
 /// default seccomp profile without CAP_SYS_NICE) the CPUs stay bound and
 /// the result is [`Binding::CpusOnly`], saying so; treat that as an error
 /// where memory placement is required. Other failures are errors.
+///
+/// # Errors
+///
+/// As [`bind_current_process_cpus`]; [`AffinityError::System`](Error::System)
+/// when `set_mempolicy` fails for another reason than a refusal (a node the
+/// cpuset does not allow: `EINVAL`).
 pub fn bind_current_process(plan: &RankPlan, policy: MemPolicy) -> Result<Binding> {
     bind_current_process_cpus(plan)?;
     match set_mempolicy(policy, &plan.mems) {
@@ -124,6 +136,12 @@ pub fn bind_current_process(plan: &RankPlan, policy: MemPolicy) -> Result<Bindin
 /// the calling thread's moves to the plan's CPUs; the memory policy is left
 /// as it is (memory then comes from the node of the CPU that first touches
 /// it, which the binding makes the plan's node).
+///
+/// # Errors
+///
+/// [`AffinityError::System`](Error::System) when the calling thread's CPU set
+/// cannot be read (`sched_getaffinity`) or set to the plan's CPUs
+/// (`sched_setaffinity`).
 pub fn bind_current_process_cpus(plan: &RankPlan) -> Result<()> {
     let before = crate::platform::sys::sched_getaffinity_self().map_err(|source| {
         Error::system(
@@ -167,6 +185,12 @@ fn thread_affinity(tid: i32) -> Option<CpuList> {
 /// An empty node list leaves the policy as it is. `Preferred` over several
 /// nodes uses `MPOL_PREFERRED_MANY`, and on kernels before 5.15 (which lack
 /// it) prefers the first node.
+///
+/// # Errors
+///
+/// [`AffinityError::System`](Error::System) when `set_mempolicy` fails:
+/// `EINVAL` for nodes the machine or the cpuset does not have, `EPERM`/`ENOSYS`
+/// where a seccomp profile refuses it (kind `Permission`).
 pub fn set_mempolicy(policy: MemPolicy, nodes: &[u32]) -> Result<()> {
     use crate::platform::numa::{self, Policy};
     if nodes.is_empty() {
@@ -199,6 +223,11 @@ pub fn set_mempolicy(policy: MemPolicy, nodes: &[u32]) -> Result<()> {
 
 /// The calling thread's memory policy mode and nodes (`get_mempolicy(2)`),
 /// as `(mode, nodes)`; mode 0 is `MPOL_DEFAULT`, 1 preferred, 2 bind.
+///
+/// # Errors
+///
+/// The system's error from `get_mempolicy` (`EPERM` or `ENOSYS` where a seccomp
+/// profile refuses it).
 pub fn get_mempolicy() -> std::io::Result<(i32, Vec<u32>)> {
     crate::platform::numa::get_mempolicy()
 }
@@ -206,6 +235,12 @@ pub fn get_mempolicy() -> std::io::Result<(i32, Vec<u32>)> {
 /// Finds `program` the way `execvp` will: a name with a `/` is a path,
 /// otherwise each `PATH` entry is tried (glibc's default `/bin:/usr/bin`
 /// when `PATH` is unset). The error names the command and what is wrong.
+///
+/// # Errors
+///
+/// [`AffinityError::Request`](Error::Request) for an empty command, a path that
+/// does not exist, is not a file or is not executable, or a name no `PATH`
+/// entry holds.
 pub fn find_program(program: &OsStr) -> Result<PathBuf> {
     let shown = program.to_string_lossy();
     if program.is_empty() {

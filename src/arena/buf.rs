@@ -168,6 +168,10 @@ impl PinnedBuf {
     /// the stream's context, that context must be current on this thread,
     /// and the buffer must not be written until the copy has completed
     /// ([`wait_copies`](Self::wait_copies) or a stream synchronisation).
+    ///
+    /// # Errors
+    ///
+    /// [`RuntimeError::Copy`] when the copy or its event cannot be queued.
     pub unsafe fn copy_to_device_async(
         &self,
         dst: CUdeviceptr,
@@ -183,6 +187,11 @@ impl PinnedBuf {
     ///
     /// # Safety
     /// As for `copy_to_device_async`, with `len` bytes at `dst`.
+    ///
+    /// # Errors
+    ///
+    /// [`RuntimeError::BadRequest`] for `len` past the buffer,
+    /// [`RuntimeError::Copy`] when the copy or its event cannot be queued.
     pub unsafe fn copy_to_device_range_async(
         &self,
         dst: CUdeviceptr,
@@ -208,6 +217,10 @@ impl PinnedBuf {
     /// context, that context must be current on this thread, and the
     /// buffer must be neither read nor written until the copy has
     /// completed.
+    ///
+    /// # Errors
+    ///
+    /// [`RuntimeError::Copy`] when the copy or its event cannot be queued.
     pub unsafe fn copy_from_device_async(
         &mut self,
         src: CUdeviceptr,
@@ -231,6 +244,11 @@ impl PinnedBuf {
     }
 
     /// Blocks until every copy issued through this buffer has completed.
+    ///
+    /// # Errors
+    ///
+    /// [`RuntimeError::Copy`] when waiting on a copy's event fails (a sticky
+    /// error of the context).
     pub fn wait_copies(&self) -> Result<(), RuntimeError> {
         let mut events = lock(&self.events);
         for e in events.iter() {

@@ -60,6 +60,11 @@ fn per_op_ns(d: Duration) -> f64 {
 
 /// Nanoseconds per `alloc(Target::HostNode(node), bytes)` + drop, once the node has
 /// a region: `reps` samples of 64 pairs each.
+///
+/// # Errors
+///
+/// [`Error::Runtime`](crate::Error::Runtime) when the arena cannot lend the
+/// buffers (an unknown node, the budget, the memlock limit).
 pub fn alloc_free_ns(rt: &Runtime, node: u32, bytes: usize, reps: usize) -> crate::Result<Stats> {
     drop(rt.alloc(Target::HostNode(node), bytes)?);
     Ok(Stats::of(alloc_free_samples(rt, node, bytes, reps)?))
@@ -91,6 +96,10 @@ const ROUND: u32 = 1024;
 /// round in which the threads, started together, each do a fixed number of pairs;
 /// the sample is the slowest thread's time per pair (per-pair latency per
 /// thread, waits for the lock and for a CPU included).
+///
+/// # Errors
+///
+/// As [`alloc_free_ns`].
 pub fn alloc_free_ns_threads(
     rt: &Runtime,
     node: u32,
@@ -174,6 +183,14 @@ pub fn malloc_free_ns(bytes: usize, reps: usize) -> Stats {
 /// runtime's pages ([`crate::runtime::HugePages`]); with how the last
 /// region was placed, pinned and verified, and its pages (first touch and
 /// numa_maps where a seccomp profile refuses mbind and move_pages).
+///
+/// # Errors
+///
+/// [`Error::Runtime`](crate::Error::Runtime) for a node without an arena, and
+/// the region's errors
+/// ([`RuntimeError::System`] naming the
+/// step, [`RuntimeError::Memlock`],
+/// ...).
 pub fn region_create_ms_per_gib(
     rt: &Runtime,
     node: u32,
@@ -219,6 +236,12 @@ pub fn region_create_ms_per_gib(
 
 /// Baseline: milliseconds per GiB for a plain `mmap` + `mlock` (the
 /// kernel populating serially, no binding, no check) of `bytes`.
+///
+/// # Errors
+///
+/// [`Error::Runtime`](crate::Error::Runtime)
+/// ([`RuntimeError::System`]) when `mmap`
+/// or `mlock` fails.
 pub fn mmap_mlock_ms_per_gib(bytes: usize, reps: usize) -> crate::Result<Stats> {
     let mut samples = Vec::with_capacity(reps);
     for _ in 0..reps {

@@ -63,6 +63,13 @@ fn host_mem(rt: &Runtime, src: Source, bytes: usize) -> Result<HostMem> {
 }
 
 /// Host-to-device and device-to-host GB/s of `bytes` from/to `src`.
+///
+/// # Errors
+///
+/// [`Error::Loader`] ([`LoaderError::Setup`]) naming the driver call that
+/// failed (no driver, no such GPU, out of memory), and
+/// [`Error::Runtime`] when the arena buffer cannot be
+/// had.
 pub fn copy_gbps_from(
     rt: &Runtime,
     gpu: CudaOrdinal,
@@ -114,6 +121,10 @@ pub fn copy_gbps_from(
 
 /// Aggregate host-to-device GB/s with every GPU copying at once from an
 /// arena buffer on its own node (one thread per GPU).
+///
+/// # Errors
+///
+/// As [`copy_gbps_from`], for any of the GPUs.
 pub fn all_gpus_gbps(
     rt: &Runtime,
     ordinals: &[CudaOrdinal],
@@ -188,6 +199,11 @@ pub fn all_gpus_gbps(
 
 /// `cuMemAllocHost` + first touch + `cuMemFreeHost` per GiB, the driver's
 /// own way to get pinned memory (the baseline for region creation).
+///
+/// # Errors
+///
+/// [`Error::Loader`] ([`LoaderError::Setup`]) naming the driver call that
+/// failed.
 pub fn host_alloc_ms_per_gib(bytes: usize, reps: usize) -> Result<Stats> {
     ensure_context().map_err(|e| cuda_err("CUDA context", e))?;
     let mut samples = Vec::new();

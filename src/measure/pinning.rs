@@ -65,6 +65,13 @@ fn options(
 
 /// Creates and drops `reps` regions of `bytes` on `node` with `backend`
 /// (the runtime's other settings), timing every step and the release.
+///
+/// # Errors
+///
+/// [`Error::Runtime`](crate::Error::Runtime): a node without an arena, and the
+/// region's errors ([`RuntimeError::System`] naming the step,
+/// [`RuntimeError::Memlock`], [`RuntimeError::Backend`] for a driver backend,
+/// ...).
 pub fn region_create(
     rt: &Runtime,
     node: u32,
@@ -119,6 +126,10 @@ pub fn region_create(
 /// (`None` when it is refused, as under Docker's default seccomp
 /// profile), and the region's `numa_maps` counts (whose cost also grows
 /// with the memory of every mapping below the region).
+///
+/// # Errors
+///
+/// As [`region_create`].
 pub fn verify_costs(
     rt: &Runtime,
     node: u32,
@@ -204,6 +215,10 @@ fn in_turn<S: Copy>(
 /// Region creation (the arena's settings) with the `move_pages` check on
 /// each of `threads` threads, in turn in each repetition: ms per GiB of the
 /// whole creation and of the check (which runs beside the registration).
+///
+/// # Errors
+///
+/// As [`region_create`].
 pub fn region_create_verify_threads(
     rt: &Runtime,
     node: u32,
@@ -240,6 +255,11 @@ pub fn region_create_verify_threads(
 /// `node` in `parts` equal parts, each registered by its own thread at
 /// once, ms per GiB for the whole (unregistering is not timed). One part
 /// is a single call on the whole region.
+///
+/// # Errors
+///
+/// As [`region_create`]; [`RuntimeError::Register`] when `cuMemHostRegister`
+/// fails.
 pub fn register_parts(
     rt: &Runtime,
     node: u32,
@@ -316,6 +336,10 @@ pub fn register_parts(
 /// Region creation with registration in parts of each of `part_bytes` (0:
 /// one registration after populating), ms per GiB, the settings in turn in
 /// each repetition.
+///
+/// # Errors
+///
+/// As [`region_create`].
 pub fn region_create_parts(
     rt: &Runtime,
     node: u32,
@@ -357,6 +381,12 @@ pub struct SpanCopy {
 /// Copies from a region registered in parts of `part` bytes: a range inside
 /// the first part against one straddling the first two (synchronous
 /// `cuMemcpyHtoD` of `part` bytes to GPU `gpu`).
+///
+/// # Errors
+///
+/// As [`region_create`]; [`Error::Loader`](crate::Error::Loader) naming the
+/// driver call that failed (a copy across two registrations is not an error: it
+/// is the figure's `across`).
 pub fn span_copy(
     rt: &Runtime,
     node: u32,

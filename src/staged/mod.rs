@@ -111,12 +111,26 @@ enum Direction {
 /// `dst..dst + src.len()` must lie inside one device allocation of that GPU
 /// (checked with `cuPointerGetAttribute`; an error otherwise). The calling
 /// thread's CUDA context is left as it was.
+///
+/// # Errors
+///
+/// [`StagedError::Runtime`] for a GPU the topology does not have
+/// ([`RuntimeError::UnknownGpu`](crate::runtime::RuntimeError::UnknownGpu)) or
+/// staging slots over the node's budget; [`StagedError::Request`] for a `dst`
+/// that is not device memory of `gpu` or too short; [`StagedError::Setup`] when
+/// the driver fails (no driver, a stream, a copy) or a copy thread cannot
+/// start; [`StagedError::Affinity`] when a copy thread cannot be bound to the
+/// GPU's CPUs.
 pub fn copy_to_device(rt: &Runtime, src: &[u8], dst: CUdeviceptr, gpu: CudaOrdinal) -> Result<()> {
     copy_to_device_with(rt, src, dst, gpu, &StagedOptions::default())
 }
 
 /// Copies device memory at `src` on CUDA device `gpu` into `dst`, staged
 /// like [`copy_to_device`].
+///
+/// # Errors
+///
+/// As [`copy_to_device`], for the source `src`.
 pub fn copy_from_device(
     rt: &Runtime,
     src: CUdeviceptr,
@@ -127,6 +141,11 @@ pub fn copy_from_device(
 }
 
 /// [`copy_to_device`] with options.
+///
+/// # Errors
+///
+/// As [`copy_to_device`]; [`StagedError::Request`] also for options out of
+/// range (`chunk_bytes` or `slots_per_thread` of 0).
 pub fn copy_to_device_with(
     rt: &Runtime,
     src: &[u8],
@@ -148,6 +167,11 @@ pub fn copy_to_device_with(
 /// # Safety
 /// `stream` must be a live stream of `gpu`'s primary context (or null, the
 /// legacy default stream) for the whole call.
+///
+/// # Errors
+///
+/// As [`copy_to_device_with`]; [`StagedError::Setup`] when the event on
+/// `stream` cannot be recorded.
 pub unsafe fn copy_to_device_on(
     rt: &Runtime,
     src: &[u8],
@@ -166,6 +190,10 @@ pub unsafe fn copy_to_device_on(
 ///
 /// # Safety
 /// As for [`copy_to_device_on`].
+///
+/// # Errors
+///
+/// As [`copy_to_device_on`].
 pub unsafe fn copy_from_device_on(
     rt: &Runtime,
     src: CUdeviceptr,
@@ -207,6 +235,10 @@ unsafe fn copy_to_device_after(
 }
 
 /// [`copy_from_device`] with options.
+///
+/// # Errors
+///
+/// As [`copy_to_device_with`].
 pub fn copy_from_device_with(
     rt: &Runtime,
     src: CUdeviceptr,
@@ -346,6 +378,10 @@ fn sizing(cpus: usize, len: usize, opts: &StagedOptions) -> (usize, usize, usize
 /// what [`SlotWrites::Auto`] comes to on this machine (the slots' total
 /// size against the last-level caches of the GPU's CPUs), or the explicit
 /// choice.
+///
+/// # Errors
+///
+/// [`StagedError::Runtime`] for a GPU the topology does not have.
 pub fn slot_writes_for(
     rt: &Runtime,
     gpu: CudaOrdinal,

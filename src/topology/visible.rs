@@ -31,6 +31,11 @@ pub enum DeviceOrder {
 
 impl DeviceOrder {
     /// Reads `CUDA_DEVICE_ORDER` (unset = `FASTEST_FIRST`).
+    ///
+    /// # Errors
+    ///
+    /// [`TopologyError::Env`](Error::Env) for a value other than
+    /// `FASTEST_FIRST` or `PCI_BUS_ID`.
     pub fn from_env(value: Option<&str>) -> Result<Self, Error> {
         match value.map(str::trim) {
             None | Some("") | Some("FASTEST_FIRST") => Ok(Self::FastestFirst),
@@ -113,6 +118,11 @@ fn is_uuid_text(s: &str) -> bool {
 
 impl VisibleDevices {
     /// Parses the variable's value.
+    ///
+    /// # Errors
+    ///
+    /// [`TopologyError::Env`](Error::Env) naming `CUDA_VISIBLE_DEVICES` for an
+    /// entry that is not an index, `GPU-`/`MIG-` UUID or prefix.
     pub fn parse(value: &str) -> Result<Self, Error> {
         let mut tokens = Vec::new();
         let trimmed = value.trim();
@@ -200,6 +210,11 @@ impl VisibleDevices {
     /// Maps each entry to a GPU. `order` lists [`super::Gpu::index`] values in
     /// CUDA's enumeration order; `uuids` gives each GPU's UUID (by GPU index,
     /// `GPU-...` form) when known. Returns the entries and notes for warnings.
+    ///
+    /// # Errors
+    ///
+    /// [`TopologyError::Env`](Error::Env) naming `CUDA_VISIBLE_DEVICES` for an
+    /// entry that names no GPU of the machine, or one matching several.
     pub fn resolve(
         &self,
         order: &[u32],

@@ -41,6 +41,12 @@ pub(crate) unsafe fn host_unregister(ptr: *mut c_void) -> CudaResult<()> {
 }
 
 /// The flags the driver holds for a pinned host pointer (`cuMemHostGetFlags`).
+///
+/// # Errors
+///
+/// [`CudaError::NoDriver`] without a usable driver (or with `NUMAPIN_NO_CUDA`
+/// set), [`CudaError::Call`] naming the driver call that failed, with its
+/// `CUresult`. Memory the driver did not pin is `CUDA_ERROR_INVALID_VALUE`.
 pub fn host_get_flags(ptr: *const c_void) -> CudaResult<u32> {
     driver_version()?;
     ensure_context()?;
@@ -59,6 +65,12 @@ pub const HOST_REGISTER_DEVICEMAP: u32 = sys::CU_MEMHOSTREGISTER_DEVICEMAP;
 /// The device pointer of registered or `cuMemAllocHost` memory
 /// (`cuMemHostGetDevicePointer`; equal to the host pointer with unified
 /// addressing).
+///
+/// # Errors
+///
+/// [`CudaError::NoDriver`] without a usable driver (or with `NUMAPIN_NO_CUDA`
+/// set), [`CudaError::Call`] naming the driver call that failed, with its
+/// `CUresult`. Memory the driver did not pin is `CUDA_ERROR_INVALID_VALUE`.
 pub fn host_device_pointer(ptr: *const c_void) -> CudaResult<CUdeviceptr> {
     driver_version()?;
     ensure_context()?;
@@ -87,6 +99,13 @@ unsafe impl Sync for DeviceBuffer {}
 
 impl DeviceBuffer {
     /// Allocates `len` bytes on the current context's device.
+    ///
+    /// # Errors
+    ///
+    /// [`CudaError::NoDriver`] without a usable driver (or with
+    /// `NUMAPIN_NO_CUDA` set), [`CudaError::Call`] naming the driver call that
+    /// failed, with its `CUresult`. `CUDA_ERROR_OUT_OF_MEMORY` when the device
+    /// is full.
     pub fn new(len: usize) -> CudaResult<DeviceBuffer> {
         driver_version()?;
         ensure_context()?;
@@ -249,6 +268,12 @@ pub fn failed_frees() -> FailedFrees {
 /// device memory of the stream's context, until the copy completes (record
 /// an [`Event`](super::stream::Event) after it and wait for it). For the copy to be asynchronous
 /// the host range must be pinned (registered or `cuMemAllocHost`).
+///
+/// # Errors
+///
+/// [`CudaError::NoDriver`] without a usable driver (or with `NUMAPIN_NO_CUDA`
+/// set), [`CudaError::Call`] naming the driver call that failed, with its
+/// `CUresult`.
 pub unsafe fn memcpy_htod_async(
     dst: CUdeviceptr,
     src: *const c_void,
@@ -268,6 +293,12 @@ pub unsafe fn memcpy_htod_async(
 /// `dst..dst+len` must stay mapped and be neither read nor written by the
 /// host, and `src..src+len` be device memory of the stream's context, until
 /// the copy completes.
+///
+/// # Errors
+///
+/// [`CudaError::NoDriver`] without a usable driver (or with `NUMAPIN_NO_CUDA`
+/// set), [`CudaError::Call`] naming the driver call that failed, with its
+/// `CUresult`.
 pub unsafe fn memcpy_dtoh_async(
     dst: *mut c_void,
     src: CUdeviceptr,
@@ -287,6 +318,12 @@ pub unsafe fn memcpy_dtoh_async(
 /// # Safety
 /// `src..src+len` must be readable host memory and `dst..dst+len` device
 /// memory of the current context.
+///
+/// # Errors
+///
+/// [`CudaError::NoDriver`] without a usable driver (or with `NUMAPIN_NO_CUDA`
+/// set), [`CudaError::Call`] naming the driver call that failed, with its
+/// `CUresult`.
 pub unsafe fn memcpy_htod(dst: CUdeviceptr, src: *const c_void, len: usize) -> CudaResult<()> {
     driver_version()?;
     // SAFETY: per the caller's guarantee.
@@ -301,6 +338,12 @@ pub unsafe fn memcpy_htod(dst: CUdeviceptr, src: *const c_void, len: usize) -> C
 /// `dst..dst+len` must be writable host memory not otherwise accessed
 /// during the call, and `src..src+len` device memory of the current
 /// context.
+///
+/// # Errors
+///
+/// [`CudaError::NoDriver`] without a usable driver (or with `NUMAPIN_NO_CUDA`
+/// set), [`CudaError::Call`] naming the driver call that failed, with its
+/// `CUresult`.
 pub unsafe fn memcpy_dtoh(dst: *mut c_void, src: CUdeviceptr, len: usize) -> CudaResult<()> {
     driver_version()?;
     // SAFETY: per the caller's guarantee.
@@ -311,6 +354,12 @@ pub unsafe fn memcpy_dtoh(dst: *mut c_void, src: CUdeviceptr, len: usize) -> Cud
 
 impl DeviceBuffer {
     /// Sets every byte to `value` (`cuMemsetD8`, synchronous).
+    ///
+    /// # Errors
+    ///
+    /// [`CudaError::NoDriver`] without a usable driver (or with
+    /// `NUMAPIN_NO_CUDA` set), [`CudaError::Call`] naming the driver call that
+    /// failed, with its `CUresult`.
     pub fn memset(&self, value: u8) -> CudaResult<()> {
         let _g = ContextGuard::push_context(self.ctx)?;
         // SAFETY: the range is this allocation.
@@ -320,6 +369,13 @@ impl DeviceBuffer {
     }
 
     /// Copies the first `dst.len()` bytes back to the host (synchronous).
+    ///
+    /// # Errors
+    ///
+    /// [`CudaError::NoDriver`] without a usable driver (or with
+    /// `NUMAPIN_NO_CUDA` set), [`CudaError::Call`] naming the driver call that
+    /// failed, with its `CUresult`. `dst` longer than the buffer is
+    /// `CUDA_ERROR_INVALID_VALUE`.
     pub fn read(&self, dst: &mut [u8]) -> CudaResult<()> {
         assert!(dst.len() <= self.len, "read past the device buffer");
         let _g = ContextGuard::push_context(self.ctx)?;
@@ -329,6 +385,13 @@ impl DeviceBuffer {
     }
 
     /// Copies `src` to the start of the buffer (synchronous).
+    ///
+    /// # Errors
+    ///
+    /// [`CudaError::NoDriver`] without a usable driver (or with
+    /// `NUMAPIN_NO_CUDA` set), [`CudaError::Call`] naming the driver call that
+    /// failed, with its `CUresult`. `src` longer than the buffer is
+    /// `CUDA_ERROR_INVALID_VALUE`.
     pub fn write(&self, src: &[u8]) -> CudaResult<()> {
         assert!(src.len() <= self.len, "write past the device buffer");
         let _g = ContextGuard::push_context(self.ctx)?;

@@ -150,6 +150,11 @@ static DRIVER: OnceLock<Result<u32, NoDriver>> = OnceLock::new();
 
 /// Loads and initialises the driver once; returns its version (`12080` for
 /// 12.8) or why it is unavailable.
+///
+/// # Errors
+///
+/// [`CudaError::NoDriver`] when the driver cannot be loaded or initialised (or
+/// `NUMAPIN_NO_CUDA` is set).
 pub fn driver_version() -> CudaResult<u32> {
     DRIVER
         .get_or_init(|| {
@@ -264,6 +269,12 @@ pub(crate) fn enumerate() -> Enumeration {
 }
 
 /// How many devices this process sees (`cuDeviceGetCount`).
+///
+/// # Errors
+///
+/// [`CudaError::NoDriver`] without a usable driver (or with `NUMAPIN_NO_CUDA`
+/// set), [`CudaError::Call`] naming the driver call that failed, with its
+/// `CUresult`.
 pub fn device_count() -> CudaResult<u32> {
     driver_version()?;
     let mut count = 0;

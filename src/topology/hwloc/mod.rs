@@ -164,6 +164,13 @@ fn with_fsroot_env<T>(root: &Path, f: impl FnOnce() -> T) -> T {
 
 /// This machine's hwloc XML (with I/O objects), as `lstopo --of xml`
 /// writes it.
+///
+/// # Errors
+///
+/// [`TopologyError::Env`](Error::Env) for a `HWLOC_*` variable that would
+/// describe something else than this machine;
+/// [`TopologyError::System`](Error::System) when hwloc cannot discover or
+/// export it.
 pub fn export_live_xml() -> Result<Vec<u8>> {
     check_env_overrides()?;
     // Held until the topology is gone (see discover_live).
