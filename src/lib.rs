@@ -82,6 +82,6 @@ pub mod internals;
 pub use cpulist::CpuList;
 pub use error::{Error, ErrorKind, Result};
 pub use gpu::{CudaOrdinal, GpuIndex};
-pub use loader::{Batch, Loader, LoaderConfig, LoaderError, Target};
-pub use runtime::{AllocOptions, PinnedBuf, Runtime, RuntimeConfig};
+pub use loader::{Batch, Loader, LoaderConfig, LoaderError};
+pub use runtime::{AllocOptions, PinnedBuf, Runtime, RuntimeConfig, Target};
 pub use topology::Topology;
