@@ -201,7 +201,7 @@ class Ranks:
     """N child processes of this script (`--child`), each one rank of a
     torch.distributed group, steered over their stdin and stdout."""
 
-    def __init__(self, n: int, index: str, cpu: bool) -> None:
+    def __init__(self, n: int, index: str, cpu: bool, libs: str | None = None) -> None:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
@@ -209,6 +209,8 @@ class Ranks:
         for r in range(n):
             env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(n), LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(n),
                        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+            if libs:
+                env["LD_LIBRARY_PATH"] = os.pathsep.join(x for x in (libs, env.get("LD_LIBRARY_PATH")) if x)
             cmd = [sys.executable, os.path.abspath(__file__), "--child", "--index", index] + (["--cpu"] if cpu else [])
             self.procs.append(subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                                text=True, bufsize=1))
@@ -452,6 +454,35 @@ def load_fastsafetensors_replica(index, files, share, dev, dist, stats):
 
 # ---------------------------------------------------------------- the parent
 
+def cudart_for_fastsafetensors(dirname: str) -> tuple[str | None, str | None]:
+    """fastsafetensors dlopens "libcudart.so", which torch's pip wheels do
+    not ship (they have libcudart.so.13): a folder with that name linked to
+    torch's, for the ranks' LD_LIBRARY_PATH, when it is not found as it is."""
+    import ctypes
+    import glob
+    import importlib.util
+
+    try:
+        ctypes.CDLL("libcudart.so")
+        return None, None
+    except OSError:
+        pass
+    roots = []
+    for mod in ("nvidia", "torch"):
+        spec = importlib.util.find_spec(mod)
+        roots += list(spec.submodule_search_locations or []) if spec else []
+    found = sorted(p for r in roots for p in glob.glob(os.path.join(r, "**", "libcudart.so.*"), recursive=True))
+    if not found:
+        return None, "fastsafetensors wants libcudart.so, found nowhere: its loaders may fail"
+    d = os.path.join(dirname, "cudart")
+    os.makedirs(d, exist_ok=True)
+    link = os.path.join(d, "libcudart.so")
+    if os.path.lexists(link):
+        os.remove(link)
+    os.symlink(found[-1], link)
+    return d, f"fastsafetensors: libcudart.so is {found[-1]} (linked in {d}, on the ranks' LD_LIBRARY_PATH)"
+
+
 def importable(loader: str) -> str | None:
     """None, or why `loader` cannot run here."""
     import importlib.util
@@ -483,48 +514,77 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def families(loaders: list[str]) -> list[list[str]]:
+    """The loaders grouped by the processes they run in: numapin and
+    safetensors share one set of ranks, InstantTensor and fastsafetensors
+    each get a fresh one (fastsafetensors binds the process to its GPU's
+    node, which would change what runs after it)."""
+    out: dict[str, list[str]] = {}
+    for x in loaders:
+        lib = x.split("_")[0]
+        out.setdefault(lib if lib in ("instanttensor", "fastsafetensors") else "base", []).append(x)
+    return list(out.values())
+
+
 def run_steps(a: argparse.Namespace, index: str, files: list[str], size: int, loaders: list[str], temps: list[str],
               t_start: float, cpu: bool) -> tuple[list[dict[str, Any]], list[str], list[dict[str, Any]]]:
+    """Every loader x temperature x repetition, a family of loaders at a
+    time; each family gets an equal share of the time left, and a
+    repetition after the first starts only within it."""
     steps: list[dict[str, Any]] = []
     skipped: list[str] = []
     starts: list[dict[str, Any]] = []
-    ranks: Ranks | None = None
-    try:
-        for rep in range(a.reps):
-            for loader in loaders:
-                for temp in temps:
-                    if time.monotonic() - t_start > a.budget_s:
-                        skipped.append(f"{loader} {temp} rep {rep + 1} (past --budget-s {a.budget_s:.0f})")
-                        continue
-                    if ranks is None:
-                        t = time.monotonic()
-                        ranks = Ranks(a.ranks, index, cpu)
-                        ready = ranks.lines(a.step_timeout + 120)  # started: imports, CUDA, NCCL
-                        starts.append({"seconds": time.monotonic() - t,
-                                       "numapin_first_load_s": [x.get("numapin_first_load_s") for x in ready]})
-                        print(f"  ranks started in {starts[-1]['seconds']:.1f} s; numapin's first load (1 MiB, "
-                              f"untimed below): {max(starts[-1]['numapin_first_load_s']):.3f} s at most",
-                              file=sys.stderr)
-                    if temp == "cold":
-                        drop_caches()
-                    else:
-                        for p in files:
-                            warm(p)
-                    ranks.send({"loader": loader})
-                    try:
-                        s = summarize(ranks.lines(a.step_timeout))
-                    except (TimeoutError, RuntimeError) as e:
-                        s = {"error": str(e)}
-                    if "error" in s:  # a failed collective leaves the group unusable: start afresh
-                        ranks.close()
-                        ranks = None
-                    s.update(loader=loader, temp=temp, rep=rep + 1, file_bytes=size)
-                    steps.append(s)
-                    say_step(s)
-    finally:
-        if ranks is not None:
-            ranks.close()
+    fams = families(loaders)
+    for fi, fam in enumerate(fams):
+        fam_start = time.monotonic()
+        share = (a.budget_s - (fam_start - t_start)) / (len(fams) - fi)
+        ranks: Ranks | None = None
+        try:
+            for rep in range(a.reps):
+                for loader in fam:
+                    for temp in temps:
+                        now = time.monotonic()
+                        if now - t_start > a.budget_s or (rep > 0 and now - fam_start > share):
+                            skipped.append(f"{loader} {temp} rep {rep + 1} (past its share of --budget-s "
+                                           f"{a.budget_s:.0f})")
+                            continue
+                        if ranks is None:
+                            ranks = start_ranks(a, index, cpu, starts)
+                        s = one_step(a, ranks, files, loader, temp)
+                        if "error" in s:  # a failed collective leaves the group unusable: start afresh
+                            ranks.close()
+                            ranks = None
+                        s.update(loader=loader, temp=temp, rep=rep + 1, file_bytes=size)
+                        steps.append(s)
+                        say_step(s)
+        finally:
+            if ranks is not None:
+                ranks.close()
     return steps, skipped, starts
+
+
+def start_ranks(a: argparse.Namespace, index: str, cpu: bool, starts: list[dict[str, Any]]) -> Ranks:
+    t = time.monotonic()
+    ranks = Ranks(a.ranks, index, cpu, a.libs)
+    ready = ranks.lines(a.step_timeout + 120)  # started: imports, CUDA, NCCL
+    first = [x.get("numapin_first_load_s") for x in ready]
+    starts.append({"seconds": time.monotonic() - t, "numapin_first_load_s": first})
+    print(f"  ranks started in {starts[-1]['seconds']:.1f} s; numapin's first load (1 MiB, untimed below): "
+          f"{max(first):.3f} s at most", file=sys.stderr)
+    return ranks
+
+
+def one_step(a: argparse.Namespace, ranks: Ranks, files: list[str], loader: str, temp: str) -> dict[str, Any]:
+    if temp == "cold":
+        drop_caches()
+    else:
+        for p in files:
+            warm(p)
+    ranks.send({"loader": loader})
+    try:
+        return summarize(ranks.lines(a.step_timeout))
+    except (TimeoutError, RuntimeError) as e:
+        return {"error": str(e)}
 
 
 def say_step(s: dict[str, Any]) -> None:
@@ -653,6 +713,12 @@ def parent(a: argparse.Namespace) -> int:
         else:
             loaders.append(name)
     index, files = make(a.dir, a.gib, a.files)
+    a.libs = None
+    if any(x.startswith("fastsafetensors") for x in loaders):
+        a.libs, note = cudart_for_fastsafetensors(a.dir)
+        if note:
+            notes.append(note)
+            print(note, file=sys.stderr)
     size = sum(os.path.getsize(p) for p in files)
     print(f"checkpoint: {index}, {len(files)} files, {size / GIB:.2f} GiB; {a.ranks} ranks "
           f"({'gloo, host memory' if cpu else 'NCCL, one GPU each'})", file=sys.stderr)
@@ -687,6 +753,7 @@ def parent(a: argparse.Namespace) -> int:
             json.dump(out, f, indent=1)
     if not a.keep:
         remove(a.dir)
+        shutil.rmtree(os.path.join(a.dir, "cudart"), ignore_errors=True)
         try:
             os.rmdir(a.dir)
         except OSError:
