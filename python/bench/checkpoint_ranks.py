@@ -46,7 +46,11 @@ CPUs, best of 6 (bytes read over time). The drive: checkpoint.py's figure
 dropped before each) over the largest file, at most 2 GiB.
 
 `--budget-s`: no step starts after this many seconds from the start (the
-steps left are listed as skipped), so that the run ends in time.
+steps left are listed as skipped), so that the run ends in time. The
+loaders run a library at a time (numapin and safetensors in one set of
+ranks, InstantTensor and fastsafetensors each in a fresh one), each
+library given a share of the time left by its number of loaders: a
+repetition after the first starts only within that share.
 """
 
 from __future__ import annotations
@@ -529,15 +533,16 @@ def families(loaders: list[str]) -> list[list[str]]:
 def run_steps(a: argparse.Namespace, index: str, files: list[str], size: int, loaders: list[str], temps: list[str],
               t_start: float, cpu: bool) -> tuple[list[dict[str, Any]], list[str], list[dict[str, Any]]]:
     """Every loader x temperature x repetition, a family of loaders at a
-    time; each family gets an equal share of the time left, and a
-    repetition after the first starts only within it."""
+    time; each family gets a share of the time left by its number of
+    loaders, and a repetition after the first starts only within it."""
     steps: list[dict[str, Any]] = []
     skipped: list[str] = []
     starts: list[dict[str, Any]] = []
     fams = families(loaders)
     for fi, fam in enumerate(fams):
         fam_start = time.monotonic()
-        share = (a.budget_s - (fam_start - t_start)) / (len(fams) - fi)
+        left = sum(len(f) for f in fams[fi:])
+        share = (a.budget_s - (fam_start - t_start)) * len(fam) / left
         ranks: Ranks | None = None
         try:
             for rep in range(a.reps):

@@ -3,8 +3,8 @@ ranks (torch.multiprocessing spawn) with a gloo group, each loading pinned
 CPU tensors. Every rank ends with every tensor, bit-identical to
 safetensors' own load, having read only its share; misuse (no process
 group, a group this rank is not in, ranks that opened other files or select
-other names, a group spanning machines, a rank whose read fails) is an
-error on every rank, never a hang."""
+other names, a group spanning machines, two ranks on one GPU, a rank
+whose read fails) is an error on every rank, never a hang."""
 
 from __future__ import annotations
 
@@ -164,6 +164,11 @@ def _misuse(rank: int, world: int, tmp: str) -> dict:
         _replica._machine = lambda: b"elsewhere"[:8]
     res["machines"] = _error(lambda: numapin.load_safetensors(good, device=None, shard="replica"))
     _replica._machine = real
+    # Both ranks say they load to one GPU.
+    real_gpu = _replica._gpu
+    _replica._gpu = lambda device: b"one GPU!"
+    res["same_gpu"] = _error(lambda: numapin.load_safetensors(good, device=None, shard="replica"))
+    _replica._gpu = real_gpu
     # Rank 1's read fails half-way: every rank stops.
     _tiny(True)
     from numapin import _storage
@@ -206,6 +211,7 @@ def test_misuse_is_an_error_on_every_rank_not_a_hang(tmp_path):
             assert r[case]["type"] == "InputError", (case, r[case])
             assert "another checkpoint than rank 0" in r[case]["msg"] and r[case]["fix"]
         assert r["machines"]["type"] == "InputError" and "2 machines" in r["machines"]["msg"]
+        assert r["same_gpu"]["type"] == "InputError" and "ranks 0 and 1" in r["same_gpu"]["msg"]
         assert r["group_no_replica"]["type"] == "InputError" and "group=" in r["group_no_replica"]["msg"]
         assert r["not_a_group"]["type"] == "InputError" and "not a torch.distributed process group" in r["not_a_group"]["msg"]
         assert r["after"] == ["x", "y"]

@@ -442,7 +442,7 @@ def _exchange(dist: Any, group: Any, me: int, world: int, dev: Any, p: Prepared,
                 err = e
         statuses = [r[0] for r in _gather(dist, group, world, bytes([_status(err)]), dev)]
         _raise_failed(me, statuses, err, "read its share of the checkpoint")
-        for r in range(world):
+        for r in range(world if world > 1 else 0):  # a group of one has nothing to pass on
             if k >= len(pieces[r]):
                 continue
             for b in _batches(p, pieces[r][k]):
