@@ -51,6 +51,10 @@ loaders run a library at a time (numapin and safetensors in one set of
 ranks, InstantTensor and fastsafetensors each in a fresh one), each
 library given a share of the time left by its number of loaders: a
 repetition after the first starts only within that share.
+
+NUMAPIN_BENCH_THREADS and NUMAPIN_BENCH_CHUNK_MIB set numapin's reader
+threads (per rank) and read size, as for checkpoint.py (default: the
+library's).
 """
 
 from __future__ import annotations
@@ -368,22 +372,33 @@ def _dev_str(dev: Any) -> str:
     return "cpu" if dev is None else str(dev)
 
 
+def _tune() -> dict[str, int]:
+    """numapin's reader settings from NUMAPIN_BENCH_THREADS and
+    NUMAPIN_BENCH_CHUNK_MIB, as in checkpoint.py (default: the library's)."""
+    tune = {}
+    if os.environ.get("NUMAPIN_BENCH_THREADS"):
+        tune["threads"] = int(os.environ["NUMAPIN_BENCH_THREADS"])
+    if os.environ.get("NUMAPIN_BENCH_CHUNK_MIB"):
+        tune["chunk_bytes"] = int(os.environ["NUMAPIN_BENCH_CHUNK_MIB"]) << 20
+    return tune
+
+
 def load_numapin_local(index, files, share, dev, dist, stats):
     import numapin
 
-    return numapin.load_safetensors(index, device=dev, shard="local", stats=stats)
+    return numapin.load_safetensors(index, device=dev, shard="local", stats=stats, **_tune())
 
 
 def load_numapin_full(index, files, share, dev, dist, stats):
     import numapin
 
-    return numapin.load_safetensors(index, device=dev, stats=stats)
+    return numapin.load_safetensors(index, device=dev, stats=stats, **_tune())
 
 
 def load_numapin_replica(index, files, share, dev, dist, stats):
     import numapin
 
-    return numapin.load_safetensors(index, device=dev, shard="replica", stats=stats)
+    return numapin.load_safetensors(index, device=dev, shard="replica", stats=stats, **_tune())
 
 
 def load_safetensors_local(index, files, share, dev, dist, stats):
