@@ -317,7 +317,10 @@ def child(index: str, force_cpu: bool) -> int:
             torch.cuda.empty_cache()
         say(res)
     dist.destroy_process_group()
-    return 0
+    # Not through the interpreter's exit, where torch's communication
+    # threads can still be dropping tensors and abort the process.
+    sys.stdout.flush()
+    os._exit(0)
 
 
 def step(loader: str, index: str, files: list[str], share: list[str], wmap: dict[str, str], dev: Any,

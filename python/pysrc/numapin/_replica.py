@@ -426,22 +426,23 @@ def _exchange(dist: Any, group: Any, me: int, world: int, dev: Any, p: Prepared,
     pieces: every selected tensor, by name."""
     pieces = [_pieces(p, s) for s in p.shares]
     out: dict[str, Any] = {}
-    for r in range(world):
-        if r != me:
-            for i in p.shares[r]:
-                out[p.infos[i][0]] = p.alloc(i)
-    sender = _Sender(dist, group, dev)
+    sender: _Sender | None = None
     for k in range(max((len(x) for x in pieces), default=0)):
         err: BaseException | None = None
-        if k < len(pieces[me]):
-            try:
+        try:
+            if k == 0:  # the tensors the others read (out of memory here is told, as a failed read)
+                for r in range(world):
+                    out.update({p.infos[i][0]: p.alloc(i) for i in p.shares[r] if r != me})
+            if k < len(pieces[me]):
                 tensors, rep = p.read(pieces[me][k])
                 report.reads.append(rep)
                 out.update({p.infos[i][0]: t for i, t in zip(pieces[me][k], tensors)})
-            except Exception as e:  # told to the other ranks, then raised
-                err = e
+        except Exception as e:  # told to the other ranks, then raised
+            err = e
         statuses = [r[0] for r in _gather(dist, group, world, bytes([_status(err)]), dev)]
         _raise_failed(me, statuses, err, "read its share of the checkpoint")
+        if sender is None:
+            sender = _Sender(dist, group, dev)
         for r in range(world if world > 1 else 0):  # a group of one has nothing to pass on
             if k >= len(pieces[r]):
                 continue
@@ -449,5 +450,6 @@ def _exchange(dist: Any, group: Any, me: int, world: int, dev: Any, p: Prepared,
                 sender.batch(r, [out[p.infos[i][0]] for i in b], owner=r == me)
                 if r != me:
                     report.received += sum(p.infos[i][3] for i in b)
-    sender.finish()
+    if sender is not None:
+        sender.finish()
     return out

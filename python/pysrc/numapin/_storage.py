@@ -240,8 +240,9 @@ def _prepare(path_or_index: Any, device: Any, names: Any, group: Any, gpu: Any, 
 
     dist, group = _replica.dist_group(group)
     world = dist.get_world_size(group)
+    names = _names(names)  # once: an iterator would be spent by the first select
     ck, sel, infos, dev, read, alloc = _open(path_or_index, device, names, None, gpu, node, threads, chunk_bytes, io)
-    shares = [ck.select(_names(names), r, world) for r in range(world)]
+    shares = [ck.select(names, r, world) for r in range(world)]
     import torch
 
     return _replica.Prepared(
