@@ -8,6 +8,8 @@ arena.
     sudo python3 python/bench/checkpoint.py [--dir /tmp/numapin-ckpt]
         [--gib 8] [--reps 3] [--device cuda:0] [--json] [--keep]
         [--temps hot,cold] [--loaders numapin,st_cuda,st_cpu_to,torch_mmap]
+    sudo python3 python/bench/checkpoint.py --ranks N [...]   (many ranks at
+        once, one process per GPU: see python/bench/checkpoint_ranks.py)
 
 Loaders (each in a fresh child process, so that its peak resident memory is
 its own and no CUDA state is shared):
@@ -198,6 +200,10 @@ def pinned_h2d(device: str) -> float:
 
 
 def main() -> int:
+    if any(x == "--ranks" or x.startswith("--ranks=") for x in sys.argv[1:]):
+        # Many ranks at once (one process per GPU): checkpoint_ranks.py.
+        ranks = os.path.join(os.path.dirname(os.path.abspath(__file__)), "checkpoint_ranks.py")
+        os.execv(sys.executable, [sys.executable, ranks] + sys.argv[1:])
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dir", default="/tmp/numapin-ckpt")
     ap.add_argument("--gib", type=float, default=8.0)
