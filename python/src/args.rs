@@ -4,15 +4,27 @@
 //!
 //! A string option is a [`Choice`] of an enum ([`Choices`] lists its names
 //! and what each means). A number is checked for its type (a bool is no
-//! integer) and for the range it is read into; what a value may be given
-//! the rest of a configuration is the library's to say
-//! (`RuntimeConfig::check`), not this file's.
+//! integer) and for the range it is read into; whether a value fits the
+//! rest of a configuration is the library's to say
+//! (`RuntimeConfig::check`), not this file's. A value is shown in an error
+//! cut to [`SHOWN`] characters.
 
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyFloat, PyInt, PyString};
 
 use crate::errors::input_error;
+
+/// The most characters of a value an error shows.
+const SHOWN: usize = 60;
+
+/// `text`, cut to [`SHOWN`] characters (`...` where it was cut).
+fn shown(text: &str) -> String {
+    match text.char_indices().nth(SHOWN) {
+        Some((end, _)) => format!("{}...", &text[..end]),
+        None => text.to_string(),
+    }
+}
 
 /// Each name of a string option, its value and what it means (`""` for
 /// nothing to add).
@@ -70,24 +82,24 @@ impl<'py, T: Choices> FromPyObject<'_, 'py> for Choice<T> {
         T::parse(&name).map(Choice).ok_or_else(|| {
             input_error(
                 obj.py(),
-                format!("{}={name:?} is not {}", T::ARG, T::WHAT),
+                format!("{}={:?} is not {}", T::ARG, shown(&name), T::WHAT),
                 T::fix(),
             )
         })
     }
 }
 
-/// `repr(obj)`, or a stand-in when even that fails.
+/// `repr(obj)` (cut), or a stand-in when even that fails.
 fn repr(obj: &Borrowed<'_, '_, PyAny>) -> String {
     obj.repr()
-        .map_or_else(|_| "<unprintable>".into(), |r| r.to_string())
+        .map_or_else(|_| "<unprintable>".into(), |r| shown(&r.to_string()))
 }
 
 /// The `TypeError` for `arg=obj`, which is not `what`.
 fn not_a(obj: &Borrowed<'_, '_, PyAny>, arg: &str, what: &str, fix: &str) -> PyErr {
     let kind = obj
         .get_type()
-        .name()
+        .fully_qualified_name()
         .map_or_else(|_| "?".into(), |n| n.to_string());
     PyTypeError::new_err(format!(
         "{arg}={} is not {what} ({kind})\n  fix: {fix}",
@@ -132,7 +144,10 @@ pub(crate) fn int<T: TryFrom<u64>>(
         .ok_or_else(|| {
             input_error(
                 obj.py(),
-                format!("{arg}={n} is out of range (0 to {hi})"),
+                format!(
+                    "{arg}={} is out of range (0 to {hi})",
+                    shown(&n.to_string())
+                ),
                 fix,
             )
         })
@@ -184,5 +199,13 @@ mod tests {
         assert_eq!(Pick::fix(), r#"use "a" (the first), "b" or "c" (the last)"#);
         assert_eq!(Pick::parse("b"), Some(Pick::B));
         assert_eq!(Pick::parse("B"), None);
+    }
+
+    #[test]
+    fn long_values_are_cut() {
+        assert_eq!(shown("auto"), "auto");
+        let long = "é".repeat(SHOWN + 5);
+        assert_eq!(shown(&long), format!("{}...", "é".repeat(SHOWN)));
+        assert_eq!(shown(&"x".repeat(SHOWN)), "x".repeat(SHOWN));
     }
 }

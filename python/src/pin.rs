@@ -9,7 +9,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 use crate::buffer::{nbytes_of, PinnedBuffer};
-use crate::dtype;
+use crate::dtype::DType;
 use crate::errors::to_py;
 use crate::memory::{Memory, Owned};
 use crate::place;
@@ -33,11 +33,10 @@ fn lend(rt: &Runtime, len: usize, target: Target) -> Result<Memory, numapin::Err
 pub(crate) fn empty(
     py: Python<'_>,
     shape: Vec<i64>,
-    dtype: &str,
+    dtype: DType,
     gpu: Option<u32>,
     node: Option<u32>,
 ) -> PyResult<PinnedBuffer> {
-    let dtype = dtype::of(py, dtype)?;
     let len = nbytes_of(py, &shape, dtype)?;
     let rt = rt(py)?;
     let mem = py
@@ -56,11 +55,10 @@ pub(crate) fn pin_address(
     address: usize,
     nbytes: usize,
     shape: Vec<i64>,
-    dtype: &str,
+    dtype: DType,
     gpu: Option<u32>,
     node: Option<u32>,
 ) -> PyResult<PinnedBuffer> {
-    let dtype = dtype::of(py, dtype)?;
     if nbytes_of(py, &shape, dtype)? != nbytes {
         return Err(PyValueError::new_err(format!(
             "{nbytes} bytes do not make a {shape:?} {} tensor",
@@ -100,7 +98,7 @@ pub(crate) fn pin_buffer(
     py: Python<'_>,
     src: &Bound<'_, PyAny>,
     shape: Vec<i64>,
-    dtype: &str,
+    dtype: DType,
     gpu: Option<u32>,
     node: Option<u32>,
 ) -> PyResult<PinnedBuffer> {
