@@ -1,6 +1,6 @@
 //! `SlotPool` and `SlotLease`: the Python face of the library's
 //! [`numapin::shared::SlotPool`], used by `numapin.torch.DataLoader` (see
-//! `numapin/torch.py`). The pool's memory is the arena's (placed by
+//! `numapin/_loader_pool.py`). The pool's memory is the arena's (placed by
 //! `Runtime::place`, counted in the node's budget and `numapin.stats()`);
 //! this file only adds the provisioning thread and Python views.
 
@@ -14,9 +14,12 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
+use crate::buffer::PinnedBuffer;
+use crate::dtype::DType;
 use crate::errors::to_py;
 use crate::memory::Memory;
-use crate::{dtype_of, rt, PinnedBuffer};
+use crate::place;
+use crate::runtime::rt;
 
 fn shared_err(py: Python<'_>, e: SharedError) -> PyErr {
     to_py(py, &numapin::Error::from(e))
@@ -215,7 +218,7 @@ impl SlotPool {
     ) -> PyResult<()> {
         check_nslots(nslots)?;
         let rt = rt(py)?;
-        let target = crate::place::target(gpu, node);
+        let target = place::target(gpu, node);
         let pool = self.pool.clone();
         py.detach(move || pool.provision(&rt, target, (nslots, slot_bytes), nslots, register))
             .map_err(|e| shared_err(py, e))
@@ -251,7 +254,7 @@ impl SlotPool {
             return Ok(());
         }
         let rt = rt(py)?;
-        let target = crate::place::target(gpu, node);
+        let target = place::target(gpu, node);
         // An unknown GPU or node is the caller's error now, not the
         // thread's later.
         rt.place(target)
@@ -322,11 +325,10 @@ impl SlotPool {
         slot: u32,
         offset: usize,
         nbytes: usize,
-        dtype: &str,
+        dtype: DType,
         shape: Vec<i64>,
     ) -> PyResult<PinnedBuffer> {
         check_range(&self.pool, offset, nbytes)?;
-        let dtype = dtype_of(py, dtype)?;
         let base = self.pool.slot_ptr(slot).map_err(|e| shared_err(py, e))?;
         let mem = Memory::Mapped {
             _pool: self.pool.clone(),
@@ -399,12 +401,11 @@ impl PyLease {
         py: Python<'_>,
         offset: usize,
         nbytes: usize,
-        dtype: &str,
+        dtype: DType,
         shape: Vec<i64>,
     ) -> PyResult<PinnedBuffer> {
         let pool = self.lease.pool();
         check_range(pool, offset, nbytes)?;
-        let dtype = dtype_of(py, dtype)?;
         let base = pool
             .slot_ptr(self.lease.slot())
             .map_err(|e| shared_err(py, e))?;

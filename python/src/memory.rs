@@ -1,12 +1,12 @@
-//! [`Memory`]: what a `PinnedBuffer` and its DLPack exports share.
-
-use std::sync::Arc;
+//! [`Memory`]: what a `PinnedBuffer` and its DLPack exports share, of
+//! every kind numapin lends Python: the arena's buffers, shared regions
+//! ([`Held`]), loader slots, and plain heap bytes.
 
 use std::ops::Deref;
+use std::sync::Arc;
 
+use numapin::shared::{AttachedRegion, SharedRegion, SlotLease, SlotPool};
 use numapin::PinnedBuf;
-
-use numapin::shared::{SlotLease, SlotPool};
 
 /// A value holding memory of the process that made it: the arena's buffers
 /// and shared memory, which are `MADV_DONTFORK`. Dropped in a forked child
@@ -54,6 +54,46 @@ impl<T> Drop for Here<T> {
 /// An arena buffer of this process (see [`Here`]).
 pub(crate) type Owned = Here<PinnedBuf>;
 
+/// This process's hold on shared memory: the maker's region, or another
+/// process's attached.
+#[derive(Debug)]
+pub(crate) enum Held {
+    /// Made here (counted in this process's budget).
+    Made(Box<SharedRegion>),
+    /// Made by another process, mapped here.
+    Attached(AttachedRegion),
+}
+
+impl Held {
+    pub(crate) fn ptr(&self) -> *mut u8 {
+        match self {
+            Held::Made(r) => r.as_ptr(),
+            Held::Attached(a) => a.as_ptr(),
+        }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            Held::Made(r) => r.len(),
+            Held::Attached(a) => a.len(),
+        }
+    }
+
+    pub(crate) fn node(&self) -> u32 {
+        match self {
+            Held::Made(r) => r.node(),
+            Held::Attached(a) => a.node(),
+        }
+    }
+
+    pub(crate) fn registered(&self) -> bool {
+        match self {
+            Held::Made(r) => r.registered(),
+            Held::Attached(a) => a.registered(),
+        }
+    }
+}
+
 /// Host memory a tensor or array is built over: a buffer lent by numapin's
 /// arena (given back to it when the last owner drops it, on whatever thread
 /// that is, without the GIL), or a plain heap block (tests, and the
@@ -91,7 +131,7 @@ pub(crate) enum Memory {
     /// Part of shared pinned memory (`numapin.SharedBuffer`).
     Shared {
         /// Keeps it mapped.
-        held: Arc<Here<crate::shared::Held>>,
+        held: Arc<Here<Held>>,
         /// The first byte.
         ptr: *mut u8,
         /// Bytes.

@@ -16,6 +16,7 @@ torch = pytest.importorskip("torch")
 np = pytest.importorskip("numpy")
 
 import numapin.torch as nt  # noqa: E402
+from conftest import run_py  # noqa: E402
 from torch.utils.data import DataLoader as TorchLoader  # noqa: E402
 from torch.utils.data import Dataset  # noqa: E402
 
@@ -242,6 +243,7 @@ def test_a_batch_larger_than_a_slot_takes_the_ordinary_path_once_warned():
     want = list(TorchLoader(Growing(), batch_size=4))
     same(want, got)
     assert dl.stats()["plain_batches"] == {"large": 1}
+    assert [type(k) for k in dl.stats()["plain_batches"]] == [str], "the reasons are plain strings"
 
 
 def test_bad_arguments_are_input_errors():
@@ -394,4 +396,45 @@ def test_the_pool_grows_when_workers_find_no_slot_free(monkeypatch):
     gc.collect()
     s = dl.stats()
     assert s["free"] == s["nslots"] and s["leased"] == 0, s
+    dl.close()
+
+
+def test_a_collate_reaches_the_pool_made_in_its_process_and_attaches_anywhere_else():
+    # The pool itself where it was made (num_workers=0 collates there), by
+    # its path when pickled for a spawned worker, attached afresh in a
+    # forked one (never the copy it inherited) and once the pool is closed.
+    r = run_py(
+        """
+        import os, pickle, numapin
+        from numapin._loader_worker import NoPool, PoolRef
+        pool = numapin._numapin.SlotPool.create()
+        ref = PoolRef(pool)
+        assert ref.get() is pool
+        sent = pickle.loads(pickle.dumps(ref))
+        assert sent.path == pool.path
+        got = sent.get()
+        assert got is not pool and type(got) is type(pool), (got, pool)
+        pid = os.fork()
+        if pid == 0:
+            got = ref.get()
+            os._exit(0 if got is not pool and type(got) is type(pool) else 3)
+        assert os.waitpid(pid, 0)[1] == 0, "a forked child used the pool it inherited"
+        ref.forget()
+        assert ref.get() is not pool
+        assert isinstance(PoolRef(NoPool("none")).get(), NoPool)
+        pool.close()
+        print("ok")
+        """
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["ok"], r.stdout
+
+
+def test_the_module_s_tunables_apply_to_loaders_made_after_they_are_set(monkeypatch):
+    # numapin.torch.POOL_WAIT = 0: no worker waits for the pool, so every
+    # batch collated before it is ready takes torch's path ("unsized").
+    monkeypatch.setattr(nt, "POOL_WAIT", 0.0)
+    monkeypatch.setattr(nt, "FIRST_BATCH_WAITS", True)
+    dl = nt.DataLoader(Mixed(8), batch_size=2, num_workers=1)
+    assert dl._collate.wait == 0.0 and dl._collate.first_waits
     dl.close()

@@ -221,11 +221,12 @@ fn check_config(config: &RuntimeConfig) -> Result<(), ArenaError> {
             "use 4096 (4 KiB) up to 2097152 (2 MiB)",
         ));
     }
-    if config.region_bytes == 0 || config.region_bytes > isize::MAX as usize / 4 {
+    let most = isize::MAX.unsigned_abs() / 4;
+    if config.region_bytes == 0 || config.region_bytes > most {
         return Err(config_error(
             "region_bytes",
             config.region_bytes.to_string(),
-            "out of range",
+            &format!("out of range (1 to {most} bytes)"),
             "use a size such as 268435456 (256 MiB)",
         ));
     }

@@ -53,11 +53,10 @@ def _names(names: Iterable[str] | None) -> list[str] | None:
 
 
 def _read_opts(threads: Any, chunk_bytes: Any, io: Any) -> dict[str, Any]:
-    """``threads``, ``chunk_bytes`` and ``io`` checked for the reader."""
+    """``threads`` and ``chunk_bytes`` checked for the reader (``io``, a
+    name, is checked as the compiled module reads it)."""
     import numapin
 
-    if not isinstance(io, str):
-        raise TypeError(f"io={io!r} is not a string\n  fix: pass \"auto\", \"buffered\" or \"direct\"")
     return dict(
         threads=numapin._int(threads, "threads", hi=4096, fix="pass 0 (numapin picks) or a thread count"),
         chunk_bytes=numapin._int(chunk_bytes, "chunk_bytes", lo=1, hi=2**40, fix="pass a chunk size such as 4194304"),
