@@ -46,7 +46,7 @@ pub enum StorageError {
     /// a spent quota (`EDQUOT`), a file over the size limit (`EFBIG`), a
     /// drive error (`EIO`), a read-only or forbidden folder. The file that
     /// was at `path` before is untouched and no temporary file is left.
-    #[error("{}: {op} failed ({len} bytes at offset {offset}{})", path.display(), temp_note(temp.as_deref()))]
+    #[error("{}: {op} failed{}", path.display(), write_note(*offset, *len, temp.as_deref()))]
     Write {
         /// The file being written (the target, not the temporary file).
         path: PathBuf,
@@ -206,10 +206,20 @@ fn read_fix(e: &std::io::Error) -> &'static str {
     }
 }
 
-fn temp_note(temp: Option<&std::path::Path>) -> String {
-    match temp.and_then(|t| t.file_name()) {
-        Some(name) => format!(", through {}", name.to_string_lossy()),
-        None => String::new(),
+/// ` (N bytes at offset X, through .name.numapin-tmp-..)`, the parts
+/// there are.
+fn write_note(offset: u64, len: u64, temp: Option<&std::path::Path>) -> String {
+    let mut parts = Vec::new();
+    if len > 0 {
+        parts.push(format!("{len} bytes at offset {offset}"));
+    }
+    if let Some(name) = temp.and_then(|t| t.file_name()) {
+        parts.push(format!("through {}", name.to_string_lossy()));
+    }
+    if parts.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", parts.join(", "))
     }
 }
 
