@@ -307,10 +307,26 @@ pub unsafe fn write_files_on(
     Ok(report)
 }
 
-/// Pinned slots for a write: `bytes` on `node` from the runtime's arena,
-/// in a region of their own size when one must be made.
-fn lend_slots(rt: &Runtime, node: u32, bytes: usize) -> Result<PinnedBuf> {
+/// Pinned memory for staging: `bytes` on `node` from the runtime's
+/// arena, counted in its budget, in a region of its own size when one
+/// must be made (the writer's slots, a checkpoint stager's copy).
+fn lend(rt: &Runtime, node: u32, bytes: usize) -> Result<PinnedBuf> {
     Ok(rt.alloc_staging(node, bytes)?)
+}
+
+/// `bytes` (at least one) of pinned memory on `target`'s node
+/// ([`Runtime::place`]; a GPU's node for [`Target::Gpu`]) to stage a
+/// checkpoint in: from the runtime's arena and counted in the node's
+/// budget, in a region of its own size (rounded up to 2 MiB) when one
+/// must be made, so that it pins no more than it holds. A stager makes it
+/// once and copies each save's tensors into it.
+///
+/// # Errors
+/// [`StorageError::Arena`] when the node's budget (or the memlock limit)
+/// does not allow it; an unknown GPU or node.
+pub fn staging_buffer(rt: &Runtime, target: Target, bytes: usize) -> Result<PinnedBuf> {
+    let node = super::place(rt, target)?.node;
+    lend(rt, node, bytes.max(1))
 }
 
 /// The chunks of every file through the slots, by writers on the
@@ -340,7 +356,7 @@ fn copy_and_write(
         .slots_per_thread
         .min(chunks.len().div_ceil(threads))
         .max(1);
-    let mut staging = lend_slots(rt, place.node, threads * per_thread * slot)?;
+    let mut staging = lend(rt, place.node, threads * per_thread * slot)?;
     if !staging.is_registered() && files.iter().any(has_device_parts) {
         report.warnings.push(format!(
             "the slots on node {} are not registered with CUDA, so every copy from the device waits for its DMA (check RuntimeConfig::register)",
