@@ -18,6 +18,7 @@ mod errors;
 mod loader;
 mod memory;
 mod place;
+mod save;
 mod shared;
 mod storage;
 
@@ -814,6 +815,7 @@ fn _numapin(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(storage::read_to_device, m)?)?;
     m.add_function(wrap_pyfunction!(storage::read_to_host, m)?)?;
     m.add_function(wrap_pyfunction!(storage::locate, m)?)?;
+    save::register(m)?;
     m.add(
         "DLPACK_VERSION",
         (dlpack::DLPACK_VERSION.major, dlpack::DLPACK_VERSION.minor),

@@ -62,6 +62,7 @@ from torch.utils.data._utils.collate import default_collate, default_collate_fn_
 
 import numapin
 from numapin import _numapin
+from numapin._stager import CheckpointStager as CheckpointStager
 
 __all__ = ["DataLoader"]
 
