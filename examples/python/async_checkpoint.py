@@ -57,6 +57,8 @@ def main() -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
     def state() -> dict:
+        if a.safetensors:  # one flat file per rank: names to tensors
+            return {f"model.{k}": v for k, v in model.state_dict().items()}
         return {"model": model.state_dict(), "optim": opt.state_dict()}
 
     # One step first, so that the optimizer has its state; then the stager
@@ -82,10 +84,9 @@ def main() -> None:
             pending.result()  # the staged copy is reused: the last write must be done
         t0 = time.perf_counter()
         if a.safetensors:
-            flat = {f"model.{k}": v for k, v in model.state_dict().items()}
             path = os.path.join(a.dir, f"step-{i:06d}-rank{rank}.safetensors")
             os.makedirs(a.dir, exist_ok=True)
-            pending = stager.save_safetensors(flat, path, metadata={"step": str(i)})
+            pending = stager.save_safetensors(state(), path, metadata={"step": str(i)})
         else:
             pending = dcp.async_save(
                 state(),
