@@ -29,8 +29,9 @@ own peak resident memory: VmHWM above VmRSS once the state dict is made):
           4/16 MiB writes, space reserved first, synced at the end), with
           Python threads over page-aligned mmap buffers (no fio needed).
 - roundtrip: numapin's save, then ``numapin.load_safetensors`` to the
-          device with the page cache as the save left it (hot) and dropped
-          (cold; root).
+          device with the page cache as the save left it (hot: O_DIRECT
+          writes leave nothing there), with the file read into it first
+          (warm), and dropped (cold; root).
 
 The state dict: ``--gib`` GiB of random tensors of mixed shapes and dtypes
 (bf16, fp16, fp32, int64) on ``--device``.
@@ -47,7 +48,7 @@ import sys
 import threading
 import time
 
-from checkpoint import copy_rate, drop_caches  # the loader's benchmark, beside this file
+from checkpoint import copy_rate, drop_caches, warm  # the loader's benchmark, beside this file
 
 GIB = 1 << 30
 SHAPES = [
@@ -343,7 +344,7 @@ def report(res: dict, a: argparse.Namespace) -> None:
               + (f"  {json.dumps(s['stats'])}" if "stats" in s else ""))
     if "drive" in res:
         p(f"drive, best O_DIRECT sequential write: {res['drive']['gbps']:.2f} GB/s ({res['drive']['config']})")
-    for temp in ("hot", "cold"):
+    for temp in ("hot", "warm", "cold"):
         s = res.get(f"load_{temp}", {})
         if s:
             p(f"round trip load {temp}: " + (s["error"] if "error" in s else f"{s['gbps']:.2f} GB/s {json.dumps(s['summary'])}"))
@@ -406,7 +407,11 @@ def main() -> int:
         res["save_safetensors"] = run("save", a, "safetensors")
         res["save_torch"] = run("save", a, "torch")
     if "roundtrip" in only and "error" not in res.get("save_numapin", {}):
+        # As the save left the page cache (O_DIRECT writes leave nothing of
+        # the file there), then with the whole file read into it first.
         res["load_hot"] = run("load", a)
+        warm(os.path.join(a.dir, "save-numapin.bin"))
+        res["load_warm"] = run("load", a)
         if drop_caches():
             res["load_cold"] = run("load", a)
         else:
