@@ -345,8 +345,15 @@ fn copy_and_write(
         .map(io::Dest::alignment)
         .max()
         .unwrap_or(MIN_ALIGN) as usize;
-    let slot = opts.chunk_bytes.div_ceil(align) * align;
     let lens: Vec<u64> = files.iter().map(FileParts::len).collect();
+    // Slots no larger than the largest file (an index, a small save).
+    let largest = lens
+        .iter()
+        .copied()
+        .max()
+        .unwrap_or(0)
+        .min(opts.chunk_bytes as u64) as usize;
+    let slot = largest.max(1).div_ceil(align) * align;
     let chunks = plan::chunks(&lens, slot);
     if chunks.is_empty() {
         return Ok(());
