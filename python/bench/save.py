@@ -92,6 +92,16 @@ def nbytes(sd: dict) -> int:
     return sum(t.numel() * t.element_size() for t in sd.values())
 
 
+def same(a, b) -> bool:  # type: ignore[no-untyped-def]
+    """Equal dtype, shape and bytes (``a`` moved to ``b``'s device)."""
+    import torch
+
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    x = a.to(b.device).contiguous().reshape(-1).view(torch.uint8)
+    return bool(torch.equal(x, b.contiguous().reshape(-1).view(torch.uint8)))
+
+
 def rss(field: str) -> int:
     with open("/proc/self/status") as f:
         for line in f:
@@ -181,6 +191,10 @@ def child_stall(a: argparse.Namespace) -> dict:
         written.append(time.perf_counter() - t0)
         subprocess.run(["rm", "-rf", d])
     out["stall_first"], out["stall_second"] = stalls
+    if stager is not None:
+        # The staged copy holds the tensors' bytes.
+        staged = stager.stage(sd)
+        out["verified"] = all(same(staged[k], v) for k, v in sd.items())
     out["written_first"], out["written_second"] = written
     out["peak_bytes"] = rss("VmHWM") - base
     if stager is not None:
@@ -227,6 +241,12 @@ def child_save(a: argparse.Namespace) -> dict:
         times.append(time.perf_counter() - t0)
     out["size"] = os.path.getsize(path)
     out["peak_bytes"] = rss("VmHWM") - base
+    if a.which == "numapin":
+        # safetensors reads back what was saved, bit for bit.
+        from safetensors.torch import load_file
+
+        back = load_file(path)
+        out["verified"] = sorted(back) == sorted(sd) and all(same(back[k], v) for k, v in sd.items())
     # The first save of a process makes the slots' region; later ones
     # reuse the arena's.
     out["first_seconds"] = times[0]
@@ -332,7 +352,7 @@ def report(res: dict, a: argparse.Namespace) -> None:
         elif s:
             extra = ""
             if which == "numapin":
-                extra = f"  (prepare {s['prepare_seconds']:.2f} s; stage alone {s['stage_seconds']:.3f} s; staged {s['staged_bytes'] / GIB:.2f} GiB)"
+                extra = f"  (staged copy equal: {s.get('verified')}; prepare {s['prepare_seconds']:.2f} s; stage alone {s['stage_seconds']:.3f} s; staged {s['staged_bytes'] / GIB:.2f} GiB)"
             p(f"stall {which:<12} first {s['stall_first']:.3f} s, second {s['stall_second']:.3f} s; "
               f"written {s['written_first']:.2f} / {s['written_second']:.2f} s; peak RSS {s['peak_bytes'] / GIB:.2f} GiB{extra}")
     for which in ("numapin", "safetensors", "torch"):
@@ -340,7 +360,8 @@ def report(res: dict, a: argparse.Namespace) -> None:
         if "error" in s:
             p(f"save {which}: {s['error']}")
         elif s:
-            p(f"save {which:<12} {s['seconds']:.2f} s, {s['gbps']:.2f} GB/s (first {s['first_seconds']:.2f} s), peak RSS {s['peak_bytes'] / (1 << 20):.0f} MiB"
+            ok = "" if "verified" not in s else f", read back equal: {s['verified']}"
+            p(f"save {which:<12} {s['seconds']:.2f} s, {s['gbps']:.2f} GB/s (first {s['first_seconds']:.2f} s), peak RSS {s['peak_bytes'] / (1 << 20):.0f} MiB{ok}"
               + (f"  {json.dumps(s['stats'])}" if "stats" in s else ""))
     if "drive" in res:
         p(f"drive, best O_DIRECT sequential write: {res['drive']['gbps']:.2f} GB/s ({res['drive']['config']})")

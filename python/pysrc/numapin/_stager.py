@@ -206,6 +206,7 @@ class CheckpointStager:
         _walk(state_dict, "", leaves, dtensor, sharded)
         with self._lock:
             self._ensure(leaves, dtensor)
+            self._warm(leaves, dtensor)
 
     @property
     def staged_bytes(self) -> int:
@@ -300,6 +301,27 @@ class CheckpointStager:
             return shell
         return staged
 
+    def _stream(self, dev: int) -> Any:
+        s = self._streams.get(dev)
+        if s is None:
+            s = self._streams[dev] = torch.cuda.Stream(device=dev)
+        return s
+
+    def _warm(self, leaves: list[tuple[str, Any]], dtensor: Any) -> None:
+        """Makes each device's side stream and copies a byte of its first
+        tensor through it: what a first copy sets up is set up ahead."""
+        seen = set()
+        for (_, v), dst in zip(leaves, self._staged):
+            src = _local(v, dtensor)
+            if not src.is_cuda or src.numel() == 0 or src.device.index in seen:
+                continue
+            seen.add(src.device.index)
+            s = self._stream(src.device.index)
+            s.wait_stream(torch.cuda.current_stream(src.device.index))
+            with torch.cuda.stream(s):
+                dst.reshape(-1)[:1].copy_(src.detach().reshape(-1)[:1], non_blocking=True)
+            s.synchronize()
+
     def _copy(self, leaves: list[tuple[str, Any]], dtensor: Any) -> tuple[list[Any], list[Any]]:
         """Queues every tensor's copy into its staged place; returns the
         events marking their end (one per device) and the sources to hold
@@ -315,9 +337,7 @@ class CheckpointStager:
                 dst.copy_(src)
         events = []
         for dev, pairs in by_dev.items():
-            s = self._streams.get(dev)
-            if s is None:
-                s = self._streams[dev] = torch.cuda.Stream(device=dev)
+            s = self._stream(dev)
             s.wait_stream(torch.cuda.current_stream(dev))
             with torch.cuda.stream(s):
                 for dst, src in pairs:
