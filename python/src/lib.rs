@@ -46,6 +46,7 @@ mod memory;
 mod pin;
 mod place;
 mod runtime;
+mod save;
 mod shared;
 mod stats;
 mod storage;
@@ -83,6 +84,7 @@ fn _numapin(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(storage::read_to_device, m)?)?;
     m.add_function(wrap_pyfunction!(storage::read_to_host, m)?)?;
     m.add_function(wrap_pyfunction!(storage::locate, m)?)?;
+    save::register(m)?;
     m.add(
         "DLPACK_VERSION",
         (dlpack::DLPACK_VERSION.major, dlpack::DLPACK_VERSION.minor),

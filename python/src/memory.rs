@@ -117,6 +117,17 @@ pub(crate) enum Memory {
         /// Bytes the tensor uses.
         len: usize,
     },
+    /// Part of an arena buffer several tensors share (a checkpoint
+    /// stager's: one buffer, one tensor per part, each with a storage of
+    /// its own size).
+    Part {
+        /// The buffer (given back when its last part goes).
+        buf: Arc<Owned>,
+        /// Where the part starts in it.
+        offset: usize,
+        /// Bytes the tensor uses.
+        len: usize,
+    },
     /// Ordinary heap memory.
     Heap(Box<[u8]>),
     /// Part of a loader slot this process is responsible for giving back.
@@ -168,6 +179,7 @@ impl Memory {
             // through tensors (never through a Rust reference).
             Memory::Pinned { buf, .. } => buf.as_ptr().cast_mut(),
             Memory::PinnedAt { buf, offset, .. } => buf.as_ptr().wrapping_add(*offset).cast_mut(),
+            Memory::Part { buf, offset, .. } => buf.as_ptr().wrapping_add(*offset).cast_mut(),
             Memory::Heap(b) => b.as_ptr().cast_mut(),
             Memory::Slot { ptr, .. } | Memory::Mapped { ptr, .. } | Memory::Shared { ptr, .. } => {
                 *ptr
@@ -178,7 +190,9 @@ impl Memory {
     /// Bytes the tensor uses.
     pub(crate) fn len(&self) -> usize {
         match self {
-            Memory::Pinned { len, .. } | Memory::PinnedAt { len, .. } => *len,
+            Memory::Pinned { len, .. }
+            | Memory::PinnedAt { len, .. }
+            | Memory::Part { len, .. } => *len,
             Memory::Heap(b) => b.len(),
             Memory::Slot { len, .. } | Memory::Mapped { len, .. } | Memory::Shared { len, .. } => {
                 *len
@@ -191,6 +205,7 @@ impl Memory {
     pub(crate) fn mapped_here(&self) -> bool {
         match self {
             Memory::Pinned { buf, .. } | Memory::PinnedAt { buf, .. } => buf.here(),
+            Memory::Part { buf, .. } => buf.here(),
             Memory::Shared { held, .. } => held.here(),
             _ => true,
         }
@@ -200,6 +215,7 @@ impl Memory {
     pub(crate) fn node(&self) -> Option<u32> {
         match self {
             Memory::Pinned { buf, .. } | Memory::PinnedAt { buf, .. } => Some(buf.node()),
+            Memory::Part { buf, .. } => Some(buf.node()),
             Memory::Shared { held, .. } => Some(held.node()),
             Memory::Slot { lease, .. } => lease.pool().node(),
             _ => None,
@@ -210,6 +226,7 @@ impl Memory {
     pub(crate) fn registered(&self) -> bool {
         match self {
             Memory::Pinned { buf, .. } | Memory::PinnedAt { buf, .. } => buf.is_registered(),
+            Memory::Part { buf, .. } => buf.is_registered(),
             Memory::Slot { lease, .. } => lease.pool().registered(),
             Memory::Shared { held, .. } => held.registered(),
             _ => false,

@@ -11,6 +11,7 @@ pub(crate) mod cleanup;
 pub(crate) mod container;
 pub(crate) mod cuda;
 pub(crate) mod file;
+pub(crate) mod file_write;
 pub(crate) mod hugetlb;
 pub(crate) mod isolate;
 pub(crate) mod numa;

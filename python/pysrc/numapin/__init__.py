@@ -41,6 +41,7 @@ from typing import Any
 from numapin import _numapin
 from numapin._errors import BudgetError, Error, InputError, LimitError
 from numapin._numapin import DoctorCheck, PinnedBuffer
+from numapin._save import save_safetensors
 from numapin._shared import SharedBuffer
 from numapin._storage import _path, load_safetensors, locate, read_to_device, safetensors_shards
 from numapin._topology import Allowed, Gpu, NumaNode, Package, Topology, Warning, cpus
@@ -74,6 +75,7 @@ __all__ = [
     "place",
     "read_to_device",
     "safetensors_shards",
+    "save_safetensors",
     "stats",
     "topology",
     "trim",

@@ -63,6 +63,7 @@ from numapin._loader_collate import ALIGN  # noqa: F401 (numapin.torch.ALIGN, as
 from numapin._loader_collate import HEADROOM, Fallback, Leaf, Plain, SlotBatch, SlotCollate, slottable, tree_map
 from numapin._loader_pool import PoolSpec, Slots
 from numapin._loader_worker import NoPool, WorkerInit
+from numapin._stager import CheckpointStager as CheckpointStager
 
 __all__ = ["DataLoader"]
 
