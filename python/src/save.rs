@@ -15,9 +15,10 @@ use numapin::{CudaOrdinal, Target};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyModule};
 
+use crate::buffer::{nbytes_of, PinnedBuffer};
 use crate::errors::{input_error, to_py};
 use crate::memory::{Memory, Owned};
-use crate::{dtype_of, nbytes_of, rt, PinnedBuffer};
+use crate::runtime::rt;
 
 /// Where each part of a staging buffer starts: a multiple of this.
 const PART_ALIGN: usize = 256;
@@ -180,7 +181,7 @@ fn staging_buffers(
     let mut layout = Vec::with_capacity(parts.len());
     let mut total = 0usize;
     for (name, shape) in &parts {
-        let dt = dtype_of(py, name)?;
+        let dt = crate::dtype::of(py, name)?;
         let n = nbytes_of(py, shape, dt)?;
         layout.push((dt, total, n));
         total = total
