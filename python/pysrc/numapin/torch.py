@@ -61,7 +61,7 @@ from torch.utils.data._utils.collate import collate as _torch_collate
 from torch.utils.data._utils.collate import default_collate, default_collate_fn_map
 
 import numapin
-from numapin import _numapin
+from numapin import _dlprofile, _numapin, _slotcopy
 
 __all__ = ["DataLoader"]
 
@@ -302,6 +302,8 @@ class _SlotCollate:
             else:
                 try:
                     self._pool = _numapin.SlotPool.attach(self.path)
+                    if _dlprofile.ENABLED:
+                        self._pool = _dlprofile.pool(self._pool)
                 except numapin.Error as e:
                     # A worker that cannot map the pool (few descriptors
                     # left) sends its batches down torch's path.
@@ -319,6 +321,11 @@ class _SlotCollate:
             return default_collate(samples)
 
     def __call__(self, samples: list[Any]) -> Any:
+        if _dlprofile.ENABLED:
+            return _dlprofile.collate(self._call, samples)
+        return self._call(samples)
+
+    def _call(self, samples: list[Any]) -> Any:
         pool = self._attached()
         # A user collate runs once, here or below; its result is copied in.
         data: Any = None
@@ -381,6 +388,9 @@ class _SlotCollate:
             elem = batch[0]
             if not all(_slottable(t) for t in batch):
                 raise _Foreign
+            fast = _slotcopy.stack(w, batch, _Leaf, ALIGN)
+            if fast is not None:
+                return fast
             view, leaf = w.place(elem.dtype, (len(batch),) + tuple(elem.shape))
             with torch.no_grad():
                 torch.stack([t.resolve_conj().resolve_neg() for t in batch], 0, out=view)
@@ -890,6 +900,8 @@ class _Iter:
             # torch's iterator takes the collate function it is made with.
             loader._loader.collate_fn = slots.collate
             self.it = iter(loader._loader)
+            if _dlprofile.ENABLED:
+                self.it = _dlprofile.iterator(self.it)
         except BaseException as e:
             if own:
                 slots.close()
