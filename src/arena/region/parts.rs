@@ -26,6 +26,13 @@ type Outcome = (
     (std::io::Result<PageCounts>, Duration),
 );
 
+/// Where a finished part goes: the registering thread (when registering)
+/// and the counting threads.
+type Sinks = (
+    Option<mpsc::Sender<(usize, usize)>>,
+    mpsc::Sender<(usize, usize)>,
+);
+
 impl Region {
     /// Steps 4 to 6 in parts of `part` bytes (a multiple of the region's
     /// page): the populate threads fault in the parts front to back; as
@@ -191,10 +198,7 @@ impl Region {
         o: &RegionOptions,
         plan: &ChunkPlan,
         must_bind: bool,
-        sinks: (
-            Option<mpsc::Sender<(usize, usize)>>,
-            mpsc::Sender<(usize, usize)>,
-        ),
+        sinks: Sinks,
         stop: &AtomicBool,
     ) -> std::io::Result<Duration> {
         let next = AtomicUsize::new(0);
