@@ -338,6 +338,60 @@ impl SlotPool {
         PinnedBuffer::checked(py, mem, dtype, shape)
     }
 
+    /// Copies the `lengths[i]` bytes at `addresses[i]` (CPU tensors' data,
+    /// kept alive by the caller, numapin's own DataLoader) one after
+    /// another into `slot`, which this process holds, from `offset` on,
+    /// each followed by padding to a multiple of `align` bytes, with
+    /// streaming stores, a source of 4 MiB or more on threads bound to
+    /// `cpus` (the GIL released). Returns the offset after the last one.
+    #[pyo3(signature = (slot, offset, addresses, lengths, align, cpus))]
+    #[allow(clippy::too_many_arguments)]
+    fn write(
+        &self,
+        py: Python<'_>,
+        slot: u32,
+        offset: usize,
+        addresses: Vec<usize>,
+        lengths: Vec<usize>,
+        align: usize,
+        cpus: Vec<u32>,
+    ) -> PyResult<usize> {
+        if addresses.len() != lengths.len() || !align.is_power_of_two() {
+            return Err(PyValueError::new_err(
+                "write: one length per address, and a power-of-two alignment",
+            ));
+        }
+        if addresses
+            .iter()
+            .zip(&lengths)
+            .any(|(&a, &l)| l > 0 && a == 0)
+        {
+            return Err(PyValueError::new_err("write: null source address"));
+        }
+        let cpus: numapin::CpuList = cpus.into_iter().collect();
+        let pool = self.pool.clone();
+        py.detach(move || {
+            let srcs: Vec<&[u8]> = addresses
+                .iter()
+                .zip(&lengths)
+                .map(|(&a, &l)| {
+                    if l == 0 {
+                        &[][..]
+                    } else {
+                        // SAFETY: the caller (numapin.torch's collate) holds
+                        // each source tensor, whose `l` bytes at `a` stay
+                        // live and unchanged for this call, and none of
+                        // them lies in a slot.
+                        unsafe { std::slice::from_raw_parts(a as *const u8, l) }
+                    }
+                })
+                .collect();
+            let pad = |i: usize| lengths[i].next_multiple_of(align) - lengths[i];
+            pool.write(slot, offset, &srcs, pad, &cpus)
+        })
+        .map_err(|e| shared_err(py, e))
+    }
+
     /// Takes over giving `slot` back: it returns to the pool when the lease
     /// and every view made through it are gone.
     fn lease(&self, slot: u32) -> PyResult<PyLease> {

@@ -124,6 +124,37 @@ def test_batches_equal_torchs_for_the_same_seed(case):
     assert s["free"] == s["nslots"] and s["leased"] == 0, s
 
 
+@pytest.mark.parametrize("case", ["in-process", "workers", "drop_last"])
+def test_batches_written_by_numapins_copy_equal_torchs(case, monkeypatch, tmp_path):
+    """The default collate's streaming copy (forced on for these small
+    batches, which the automatic rule writes through the cache with
+    torch.stack) gives torch's batches, odd sizes, bfloat16, strided samples
+    (which fall back to torch.stack) and numbers included, and the workers
+    really took it (their timers count writes)."""
+    from numapin import _dlprofile, _slotcopy
+
+    monkeypatch.setattr(_slotcopy, "MODE", "stream")
+    monkeypatch.setattr(_dlprofile, "DIR", str(tmp_path))
+    monkeypatch.setattr(_dlprofile, "ENABLED", True)
+
+    class Odd(Mixed):
+        def __getitem__(self, i):
+            d = super().__getitem__(i)
+            d["odd"] = torch.arange(i, i + 13, dtype=torch.int16)
+            d["strided"] = torch.arange(20.0)[::2] + i
+            return d
+
+    kw = CASES[case]
+    ref = TorchLoader(Odd(), generator=torch.Generator().manual_seed(3), **kw)
+    ours = nt.DataLoader(Odd(), generator=torch.Generator().manual_seed(3), **kw)
+    compare_epochs(ref, ours, 1)
+    _dlprofile.dump(force=True)
+    ours.close()
+    if kw["num_workers"]:
+        writes = _dlprofile.read(str(tmp_path)).get("workers", {}).get("write", [0, 0])[1]
+        assert writes > 0, "no batch went through numapin's copy"
+
+
 def test_cpu_batches_are_pinned_views_of_slots_that_come_back():
     ds = Mixed(24)
     dl = nt.DataLoader(ds, batch_size=4, num_workers=2, slot_bytes=1 << 20)

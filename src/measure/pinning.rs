@@ -37,7 +37,7 @@ pub struct CreateFigures {
 }
 
 /// The options the runtime's arena on `node` would use, with `backend`.
-fn options(
+pub(super) fn options(
     rt: &Runtime,
     node: u32,
     bytes: usize,

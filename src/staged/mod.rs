@@ -21,7 +21,7 @@ use std::sync::Mutex;
 mod pin;
 mod stream_copy;
 
-pub use pin::pin;
+pub use pin::{copy_host, pin};
 
 use crate::cpulist::CpuList;
 use crate::gpu::{CudaError, CudaOrdinal};

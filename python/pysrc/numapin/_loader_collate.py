@@ -18,7 +18,7 @@ import torch
 from torch.utils.data._utils.collate import collate as _torch_collate
 from torch.utils.data._utils.collate import default_collate, default_collate_fn_map
 
-from numapin import _numapin
+from numapin import _dlprofile, _numapin, _slotcopy
 from numapin._loader_worker import NoPool, PoolRef, worker_id
 
 #: Offsets of tensors in a slot are multiples of this (DMA- and cache-friendly).
@@ -207,6 +207,9 @@ def collate_into(samples: list[Any], w: Writer) -> Any:
         elem = batch[0]
         if not all(slottable(t) for t in batch):
             raise Foreign
+        fast = _slotcopy.stack(w, batch, Leaf, ALIGN)
+        if fast is not None:
+            return fast
         view, leaf = w.place(elem.dtype, (len(batch),) + tuple(elem.shape))
         with torch.no_grad():
             torch.stack([t.resolve_conj().resolve_neg() for t in batch], 0, out=view)
@@ -281,6 +284,11 @@ class SlotCollate:
             return default_collate(samples)
 
     def __call__(self, samples: list[Any]) -> Any:
+        if _dlprofile.ENABLED:
+            return _dlprofile.collate(self._call, samples)
+        return self._call(samples)
+
+    def _call(self, samples: list[Any]) -> Any:
         pool = self._attached()
         # A user collate runs once, here or below; its result is copied in.
         data: Any = None

@@ -13,7 +13,7 @@ from typing import Any, Callable
 import torch
 
 import numapin
-from numapin import _numapin
+from numapin import _dlprofile, _numapin
 
 
 def worker_id() -> int:
@@ -130,7 +130,8 @@ class PoolRef:
         if not self.path:
             return NoPool("no slot pool")
         try:
-            return _numapin.SlotPool.attach(self.path)
+            pool = _numapin.SlotPool.attach(self.path)
+            return _dlprofile.pool(pool) if _dlprofile.ENABLED else pool
         except numapin.Error as e:
             # A worker that cannot map the pool (few descriptors left)
             # sends its batches down torch's path.

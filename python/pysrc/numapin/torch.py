@@ -58,6 +58,7 @@ from torch.utils.data import DataLoader as _TorchLoader
 from torch.utils.data._utils.collate import default_collate
 
 import numapin
+from numapin import _dlprofile
 from numapin import _numapin  # noqa: F401 (numapin.torch._numapin, as before the split)
 from numapin._loader_collate import ALIGN  # noqa: F401 (numapin.torch.ALIGN, as before the split)
 from numapin._loader_collate import HEADROOM, Fallback, Leaf, Plain, SlotBatch, SlotCollate, slottable, tree_map
@@ -437,6 +438,8 @@ class _Iter:
             # torch's iterator takes the collate function it is made with.
             loader._loader.collate_fn = slots.collate
             self.it = iter(loader._loader)
+            if _dlprofile.ENABLED:
+                self.it = _dlprofile.iterator(self.it)
         except BaseException as e:
             if own:
                 slots.close()

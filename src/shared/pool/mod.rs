@@ -20,6 +20,7 @@
 mod header;
 #[cfg(test)]
 mod tests;
+mod write;
 
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, OwnedFd};
