@@ -49,7 +49,9 @@
 //! # Ok::<(), numapin::Error>(())
 //! ```
 
+mod attribution;
 mod devices;
+mod driver;
 mod error;
 mod expect;
 mod facts;
@@ -63,7 +65,9 @@ mod snapshot;
 mod verdict;
 mod words;
 
+pub use attribution::{Attribution, ContextKind, GpuContext, GpuSource};
 pub use devices::STATS_MEMFD_NAME;
+pub use driver::{DriverGpu, DriverLists, DriverProcess, DriverQuery, DriverReport};
 pub use error::ProcessError;
 pub use expect::Expected;
 pub use locality::MIN_OFF_NODE_BYTES;
@@ -79,5 +83,7 @@ pub use snapshot::{
 };
 pub use verdict::{judge, ProcessReport};
 
+#[cfg(test)]
+mod driver_tests;
 #[cfg(test)]
 mod tests;

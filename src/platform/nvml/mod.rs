@@ -577,11 +577,6 @@ impl Pending {
             }
         }
     }
-
-    /// When the query started.
-    pub(crate) fn started(&self) -> Instant {
-        self.started
-    }
 }
 
 /// The environment variable naming the NVML library to load instead of
@@ -605,5 +600,7 @@ pub(crate) fn live() -> Result<Nvml, Failure> {
     .map_err(Failure::Load)
 }
 
+#[cfg(test)]
+pub(crate) mod fake;
 #[cfg(test)]
 mod tests;

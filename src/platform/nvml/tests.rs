@@ -2,168 +2,20 @@
 //! fallback, the 535.43-535.86 struct, a list that grows, errors per GPU,
 //! memory NVML cannot give, a query that blocks (timeout, then busy).
 
-use std::sync::atomic::AtomicU32;
 use std::sync::{Condvar, Mutex};
 
+use super::fake::Fake;
 use super::*;
-
-/// A fake NVML: GPUs with their compute and graphics lists.
-struct Fake {
-    version: &'static str,
-    /// `(bus id, compute [(pid, bytes)], graphics [(pid, bytes)])`.
-    gpus: Vec<(&'static str, Vec<(u32, u64)>, Vec<(u32, u64)>)>,
-    /// Calls the "library" lacks.
-    missing: Vec<(List, Version)>,
-    /// Bytes per entry this "driver" writes from `_v3`.
-    v3_stride: usize,
-    /// Processes that start at each list call, for `grow_calls` calls.
-    grow_by: AtomicU32,
-    grow_calls: AtomicU32,
-    /// Processes started so far (by `grow_by`).
-    extra: AtomicU32,
-    /// List calls made.
-    calls: AtomicU32,
-    /// `(GPU index, list, code)` a list call returns.
-    fail: Option<(u32, List, u32)>,
-    init_fails: Option<u32>,
-    /// Calls of init minus calls of shutdown.
-    open: AtomicU32,
-    /// While set, list calls wait for it to clear.
-    gate: Option<Arc<(Mutex<bool>, Condvar)>>,
-}
-
-impl Fake {
-    fn new(gpus: Vec<(&'static str, Vec<(u32, u64)>, Vec<(u32, u64)>)>) -> Self {
-        Self {
-            version: "550.54.15",
-            gpus,
-            missing: Vec::new(),
-            v3_stride: 24,
-            grow_by: AtomicU32::new(0),
-            grow_calls: AtomicU32::new(0),
-            extra: AtomicU32::new(0),
-            calls: AtomicU32::new(0),
-            fail: None,
-            init_fails: None,
-            open: AtomicU32::new(0),
-            gate: None,
-        }
-    }
-
-    fn stride(&self, v: Version) -> usize {
-        match v {
-            Version::V3 => self.v3_stride,
-            Version::V2 => 24,
-            Version::V1 => 16,
-        }
-    }
-}
-
-impl Api for Fake {
-    fn init(&self) -> Result<(), Status> {
-        if let Some(c) = self.init_fails {
-            return Err(Status::Code(c));
-        }
-        self.open.fetch_add(1, Ordering::SeqCst);
-        Ok(())
-    }
-
-    fn shutdown(&self) {
-        self.open.fetch_sub(1, Ordering::SeqCst);
-    }
-
-    fn driver_version(&self) -> Result<String, Status> {
-        Ok(self.version.into())
-    }
-
-    fn count(&self) -> Result<u32, Status> {
-        Ok(self.gpus.len() as u32)
-    }
-
-    fn device(&self, index: u32) -> Result<Device, Status> {
-        Ok(Device(index as usize + 1))
-    }
-
-    fn bus_id(&self, d: Device) -> Result<String, Status> {
-        Ok(self.gpus[d.0 - 1].0.into())
-    }
-
-    fn minor(&self, d: Device) -> Result<u32, Status> {
-        Ok(d.0 as u32 + 9)
-    }
-
-    fn processes(
-        &self,
-        d: Device,
-        list: List,
-        version: Version,
-        count: &mut u32,
-        buf: Option<&mut [u64]>,
-    ) -> Result<(), Status> {
-        if self.missing.contains(&(list, version)) {
-            return Err(Status::Missing);
-        }
-        if let Some(g) = &self.gate {
-            let mut closed = g.0.lock().unwrap();
-            while *closed {
-                closed = g.1.wait(closed).unwrap();
-            }
-        }
-        let index = d.0 as u32 - 1;
-        if let Some((i, l, code)) = self.fail {
-            if (i, l) == (index, list) {
-                return Err(Status::Code(code));
-            }
-        }
-        let (_, compute, graphics) = &self.gpus[index as usize];
-        let mut procs = match list {
-            List::Compute => compute.clone(),
-            List::Graphics => graphics.clone(),
-            List::Mps => Vec::new(),
-        };
-        self.calls.fetch_add(1, Ordering::SeqCst);
-        if self.grow_calls.load(Ordering::SeqCst) > 0 {
-            self.grow_calls.fetch_sub(1, Ordering::SeqCst);
-            let g = self.grow_by.load(Ordering::SeqCst);
-            self.extra.fetch_add(g, Ordering::SeqCst);
-        }
-        let extra = self.extra.load(Ordering::SeqCst);
-        procs.extend((0..extra).map(|k| (90_000 + k, 1)));
-        *count = procs.len() as u32;
-        let Some(buf) = buf.filter(|b| b.len() * 8 / MAX_ENTRY >= procs.len()) else {
-            return if procs.is_empty() {
-                Ok(())
-            } else {
-                Err(Status::Code(INSUFFICIENT_SIZE))
-            };
-        };
-        let bytes: &mut [u8] = bytemuck::cast_slice_mut(buf);
-        let stride = self.stride(version);
-        for (e, (pid, mem)) in bytes.chunks_exact_mut(stride).zip(&procs) {
-            e[..4].copy_from_slice(&pid.to_ne_bytes());
-            e[8..16].copy_from_slice(&mem.to_ne_bytes());
-            // gpuInstanceId, computeInstanceId: "none" as NVML writes it.
-            if stride >= 24 {
-                e[16..24].fill(0xff);
-            }
-        }
-        Ok(())
-    }
-
-    fn error_string(&self, code: u32) -> Option<String> {
-        (code == 4).then(|| "Insufficient Permissions".into())
-    }
-}
 
 fn two_gpus() -> Fake {
     Fake::new(vec![
         (
-            "00000000:1B:00.0",
+            "00000000:1B:00.0".into(),
             vec![(4242, 2 << 30), (4243, 512 << 20)],
             vec![],
         ),
         (
-            "00000000:43:00.0",
+            "00000000:43:00.0".into(),
             vec![(4243, 522 << 20)],
             vec![(77, 9 << 20)],
         ),
@@ -255,7 +107,7 @@ fn drivers_535_43_to_535_86_write_a_longer_v3_struct() {
 fn a_list_that_grows_between_count_and_fill_is_asked_again() {
     // 20 processes start at each of the first two calls: the count says
     // 21, the fill then finds 41 (more than its room), the next fits.
-    let f = Fake::new(vec![("0000:1b:00.0", vec![(1, 1)], vec![])]);
+    let f = Fake::new(vec![("0000:1b:00.0".into(), vec![(1, 1)], vec![])]);
     f.grow_by.store(20, Ordering::SeqCst);
     f.grow_calls.store(2, Ordering::SeqCst);
     let p = list_once(&f, Device(1), List::Compute, Version::V3, 24).unwrap();
@@ -294,7 +146,7 @@ fn errors_of_one_gpu_leave_the_others() {
 #[test]
 fn memory_nvml_cannot_give_and_processes_in_two_lists() {
     let f = Fake::new(vec![(
-        "0000:1b:00.0",
+        "0000:1b:00.0".into(),
         vec![(5, u64::MAX), (6, 100 << 20)],
         vec![(6, 120 << 20)],
     )]);
