@@ -71,11 +71,14 @@ impl DriverQuery {
         let (asked, state) = match &self.0 {
             Query::Off => (
                 "off",
-                State::Done(Err("not asked (device files only)".into())),
+                State::Done(Err(Why::new(
+                    "NVML not asked",
+                    "not asked (device files only)",
+                ))),
             ),
-            Query::Given(_) if !host_pids => ("given", State::Done(Err(OTHER_NAMESPACE.into()))),
+            Query::Given(_) if !host_pids => ("given", State::Done(Err(other_namespace()))),
             Query::Given(l) => ("given", State::Done(Ok(l.clone()))),
-            _ if !host_pids => ("nvml", State::Done(Err(OTHER_NAMESPACE.into()))),
+            _ if !host_pids => ("nvml", State::Done(Err(other_namespace()))),
             Query::Nvml(t) => match nvml::live() {
                 Ok(n) => ("nvml", State::Waiting(n.start(), *t)),
                 Err(f) => ("nvml", State::Done(Err(failure(&f)))),
@@ -99,13 +102,44 @@ impl Default for DriverQuery {
     }
 }
 
-const OTHER_NAMESPACE: &str = "this /proc shows a PID namespace other than the host's (a container's), and NVML's pids are the host's, which cannot be matched from here: run numapin ps on the host, in a container started with --pid=host, or with --root over the host's /proc";
+/// Why the driver gave no lists: in a few words for each process, and
+/// whole (with what to do) for the report.
+#[derive(Debug, Clone)]
+struct Why {
+    short: String,
+    long: String,
+}
 
-fn failure(f: &Failure) -> String {
-    match f {
+impl Why {
+    fn new(short: impl Into<String>, long: impl Into<String>) -> Self {
+        Self {
+            short: short.into(),
+            long: long.into(),
+        }
+    }
+}
+
+fn other_namespace() -> Why {
+    Why::new(
+        "this /proc's pids are not the host's, which NVML's are",
+        "this /proc shows a PID namespace other than the host's (a container's), and NVML's pids are the host's, which cannot be matched from here: run numapin ps on the host, in a container started with --pid=host, or with --root over the host's /proc",
+    )
+}
+
+fn failure(f: &Failure) -> Why {
+    let short = match f {
+        Failure::Disabled => "NVML turned off by NUMAPIN_NO_CUDA".to_string(),
+        Failure::Load(_) => "NVML is not available".into(),
+        Failure::Init(why) => format!("NVML failed: {why}"),
+        Failure::TimedOut(t) => format!("NVML gave no answer within {:.1} s", t.as_secs_f64()),
+        Failure::Busy => "an earlier NVML query has not returned".into(),
+        Failure::Thread(_) => "NVML's query failed".into(),
+    };
+    let long = match f {
         Failure::Load(why) => format!("NVML is not available: {why}"),
         other => format!("NVML: {other}"),
-    }
+    };
+    Why { short, long }
 }
 
 /// The driver's per-GPU process lists.
@@ -191,7 +225,7 @@ pub(super) struct Asking {
 #[derive(Debug)]
 enum State {
     Waiting(Pending, Duration),
-    Done(Result<DriverLists, String>),
+    Done(Result<DriverLists, Why>),
 }
 
 impl Asking {
@@ -229,9 +263,9 @@ impl Asking {
             }
             Err(why) => {
                 for s in processes.iter_mut() {
-                    s.attribution = Attribution::device_files(why.clone());
+                    s.attribution = Attribution::device_files(why.short.clone());
                 }
-                report.unavailable = Some(why);
+                report.unavailable = Some(why.long);
             }
         }
         report
@@ -315,7 +349,7 @@ pub(super) fn attribute(l: &DriverLists, s: &ProcessSnapshot) -> Attribution {
         .collect();
     if contexts.is_empty() {
         return Attribution::device_files(
-            "NVML lists no context of it on any GPU (none made yet, device files inherited by a forked worker, or a process NVML cannot see)",
+            "NVML lists no context of it on any GPU (none made yet, or its device files were inherited from the process that forked it)",
         );
     }
     Attribution {

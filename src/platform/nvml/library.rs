@@ -64,7 +64,9 @@ impl Library {
         // SAFETY: loading runs the library's initialisers; NVML's (or a
         // test's fake) have no preconditions on the loading process.
         let lib = unsafe { libloading::Library::new(path) }.map_err(|e| {
-            format!("{shown} could not be loaded ({e}): install the NVIDIA driver, or add its folder to LD_LIBRARY_PATH")
+            // libloading's message is "dlopen failed"; dlerror's is its source.
+            let why = std::error::Error::source(&e).map_or(e.to_string(), |s| s.to_string());
+            format!("{shown} could not be loaded ({why}): install the NVIDIA driver, or add its folder to LD_LIBRARY_PATH")
         })?;
         let missing =
             |what: &str| format!("{shown} lacks {what} (an NVIDIA driver older than 418?)");
