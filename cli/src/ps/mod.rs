@@ -61,23 +61,21 @@ pub(crate) struct PsArgs {
 }
 
 fn parse_timeout(s: &str) -> std::result::Result<f64, String> {
-    let v: f64 = s
-        .trim()
-        .parse()
-        .map_err(|_| format!("`{s}` is not a number of seconds"))?;
-    if !(0.1..=600.0).contains(&v) {
-        return Err(format!("{v} s is outside 0.1 to 600"));
-    }
-    Ok(v)
+    seconds_within(s, 0.1, 600.0)
 }
 
 fn parse_interval(s: &str) -> std::result::Result<f64, String> {
+    seconds_within(s, 0.1, 86_400.0)
+}
+
+/// A number of seconds from `lo` to `hi`.
+fn seconds_within(s: &str, lo: f64, hi: f64) -> std::result::Result<f64, String> {
     let v: f64 = s
         .trim()
         .parse()
         .map_err(|_| format!("`{s}` is not a number of seconds"))?;
-    if !(0.1..=86_400.0).contains(&v) {
-        return Err(format!("{v} s is outside 0.1 to 86400"));
+    if !(lo..=hi).contains(&v) {
+        return Err(format!("{v} s is outside {lo} to {hi}"));
     }
     Ok(v)
 }
