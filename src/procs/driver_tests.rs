@@ -15,17 +15,10 @@ use crate::doctor::Verdict;
 use crate::platform::nvml::fake::Fake as FakeNvml;
 use crate::platform::nvml::{Api, List, Version};
 
-/// The DGX fixture's GPUs' bus ids, by index.
-const BUS: [&str; 8] = [
-    "0000:18:00.0",
-    "0000:2a:00.0",
-    "0000:3a:00.0",
-    "0000:5d:00.0",
-    "0000:9a:00.0",
-    "0000:ab:00.0",
-    "0000:ba:00.0",
-    "0000:db:00.0",
-];
+/// The bus id of the DGX fixture's GPU `i` (`0000:18:00.0` for GPU 0).
+fn bus(i: usize) -> String {
+    dgx().gpus[i].pci_bus_id.clone()
+}
 
 /// A fake root whose `/proc` shows the host's PID namespace (kthreadd at
 /// pid 2, as NVML's pids need).
@@ -45,7 +38,7 @@ fn lists(gpus: &[(usize, &[(u32, u64)])]) -> DriverLists {
         gpus: gpus
             .iter()
             .map(|(i, procs)| DriverGpu {
-                bus_id: Some(BUS[*i].into()),
+                bus_id: Some(bus(*i)),
                 gpu: None,
                 minor: Some(*i as u32),
                 processes: procs
@@ -326,7 +319,7 @@ fn fake_nvml(gpus: &[(usize, &[(u32, u64)])]) -> FakeNvml {
     FakeNvml::new(
         gpus.iter()
             .map(|(i, procs)| {
-                let bus = format!("0000{}", BUS[*i].to_ascii_uppercase());
+                let bus = format!("0000{}", bus(*i).to_ascii_uppercase());
                 let procs = procs.iter().map(|&(p, mib)| (p, mib << 20)).collect();
                 (bus, procs, Vec::new())
             })
@@ -448,4 +441,12 @@ fn the_live_driver_answers_or_says_why() {
     assert!(d.lists.is_some() != d.unavailable.is_some(), "{d:?}");
     let a = &scan.processes[0].attribution;
     assert_eq!(a.source == GpuSource::DeviceFiles, a.approximate.is_some());
+}
+
+#[test]
+fn nvml_asks_as_many_gpus_as_a_topology_holds() {
+    assert_eq!(
+        crate::platform::nvml::MAX_GPUS as usize,
+        crate::topology::limits::MAX_GPUS
+    );
 }

@@ -113,6 +113,9 @@ pub(crate) const MAX_ENTRY: usize = 32;
 /// 512 KiB).
 pub(crate) const MAX_PROCESSES: u32 = 16_384;
 
+/// GPUs asked at most: as many as a topology holds (1,024, its limit).
+pub(crate) const MAX_GPUS: u32 = 1024;
+
 /// `NVML_VALUE_NOT_AVAILABLE` in `usedGpuMemory`: the memory is not known
 /// (another user's process without the rights, some virtual GPUs).
 const NOT_AVAILABLE: u64 = u64::MAX;
@@ -300,7 +303,7 @@ fn read_initialised(api: &dyn Api) -> Result<Answer, Failure> {
         chosen: Vec::new(),
         notes: Vec::new(),
     };
-    let max = u32::try_from(crate::topology::limits::MAX_GPUS).unwrap_or(u32::MAX);
+    let max = MAX_GPUS;
     if count > max {
         lists.notes.push(format!(
             "NVML counts {count} GPUs: only the first {max} were asked"
