@@ -157,7 +157,8 @@ pub struct DriverLists {
 /// One GPU's processes, as the driver lists them.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct DriverGpu {
-    /// Its PCI bus id (`0000:1b:00.0`), when it could be read.
+    /// Its PCI bus id (`0000:1b:00.0`; NVML's `00000000:1B:00.0`, or a
+    /// given list's, is normalised by the pass), when it could be read.
     pub bus_id: Option<String>,
     /// The GPU of the topology with that bus id (filled in by the pass).
     pub gpu: Option<GpuIndex>,
@@ -253,6 +254,11 @@ impl Asking {
         match answer {
             Ok(mut l) => {
                 for g in &mut l.gpus {
+                    if let Some(b) = &mut g.bus_id {
+                        if let Some(n) = crate::platform::pci::normalize_bus_id(b) {
+                            *b = n;
+                        }
+                    }
                     g.gpu = g.bus_id.as_deref().and_then(gpu_of);
                 }
                 for s in processes.iter_mut() {
@@ -272,7 +278,7 @@ impl Asking {
     }
 }
 
-/// The platform's answer as public lists (bus ids normalised).
+/// The platform's answer as public lists.
 fn lists(a: nvml::Answer) -> DriverLists {
     let kind = |l: &List| match l {
         List::Compute => ContextKind::Compute,
@@ -285,9 +291,7 @@ fn lists(a: nvml::Answer) -> DriverLists {
             .gpus
             .into_iter()
             .map(|g| DriverGpu {
-                bus_id: g
-                    .bus_id
-                    .map(|b| crate::platform::pci::normalize_bus_id(&b).unwrap_or(b)),
+                bus_id: g.bus_id,
                 gpu: None,
                 minor: g.minor,
                 processes: g

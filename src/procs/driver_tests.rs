@@ -97,6 +97,9 @@ fn rank_with_every_device_file(pid: u32, rank: u32) -> Fake {
 fn a_healthy_rank_is_ok_by_nvml_whatever_its_device_files() {
     let d = host_root(&[rank_with_every_device_file(500, 1)]);
     let l = lists(&[(0, &[]), (1, &[(500, 522)])]);
+    // Given as NVML prints bus ids: normalised by the pass.
+    let mut l = l;
+    l.gpus[1].bus_id = Some(format!("0000{}", bus(1).to_ascii_uppercase()));
     let (scan, r) = pass(&d, DriverQuery::given(l), &[500]);
     assert_eq!(scan.driver.asked, "given");
     assert!(scan.driver.host_pids);
@@ -124,6 +127,7 @@ fn a_healthy_rank_is_ok_by_nvml_whatever_its_device_files() {
     // The lists' GPUs are matched to the topology's by bus id.
     let gl = scan.driver.lists.as_ref().unwrap();
     assert_eq!(gl.gpus[1].gpu, Some(crate::GpuIndex(1)));
+    assert_eq!(gl.gpus[1].bus_id.as_deref(), Some("0000:2a:00.0"));
     // The same rank without NVML: ok too, in words saying approximate.
     let (_, r) = pass(&d, DriverQuery::off(), &[500]);
     let g = check(&r[0], "gpu");
