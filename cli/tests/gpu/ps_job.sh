@@ -178,7 +178,7 @@ for p in r["processes"]:
     ctx = ", ".join(f"{c['gpu']}:{(c['used_bytes'] or 0) >> 20}MiB" for c in a["contexts"])
     v = {c["name"]: c for c in p["checks"]}
     print(f"pid {p['pid']:>7} {who:<28} source={a['source']:<12} contexts=[{ctx}] "
-          + " ".join(f"{k}={c['verdict']}" for k, c in v.items()))
+          f"cpus_allowed={p['allowed_cpus']} " + " ".join(f"{k}={c['verdict']}" for k, c in v.items()))
     print(f"        gpu: {v['gpu']['evidence'][:300]}")
     if v.get("cpus") and v["cpus"]["verdict"] != "ok":
         print(f"        cpus: {v['cpus']['evidence'][:200]}")
