@@ -60,6 +60,11 @@ other = [x for x in node["ranks"] if x["mems"] != mine["mems"]]
 print(other[0]["cpus"] if other else excl["ranks"][(r + 1) % len(excl["ranks"])]["cpus"])
 PY
 )
+if [ -z "$WRONG_CPUS" ]; then
+    echo "numapin affinity gave no CPUs: no rank is moved"
+    WRONG=-1
+    WRONG_CPUS=none
+fi
 NODES=$(ls -d /sys/devices/system/node/node[0-9]* 2>/dev/null | wc -l)
 
 cat > "$WORK/rank.py" <<'PY'
