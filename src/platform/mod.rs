@@ -1,4 +1,4 @@
-//! Platform code: the CUDA driver, Linux system calls and `/proc` and
+//! Platform code: the CUDA driver, NVML, Linux system calls and `/proc` and
 //! cgroup files, and the helpers that isolate hwloc and cudarc failures.
 //! Private to the crate (reached by numapin's own tools and tests through
 //! [`crate::internals`]); the only place besides the arena's region and
@@ -16,6 +16,7 @@ pub(crate) mod hugetlb;
 pub(crate) mod isolate;
 pub(crate) mod numa;
 pub(crate) mod numa_maps;
+pub(crate) mod nvml;
 pub(crate) mod panic_guard;
 pub(crate) mod pci;
 pub(crate) mod probe;
