@@ -463,6 +463,44 @@ fn no_buffer_spans_the_halves_of_a_standard_region() {
     drop(b);
 }
 
+/// A standard region larger than two parts is made in parts of
+/// `MAX_PART_BYTES`, not halves: no buffer spans a part boundary, a
+/// request larger than a part goes to a region in one piece, and every
+/// page is on the node and usable.
+#[test]
+fn a_large_standard_region_is_made_in_parts_no_buffer_spans() {
+    let _g = serial();
+    let part = numapin::runtime::MAX_PART_BYTES as usize;
+    let cfg = RuntimeConfig::default()
+        .with_region_bytes(4 * part)
+        .with_register_in_parts(true);
+    let rt = runtime(cfg);
+    let node = first_node(&rt);
+    // 3/4 of a part each: one per part (two would fit in one piece).
+    let each = part / 4 * 3;
+    let bufs: Vec<_> = (0..4)
+        .map(|_| rt.alloc(Target::HostNode(node), each).unwrap())
+        .collect();
+    let s = node_stats(&rt);
+    assert_eq!(s.regions, 1, "{s:?}");
+    assert_eq!(s.pages_on_node, (4 * part / 4096) as u64, "{s:?}");
+    let mut starts: Vec<usize> = bufs.iter().map(|b| b.as_ptr() as usize).collect();
+    starts.sort_unstable();
+    // Each buffer starts a part of its own (a part is one free block, cut
+    // from its start) and, smaller than a part, ends inside it.
+    for (i, &a) in starts.iter().enumerate() {
+        assert_eq!(a - starts[0], i * part, "buffer {i} does not start a part");
+    }
+    // Larger than a part: a region of its own (in one piece).
+    let big = rt.alloc(Target::HostNode(node), part + 4096).unwrap();
+    assert_eq!(node_stats(&rt).regions, 2);
+    for mut b in bufs.into_iter().chain(std::iter::once(big)) {
+        b.fill(0x5A);
+        assert!(b.iter().all(|&x| x == 0x5A));
+    }
+    assert_eq!(rt.trim(), 0);
+}
+
 #[test]
 fn typed_views_share_the_bytes() {
     let _g = serial();

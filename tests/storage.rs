@@ -8,58 +8,20 @@
 
 mod common;
 
+use common::storage::{assert_no_leak, pattern, runtime, DTYPES};
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use numapin::storage::safetensors::{Checkpoint, Dtype, Shard};
 use numapin::storage::{self, HostRange, IoMode, ReadOptions, Source, StorageError};
-use numapin::topology::{CudaMode, ProbeOptions};
+use numapin::topology::ProbeOptions;
 use numapin::{ErrorKind, Runtime, RuntimeConfig, Target, Topology};
 use safetensors::tensor::TensorView;
-
-fn runtime() -> Runtime {
-    let opts = ProbeOptions::from_process().with_cuda(CudaMode::Off);
-    let t = Topology::probe(&opts).unwrap();
-    Runtime::new(t, RuntimeConfig::default().with_region_bytes(64 << 20)).unwrap()
-}
 
 fn node(rt: &Runtime) -> Target {
     Target::HostNode(rt.calling_thread_node())
 }
-
-/// Nothing lent by the arena is still out.
-fn assert_no_leak(rt: &Runtime) {
-    for s in rt.stats() {
-        assert_eq!(s.bytes_in_use, 0, "node {}: {s:?}", s.node);
-        assert_eq!(s.allocations, s.frees, "node {}: {s:?}", s.node);
-    }
-}
-
-fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 9) as u8)
-        .collect()
-}
-
-const DTYPES: &[(Dtype, usize)] = &[
-    (Dtype::BOOL, 1),
-    (Dtype::U8, 1),
-    (Dtype::I8, 1),
-    (Dtype::F8_E5M2, 1),
-    (Dtype::F8_E4M3, 1),
-    (Dtype::F8_E8M0, 1),
-    (Dtype::I16, 2),
-    (Dtype::U16, 2),
-    (Dtype::F16, 2),
-    (Dtype::BF16, 2),
-    (Dtype::I32, 4),
-    (Dtype::U32, 4),
-    (Dtype::F32, 4),
-    (Dtype::F64, 8),
-    (Dtype::I64, 8),
-    (Dtype::U64, 8),
-    (Dtype::C64, 8),
-];
 
 /// A checkpoint of every dtype, an empty tensor, odd sizes and a large
 /// tensor spanning several reads, written by the safetensors crate.

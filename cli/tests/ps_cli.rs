@@ -595,3 +595,214 @@ fn a_process_using_numapin_shows_its_arenas() {
         "{text}"
     );
 }
+
+/// Builds the fake `libnvidia-ml.so.1` (`tests/fake_nvml/fake_nvml.c`)
+/// into `dir` with the C compiler, `-DNO_V3` when `no_v3`; `None` (the
+/// test skips) without a compiler.
+fn fake_nvml(dir: &Path, no_v3: bool) -> Option<PathBuf> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fake_nvml/fake_nvml.c");
+    let out = dir.join(if no_v3 { "no-v3" } else { "v3" });
+    std::fs::create_dir_all(&out).unwrap();
+    let lib = out.join("libnvidia-ml.so.1");
+    let mut cc = Command::new(std::env::var_os("CC").unwrap_or_else(|| "cc".into()));
+    cc.args(["-shared", "-fPIC", "-O1", "-o"])
+        .arg(&lib)
+        .arg(&src);
+    if no_v3 {
+        cc.arg("-DNO_V3");
+    }
+    match cc.output() {
+        Ok(o) if o.status.success() => Some(lib),
+        Ok(o) => panic!("the fake NVML does not build:\n{}", text(&o)),
+        Err(e) => {
+            eprintln!("skipped: no C compiler to build the fake NVML ({e})");
+            None
+        }
+    }
+}
+
+/// `numapin ps` with the fake NVML: `(bus ids, "gpu:pid:bytes" entries)`.
+fn ps_with_nvml(lib: &Path, procs: &str, args: &[&str]) -> Output {
+    // The DGX fixture's GPUs 0, 1 and 4, as NVML prints bus ids.
+    let gpus = "00000000:18:00.0,00000000:2A:00.0,00000000:9A:00.0";
+    let mut c = numapin(args);
+    c.env("NUMAPIN_NVML_LIBRARY", lib)
+        .env("FAKE_NVML_GPUS", gpus)
+        .env("FAKE_NVML_PROCS", procs)
+        .env_remove("NUMAPIN_NO_CUDA");
+    run(c)
+}
+
+/// The process `pid` of a report.
+fn process(r: &Value, pid: u32) -> &Value {
+    r["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["pid"] == pid)
+        .unwrap_or_else(|| panic!("pid {pid} not in {r:#}"))
+}
+
+/// Four ranks and the fake NVML's entries for them: a healthy rank 1
+/// (on GPU 1), rank 1 with a second context (GPUs 0 and 1), rank 4 on
+/// GPU 0, and a rank-1 worker NVML does not list.
+struct NvmlRanks {
+    dir: tempfile::TempDir,
+    _procs: Procs,
+    lib: PathBuf,
+    /// healthy, second, wrong, worker.
+    pids: [u32; 4],
+    entries: String,
+    dgx: String,
+}
+
+impl NvmlRanks {
+    fn start() -> Option<Self> {
+        if !fits_dgx_node0() {
+            return None;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let lib = fake_nvml(dir.path(), false)?;
+        let mut procs = Procs::new();
+        let mut rank =
+            |r: &str, name: &str| procs.start("true", &[("LOCAL_RANK", r)], &dir.path().join(name));
+        let pids = [
+            rank("1", "a"),
+            rank("1", "b"),
+            rank("4", "c"),
+            rank("1", "d"),
+        ];
+        let [healthy, second, wrong, _] = pids;
+        let entries = format!(
+            "1:{healthy}:547356672,0:{second}:524288000,1:{second}:2147483648,0:{wrong}:734003200"
+        );
+        Some(Self {
+            dir,
+            _procs: procs,
+            lib,
+            pids,
+            entries,
+            dgx: fixture("dgx-h100.xml"),
+        })
+    }
+
+    /// `numapin ps ARGS --input dgx --pid <the four>` with `lib`.
+    fn ps(&self, lib: &Path, args: &[&str]) -> Output {
+        let pids = self.pids.map(|p| p.to_string()).join(",");
+        let mut a = args.to_vec();
+        a.extend(["--input", &self.dgx, "--pid", &pids]);
+        ps_with_nvml(lib, &self.entries, &a)
+    }
+}
+
+/// `(attribution source, gpu verdict, gpu evidence)` of process `pid`.
+fn gpu_check(r: &Value, pid: u32) -> (String, String, String) {
+    let p = process(r, pid);
+    let c = &p["checks"][0];
+    assert_eq!(c["name"], "gpu");
+    let s = |v: &Value| v.as_str().unwrap().to_string();
+    (
+        s(&p["attribution"]["source"]),
+        s(&c["verdict"]),
+        s(&c["evidence"]),
+    )
+}
+
+/// Ranks judged by a fake NVML library loaded at run time (the real
+/// loading, symbols and buffers): a healthy rank (ok), one with a second
+/// context (warn, the memory on each GPU), one on the wrong GPU (fail), a
+/// worker NVML does not list (device files, approximate, ok).
+#[test]
+fn ranks_judged_by_nvmls_process_lists() {
+    let Some(j) = NvmlRanks::start() else { return };
+    let [healthy, second, wrong, worker] = j.pids;
+    let o = j.ps(&j.lib, &["ps", "--json"]);
+    let r = report(&o);
+    if r["nvml"]["host_pids"] == false {
+        // This machine's /proc is a container's: NVML's pids cannot be
+        // matched, and every process is judged by its device files.
+        eprintln!("skipped NVML's verdicts: this /proc is not the host's PID namespace");
+        let why = r["nvml"]["unavailable"].as_str().unwrap();
+        assert!(why.contains("PID namespace other than the host's"), "{why}");
+        return;
+    }
+    let l = &r["nvml"]["lists"];
+    assert_eq!(l["driver_version"], "550.54.15", "{r:#}");
+    assert_eq!(l["gpus"][1]["bus_id"], "0000:2a:00.0");
+    assert_eq!(l["gpus"][1]["gpu"], 1);
+    let (src, v, ev) = gpu_check(&r, healthy);
+    assert_eq!((src.as_str(), v.as_str()), ("nvml", "ok"), "{ev}");
+    assert!(ev.ends_with("NVML lists it on GPU 1 (522 MiB)"), "{ev}");
+    let (src, v, ev) = gpu_check(&r, second);
+    assert_eq!((src.as_str(), v.as_str()), ("nvml", "warn"), "{ev}");
+    assert!(
+        ev.contains(
+            "NVML lists it on GPU 0 (500 MiB), GPU 1 (2 GiB): GPU 0 as well, not its rank's"
+        ),
+        "{ev}"
+    );
+    let (src, v, ev) = gpu_check(&r, wrong);
+    assert_eq!((src.as_str(), v.as_str()), ("nvml", "fail"), "{ev}");
+    assert!(
+        ev.ends_with("NVML lists it on GPU 0 (700 MiB): not its rank's GPU"),
+        "{ev}"
+    );
+    let (src, v, ev) = gpu_check(&r, worker);
+    assert_eq!((src.as_str(), v.as_str()), ("device files", "ok"), "{ev}");
+    assert!(
+        ev.contains("NVML lists no context of it on any GPU"),
+        "{ev}"
+    );
+    assert_eq!(o.status.code(), Some(1));
+    // The text says where each process's GPUs come from.
+    let t = j.ps(&j.lib, &["ps"]);
+    let t = String::from_utf8_lossy(&t.stdout).into_owned();
+    for line in [
+        "GPUs of each process: NVML's per-GPU process lists (driver 550.54.15; 3 GPU(s); ",
+        "    GPUs: NVML lists it on GPU 1 (522 MiB); device files: none open or mapped",
+        "    GPUs (device files, approximate: NVML lists no context of it on any GPU",
+    ] {
+        assert!(t.contains(line), "{line}:\n{t}");
+    }
+}
+
+/// A driver without `_v3` (read through `_v2`); an NVML that blocks
+/// (given up after `--nvml-timeout`: device files); `--no-nvml`.
+#[test]
+fn an_older_nvml_one_that_blocks_and_none() {
+    let Some(j) = NvmlRanks::start() else { return };
+    let [_, second, wrong, _] = j.pids;
+    let Some(old) = fake_nvml(j.dir.path(), true) else {
+        return;
+    };
+    let r = report(&j.ps(&old, &["ps", "--json"]));
+    if r["nvml"]["host_pids"] == true {
+        let notes = r["nvml"]["lists"]["notes"].to_string();
+        assert!(
+            notes.contains("nvmlDeviceGetComputeRunningProcesses_v3 is missing from this driver's NVML: nvmlDeviceGetComputeRunningProcesses_v2 was used"),
+            "{notes}"
+        );
+        assert_eq!(process(&r, second)["checks"][0]["verdict"], "warn");
+    }
+    let started = Instant::now();
+    let mut c = numapin(&["ps", "--json", "--nvml-timeout", "0.5", "--input", &j.dgx]);
+    c.args(["--pid", &second.to_string()])
+        .env("NUMAPIN_NVML_LIBRARY", &j.lib)
+        .env("FAKE_NVML_GPUS", "00000000:18:00.0")
+        .env("FAKE_NVML_HANG", "1");
+    let r = report(&run(c));
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "{:?}",
+        started.elapsed()
+    );
+    if r["nvml"]["host_pids"] == true {
+        let why = r["nvml"]["unavailable"].as_str().unwrap();
+        assert!(why.starts_with("NVML: no answer within 0.5 s"), "{why}");
+    }
+    assert_eq!(process(&r, second)["checks"][0]["verdict"], "ok");
+    assert_eq!(process(&r, second)["attribution"]["source"], "device files");
+    let r = report(&j.ps(&j.lib, &["ps", "--json", "--no-nvml"]));
+    assert_eq!(r["nvml"]["asked"], "off");
+    assert_eq!(process(&r, wrong)["checks"][0]["verdict"], "ok");
+}

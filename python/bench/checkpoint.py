@@ -8,6 +8,8 @@ arena.
     sudo python3 python/bench/checkpoint.py [--dir /tmp/numapin-ckpt]
         [--gib 8] [--reps 3] [--device cuda:0] [--json] [--keep]
         [--temps hot,cold] [--loaders numapin,st_cuda,st_cpu_to,torch_mmap]
+    sudo python3 python/bench/checkpoint.py --ranks N [...]   (many ranks at
+        once, one process per GPU: see python/bench/checkpoint_ranks.py)
 
 Loaders (each in a fresh child process, so that its peak resident memory is
 its own and no CUDA state is shared):
@@ -186,6 +188,15 @@ def pinned_h2d(device: str) -> float:
     dev = torch.device(device)
     src = numapin.empty((GIB,), torch.uint8, gpu=dev.index or 0)
     dst = torch.empty(GIB, dtype=torch.uint8, device=dev)
+    return copy_rate(dst, src)
+
+
+def copy_rate(dst, src) -> float:  # type: ignore[no-untyped-def]
+    """The best of 6 timed ``dst.copy_(src, non_blocking=True)`` (one side
+    a CUDA tensor), in GB/s."""
+    import torch
+
+    n = src.numel() * src.element_size()
     best = 0.0
     for _ in range(6):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -193,11 +204,15 @@ def pinned_h2d(device: str) -> float:
         dst.copy_(src, non_blocking=True)
         b.record()
         b.synchronize()
-        best = max(best, GIB / (a.elapsed_time(b) / 1e3) / 1e9)
+        best = max(best, n / (a.elapsed_time(b) / 1e3) / 1e9)
     return best
 
 
 def main() -> int:
+    if any(x == "--ranks" or x.startswith("--ranks=") for x in sys.argv[1:]):
+        # Many ranks at once (one process per GPU): checkpoint_ranks.py.
+        ranks = os.path.join(os.path.dirname(os.path.abspath(__file__)), "checkpoint_ranks.py")
+        os.execv(sys.executable, [sys.executable, ranks] + sys.argv[1:])
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dir", default="/tmp/numapin-ckpt")
     ap.add_argument("--gib", type=float, default=8.0)

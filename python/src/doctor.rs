@@ -3,7 +3,6 @@
 
 use numapin::doctor::{Check, DoctorOptions};
 use numapin::topology::{CudaMode, ProbeOptions};
-use numapin::Topology;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString};
 
@@ -141,10 +140,7 @@ pub(crate) fn doctor(
             if !cuda {
                 probe.cuda = CudaMode::Off;
             }
-            let topo = match &input {
-                Some(p) => Topology::load(p, &probe)?,
-                None => Topology::probe(&probe)?,
-            };
+            let topo = crate::topology::read(input.as_deref(), &probe)?;
             let opts = DoctorOptions::default()
                 .with_live_state(input.is_none())
                 .with_cuda(cuda)

@@ -2,7 +2,12 @@
 //! less the `torch.` prefix, `numpy.dtype(...).name`), with their DLPack
 //! type codes.
 
+use pyo3::exceptions::PyTypeError;
+use pyo3::prelude::*;
+use pyo3::types::PyString;
+
 use crate::dlpack::DLDataType;
+use crate::errors::input_error;
 
 /// DLPack `DLDataTypeCode` values (dlpack.h 1.x).
 pub(crate) mod code {
@@ -78,6 +83,39 @@ pub(crate) fn by_name(name: &str) -> Option<DType> {
 /// The names `by_name` accepts, in table order.
 pub(crate) fn names() -> Vec<&'static str> {
     ALL.iter().map(|t| t.name).collect()
+}
+
+/// The dtype called `name`, or an `InputError` listing the ones there are.
+pub(crate) fn of(py: Python<'_>, name: &str) -> PyResult<DType> {
+    by_name(name).ok_or_else(|| {
+        input_error(
+            py,
+            format!("dtype {name:?} is not one numapin hands out"),
+            format!("use one of {}", names().join(", ")),
+        )
+    })
+}
+
+/// A `dtype` argument: the name of one numapin hands out.
+impl<'py> FromPyObject<'_, 'py> for DType {
+    type Error = PyErr;
+
+    fn extract(obj: Borrowed<'_, 'py, PyAny>) -> PyResult<Self> {
+        match obj.cast::<PyString>() {
+            Ok(name) => of(obj.py(), &name.to_cow()?),
+            Err(_) => Err(PyTypeError::new_err(format!(
+                "dtype={} is not a dtype name\n  fix: pass one of {}",
+                obj.repr()?,
+                names().join(", ")
+            ))),
+        }
+    }
+}
+
+/// Names of the dtypes numapin hands out.
+#[pyfunction]
+pub(crate) fn dtypes() -> Vec<&'static str> {
+    names()
 }
 
 #[cfg(test)]

@@ -1,6 +1,6 @@
 //! `SlotPool` and `SlotLease`: the Python face of the library's
 //! [`numapin::shared::SlotPool`], used by `numapin.torch.DataLoader` (see
-//! `numapin/torch.py`). The pool's memory is the arena's (placed by
+//! `numapin/_loader_pool.py`). The pool's memory is the arena's (placed by
 //! `Runtime::place`, counted in the node's budget and `numapin.stats()`);
 //! this file only adds the provisioning thread and Python views.
 
@@ -14,9 +14,12 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
+use crate::buffer::PinnedBuffer;
+use crate::dtype::DType;
 use crate::errors::to_py;
 use crate::memory::Memory;
-use crate::{dtype_of, rt, PinnedBuffer};
+use crate::place;
+use crate::runtime::rt;
 
 fn shared_err(py: Python<'_>, e: SharedError) -> PyErr {
     to_py(py, &numapin::Error::from(e))
@@ -215,7 +218,7 @@ impl SlotPool {
     ) -> PyResult<()> {
         check_nslots(nslots)?;
         let rt = rt(py)?;
-        let target = crate::place::target(gpu, node);
+        let target = place::target(gpu, node);
         let pool = self.pool.clone();
         py.detach(move || pool.provision(&rt, target, (nslots, slot_bytes), nslots, register))
             .map_err(|e| shared_err(py, e))
@@ -251,7 +254,7 @@ impl SlotPool {
             return Ok(());
         }
         let rt = rt(py)?;
-        let target = crate::place::target(gpu, node);
+        let target = place::target(gpu, node);
         // An unknown GPU or node is the caller's error now, not the
         // thread's later.
         rt.place(target)
@@ -322,11 +325,10 @@ impl SlotPool {
         slot: u32,
         offset: usize,
         nbytes: usize,
-        dtype: &str,
+        dtype: DType,
         shape: Vec<i64>,
     ) -> PyResult<PinnedBuffer> {
         check_range(&self.pool, offset, nbytes)?;
-        let dtype = dtype_of(py, dtype)?;
         let base = self.pool.slot_ptr(slot).map_err(|e| shared_err(py, e))?;
         let mem = Memory::Mapped {
             _pool: self.pool.clone(),
@@ -334,6 +336,60 @@ impl SlotPool {
             len: nbytes,
         };
         PinnedBuffer::checked(py, mem, dtype, shape)
+    }
+
+    /// Copies the `lengths[i]` bytes at `addresses[i]` (CPU tensors' data,
+    /// kept alive by the caller, numapin's own DataLoader) one after
+    /// another into `slot`, which this process holds, from `offset` on,
+    /// each followed by padding to a multiple of `align` bytes, with
+    /// streaming stores, a source of 4 MiB or more on threads bound to
+    /// `cpus` (the GIL released). Returns the offset after the last one.
+    #[pyo3(signature = (slot, offset, addresses, lengths, align, cpus))]
+    #[allow(clippy::too_many_arguments)]
+    fn write(
+        &self,
+        py: Python<'_>,
+        slot: u32,
+        offset: usize,
+        addresses: Vec<usize>,
+        lengths: Vec<usize>,
+        align: usize,
+        cpus: Vec<u32>,
+    ) -> PyResult<usize> {
+        if addresses.len() != lengths.len() || !align.is_power_of_two() {
+            return Err(PyValueError::new_err(
+                "write: one length per address, and a power-of-two alignment",
+            ));
+        }
+        if addresses
+            .iter()
+            .zip(&lengths)
+            .any(|(&a, &l)| l > 0 && a == 0)
+        {
+            return Err(PyValueError::new_err("write: null source address"));
+        }
+        let cpus: numapin::CpuList = cpus.into_iter().collect();
+        let pool = self.pool.clone();
+        py.detach(move || {
+            let srcs: Vec<&[u8]> = addresses
+                .iter()
+                .zip(&lengths)
+                .map(|(&a, &l)| {
+                    if l == 0 {
+                        &[][..]
+                    } else {
+                        // SAFETY: the caller (numapin.torch's collate) holds
+                        // each source tensor, whose `l` bytes at `a` stay
+                        // live and unchanged for this call, and none of
+                        // them lies in a slot.
+                        unsafe { std::slice::from_raw_parts(a as *const u8, l) }
+                    }
+                })
+                .collect();
+            let pad = |i: usize| lengths[i].next_multiple_of(align) - lengths[i];
+            pool.write(slot, offset, &srcs, pad, &cpus)
+        })
+        .map_err(|e| shared_err(py, e))
     }
 
     /// Takes over giving `slot` back: it returns to the pool when the lease
@@ -399,12 +455,11 @@ impl PyLease {
         py: Python<'_>,
         offset: usize,
         nbytes: usize,
-        dtype: &str,
+        dtype: DType,
         shape: Vec<i64>,
     ) -> PyResult<PinnedBuffer> {
         let pool = self.lease.pool();
         check_range(pool, offset, nbytes)?;
-        let dtype = dtype_of(py, dtype)?;
         let base = pool
             .slot_ptr(self.lease.slot())
             .map_err(|e| shared_err(py, e))?;

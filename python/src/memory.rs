@@ -1,12 +1,12 @@
-//! [`Memory`]: what a `PinnedBuffer` and its DLPack exports share.
-
-use std::sync::Arc;
+//! [`Memory`]: what a `PinnedBuffer` and its DLPack exports share, of
+//! every kind numapin lends Python: the arena's buffers, shared regions
+//! ([`Held`]), loader slots, and plain heap bytes.
 
 use std::ops::Deref;
+use std::sync::Arc;
 
+use numapin::shared::{AttachedRegion, SharedRegion, SlotLease, SlotPool};
 use numapin::PinnedBuf;
-
-use numapin::shared::{SlotLease, SlotPool};
 
 /// A value holding memory of the process that made it: the arena's buffers
 /// and shared memory, which are `MADV_DONTFORK`. Dropped in a forked child
@@ -54,6 +54,46 @@ impl<T> Drop for Here<T> {
 /// An arena buffer of this process (see [`Here`]).
 pub(crate) type Owned = Here<PinnedBuf>;
 
+/// This process's hold on shared memory: the maker's region, or another
+/// process's attached.
+#[derive(Debug)]
+pub(crate) enum Held {
+    /// Made here (counted in this process's budget).
+    Made(Box<SharedRegion>),
+    /// Made by another process, mapped here.
+    Attached(AttachedRegion),
+}
+
+impl Held {
+    pub(crate) fn ptr(&self) -> *mut u8 {
+        match self {
+            Held::Made(r) => r.as_ptr(),
+            Held::Attached(a) => a.as_ptr(),
+        }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            Held::Made(r) => r.len(),
+            Held::Attached(a) => a.len(),
+        }
+    }
+
+    pub(crate) fn node(&self) -> u32 {
+        match self {
+            Held::Made(r) => r.node(),
+            Held::Attached(a) => a.node(),
+        }
+    }
+
+    pub(crate) fn registered(&self) -> bool {
+        match self {
+            Held::Made(r) => r.registered(),
+            Held::Attached(a) => a.registered(),
+        }
+    }
+}
+
 /// Host memory a tensor or array is built over: a buffer lent by numapin's
 /// arena (given back to it when the last owner drops it, on whatever thread
 /// that is, without the GIL), or a plain heap block (tests, and the
@@ -77,6 +117,17 @@ pub(crate) enum Memory {
         /// Bytes the tensor uses.
         len: usize,
     },
+    /// Part of an arena buffer several tensors share (a checkpoint
+    /// stager's: one buffer, one tensor per part, each with a storage of
+    /// its own size).
+    Part {
+        /// The buffer (given back when its last part goes).
+        buf: Arc<Owned>,
+        /// Where the part starts in it.
+        offset: usize,
+        /// Bytes the tensor uses.
+        len: usize,
+    },
     /// Ordinary heap memory.
     Heap(Box<[u8]>),
     /// Part of a loader slot this process is responsible for giving back.
@@ -91,7 +142,7 @@ pub(crate) enum Memory {
     /// Part of shared pinned memory (`numapin.SharedBuffer`).
     Shared {
         /// Keeps it mapped.
-        held: Arc<Here<crate::shared::Held>>,
+        held: Arc<Here<Held>>,
         /// The first byte.
         ptr: *mut u8,
         /// Bytes.
@@ -128,6 +179,7 @@ impl Memory {
             // through tensors (never through a Rust reference).
             Memory::Pinned { buf, .. } => buf.as_ptr().cast_mut(),
             Memory::PinnedAt { buf, offset, .. } => buf.as_ptr().wrapping_add(*offset).cast_mut(),
+            Memory::Part { buf, offset, .. } => buf.as_ptr().wrapping_add(*offset).cast_mut(),
             Memory::Heap(b) => b.as_ptr().cast_mut(),
             Memory::Slot { ptr, .. } | Memory::Mapped { ptr, .. } | Memory::Shared { ptr, .. } => {
                 *ptr
@@ -138,7 +190,9 @@ impl Memory {
     /// Bytes the tensor uses.
     pub(crate) fn len(&self) -> usize {
         match self {
-            Memory::Pinned { len, .. } | Memory::PinnedAt { len, .. } => *len,
+            Memory::Pinned { len, .. }
+            | Memory::PinnedAt { len, .. }
+            | Memory::Part { len, .. } => *len,
             Memory::Heap(b) => b.len(),
             Memory::Slot { len, .. } | Memory::Mapped { len, .. } | Memory::Shared { len, .. } => {
                 *len
@@ -151,6 +205,7 @@ impl Memory {
     pub(crate) fn mapped_here(&self) -> bool {
         match self {
             Memory::Pinned { buf, .. } | Memory::PinnedAt { buf, .. } => buf.here(),
+            Memory::Part { buf, .. } => buf.here(),
             Memory::Shared { held, .. } => held.here(),
             _ => true,
         }
@@ -160,6 +215,7 @@ impl Memory {
     pub(crate) fn node(&self) -> Option<u32> {
         match self {
             Memory::Pinned { buf, .. } | Memory::PinnedAt { buf, .. } => Some(buf.node()),
+            Memory::Part { buf, .. } => Some(buf.node()),
             Memory::Shared { held, .. } => Some(held.node()),
             Memory::Slot { lease, .. } => lease.pool().node(),
             _ => None,
@@ -170,6 +226,7 @@ impl Memory {
     pub(crate) fn registered(&self) -> bool {
         match self {
             Memory::Pinned { buf, .. } | Memory::PinnedAt { buf, .. } => buf.is_registered(),
+            Memory::Part { buf, .. } => buf.is_registered(),
             Memory::Slot { lease, .. } => lease.pool().registered(),
             Memory::Shared { held, .. } => held.registered(),
             _ => false,

@@ -6,7 +6,7 @@ use numapin::CudaOrdinal;
 use pyo3::prelude::*;
 
 use crate::errors::to_py;
-use crate::rt;
+use crate::runtime::rt;
 
 /// The target of CUDA device `gpu`, of node `node` (which wins when both
 /// are given), or of the calling thread.

@@ -9,49 +9,12 @@ use numapin::shared::{AttachedRegion, SharedError, SharedRegion};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
-use crate::errors::{input_error, to_py};
-use crate::memory::{Here, Memory};
-use crate::{dtype_of, rt, PinnedBuffer};
-
-/// This process's hold on shared memory: the maker's region, or another
-/// process's attached.
-#[derive(Debug)]
-pub(crate) enum Held {
-    /// Made here (counted in this process's budget).
-    Made(Box<SharedRegion>),
-    /// Made by another process, mapped here.
-    Attached(AttachedRegion),
-}
-
-impl Held {
-    fn ptr(&self) -> *mut u8 {
-        match self {
-            Held::Made(r) => r.as_ptr(),
-            Held::Attached(a) => a.as_ptr(),
-        }
-    }
-
-    fn len(&self) -> usize {
-        match self {
-            Held::Made(r) => r.len(),
-            Held::Attached(a) => a.len(),
-        }
-    }
-
-    pub(crate) fn node(&self) -> u32 {
-        match self {
-            Held::Made(r) => r.node(),
-            Held::Attached(a) => a.node(),
-        }
-    }
-
-    pub(crate) fn registered(&self) -> bool {
-        match self {
-            Held::Made(r) => r.registered(),
-            Held::Attached(a) => a.registered(),
-        }
-    }
-}
+use crate::buffer::{nbytes_of, PinnedBuffer};
+use crate::dtype::DType;
+use crate::errors::{self, input_error, to_py};
+use crate::memory::{Held, Here, Memory};
+use crate::place;
+use crate::runtime::rt;
 
 fn shared_err(py: Python<'_>, e: SharedError) -> PyErr {
     to_py(py, &numapin::Error::from(e))
@@ -79,7 +42,7 @@ impl SharedBuffer {
         node: Option<u32>,
     ) -> PyResult<SharedBuffer> {
         let rt = rt(py)?;
-        let target = crate::place::target(gpu, node);
+        let target = place::target(gpu, node);
         let r = py
             .detach(|| SharedRegion::create(&rt, target, nbytes, name))
             .map_err(|e| shared_err(py, e))?;
@@ -155,15 +118,14 @@ impl SharedBuffer {
     fn view(
         &self,
         py: Python<'_>,
-        dtype: &str,
+        dtype: DType,
         shape: Option<Vec<i64>>,
         offset: usize,
     ) -> PyResult<PinnedBuffer> {
         if !self.held.here() {
-            return Err(crate::errors::forked(py, "this SharedBuffer"));
+            return Err(errors::forked(py, "this SharedBuffer"));
         }
         let len = self.held.len();
-        let dtype = dtype_of(py, dtype)?;
         let room = len.checked_sub(offset).ok_or_else(|| {
             input_error(
                 py,
@@ -175,7 +137,7 @@ impl SharedBuffer {
             Some(s) => s,
             None => vec![i64::try_from(room / dtype.itemsize()).unwrap_or(i64::MAX)],
         };
-        let nbytes = crate::nbytes_of(py, &shape, dtype)?;
+        let nbytes = nbytes_of(py, &shape, dtype)?;
         if nbytes > room {
             return Err(input_error(
                 py,

@@ -5,13 +5,31 @@ use std::path::PathBuf;
 
 use numapin::storage::safetensors::{Checkpoint, Dtype, Shard};
 use numapin::storage::{self, DeviceRange, IoMode, ReadOptions, ReadReport, Source};
-use numapin::{CudaOrdinal, Target};
+use numapin::CudaOrdinal;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
+use crate::args::{Choice, Choices, Names};
+use crate::buffer::PinnedBuffer;
+use crate::dtype;
 use crate::errors::{input_error, to_py};
-use crate::memory::Memory;
-use crate::{dtype_of, rt, PinnedBuffer};
+use crate::memory::{Memory, Owned};
+use crate::place::target;
+use crate::runtime::rt;
+
+impl Choices for IoMode {
+    const ARG: &'static str = "io";
+    const WHAT: &'static str = "an I/O mode";
+    const NAMES: Names<Self> = &[
+        (
+            "auto",
+            IoMode::Auto,
+            "the page cache for what it holds, O_DIRECT for the rest",
+        ),
+        ("buffered", IoMode::Buffered, ""),
+        ("direct", IoMode::Direct, ""),
+    ];
+}
 
 /// The torch/NumPy dtype name of a safetensors dtype, `None` for the
 /// sub-byte formats (`F4`, `F6_*`) numapin makes no tensors of.
@@ -40,18 +58,14 @@ fn dtype_name(d: Dtype) -> Option<&'static str> {
     })
 }
 
-fn options(py: Python<'_>, threads: usize, chunk_bytes: usize, io: &str) -> PyResult<ReadOptions> {
-    let io: IoMode = io.parse().map_err(|e: String| {
-        input_error(
-            py,
-            format!("io={io:?}: {e}"),
-            "use \"auto\" (the page cache for what it holds, O_DIRECT for the rest), \"buffered\" or \"direct\"",
-        )
-    })?;
-    Ok(ReadOptions::default()
+/// The default `io`: a Python signature shows it as `io='auto'`.
+const AUTO: Choice<IoMode> = Choice(IoMode::Auto);
+
+fn options(threads: usize, chunk_bytes: usize, Choice(io): Choice<IoMode>) -> ReadOptions {
+    ReadOptions::default()
         .with_threads(threads)
         .with_chunk_bytes(chunk_bytes)
-        .with_io(io))
+        .with_io(io)
 }
 
 /// A read's report as a dict.
@@ -68,15 +82,6 @@ fn report<'py>(py: Python<'py>, r: &ReadReport) -> PyResult<Bound<'py, PyDict>> 
     d.set_item("staging_bytes", r.staging_bytes)?;
     d.set_item("warnings", r.warnings.clone())?;
     Ok(d)
-}
-
-/// Where buffers go: a GPU's node, a node, or the calling thread's node.
-fn target(gpu: Option<u32>, node: Option<u32>) -> Target {
-    match (gpu, node) {
-        (_, Some(n)) => Target::HostNode(n),
-        (Some(g), None) => Target::Gpu(CudaOrdinal(g)),
-        (None, None) => Target::Host,
-    }
 }
 
 /// A safetensors checkpoint (a file, or an index and its shards), opened
@@ -207,7 +212,10 @@ impl PyCheckpoint {
     /// Loads the tensors at `selection` into pinned memory (the node of
     /// CUDA device `gpu`, or `node`, or the calling thread's): one
     /// `PinnedBuffer` each, in the order of `selection`.
-    #[pyo3(signature = (selection, *, gpu=None, node=None, threads=0, chunk_bytes=4194304, io="auto"))]
+    #[pyo3(
+        signature = (selection, *, gpu=None, node=None, threads=0, chunk_bytes=4194304, io=AUTO),
+        text_signature = "($self, selection, *, gpu=None, node=None, threads=0, chunk_bytes=4194304, io='auto')"
+    )]
     #[allow(clippy::too_many_arguments)]
     fn load_to_host(
         &self,
@@ -217,9 +225,9 @@ impl PyCheckpoint {
         node: Option<u32>,
         threads: usize,
         chunk_bytes: usize,
-        io: &str,
+        io: Choice<IoMode>,
     ) -> PyResult<(Vec<PinnedBuffer>, Py<PyDict>)> {
-        let opts = options(py, threads, chunk_bytes, io)?;
+        let opts = options(threads, chunk_bytes, io);
         let mut dtypes = Vec::with_capacity(selection.len());
         for &i in &selection {
             let t = self.ck.tensors().get(i).ok_or_else(|| {
@@ -230,7 +238,7 @@ impl PyCheckpoint {
                 )
             })?;
             let name = dtype_name(t.dtype).ok_or_else(|| unsupported(py, &t.name, t.dtype))?;
-            dtypes.push(dtype_of(py, name)?);
+            dtypes.push(dtype::of(py, name)?);
         }
         let rt = rt(py)?;
         let loaded = py
@@ -248,7 +256,7 @@ impl PyCheckpoint {
                 .map(|&d| d as i64)
                 .collect();
             let mem = Memory::PinnedAt {
-                buf: crate::memory::Owned::new(h.buf),
+                buf: Owned::new(h.buf),
                 offset: h.offset,
                 len: h.len,
             };
@@ -261,7 +269,10 @@ impl PyCheckpoint {
     /// each, as large as the tensor) on CUDA device `gpu`, after the work
     /// queued on `stream` (a raw `CUstream` of that device, 0 for the
     /// legacy default stream); returns when they are there.
-    #[pyo3(signature = (selection, ptrs, gpu, stream, *, threads=0, chunk_bytes=4194304, io="auto"))]
+    #[pyo3(
+        signature = (selection, ptrs, gpu, stream, *, threads=0, chunk_bytes=4194304, io=AUTO),
+        text_signature = "($self, selection, ptrs, gpu, stream, *, threads=0, chunk_bytes=4194304, io='auto')"
+    )]
     #[allow(clippy::too_many_arguments)]
     fn load_to_device(
         &self,
@@ -272,9 +283,9 @@ impl PyCheckpoint {
         stream: usize,
         threads: usize,
         chunk_bytes: usize,
-        io: &str,
+        io: Choice<IoMode>,
     ) -> PyResult<Py<PyDict>> {
-        let opts = options(py, threads, chunk_bytes, io)?;
+        let opts = options(threads, chunk_bytes, io);
         if ptrs.len() != selection.len() {
             return Err(input_error(
                 py,
@@ -332,7 +343,10 @@ fn unsupported(py: Python<'_>, name: &str, d: Dtype) -> PyErr {
 /// at `device_ptr` on CUDA device `gpu`, after the work queued on
 /// `stream`; returns the report.
 #[pyfunction]
-#[pyo3(signature = (path, offset, nbytes, device_ptr, gpu, stream, *, threads=0, chunk_bytes=4194304, io="auto"))]
+#[pyo3(
+    signature = (path, offset, nbytes, device_ptr, gpu, stream, *, threads=0, chunk_bytes=4194304, io=AUTO),
+    text_signature = "(path, offset, nbytes, device_ptr, gpu, stream, *, threads=0, chunk_bytes=4194304, io='auto')"
+)]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn read_to_device(
     py: Python<'_>,
@@ -344,9 +358,9 @@ pub(crate) fn read_to_device(
     stream: usize,
     threads: usize,
     chunk_bytes: usize,
-    io: &str,
+    io: Choice<IoMode>,
 ) -> PyResult<Py<PyDict>> {
-    let opts = options(py, threads, chunk_bytes, io)?;
+    let opts = options(threads, chunk_bytes, io);
     let rt = rt(py)?;
     let r = py
         .detach(|| {
@@ -378,7 +392,10 @@ pub(crate) fn read_to_device(
 /// `address` (a CPU tensor the wrapper holds), by threads on the node of
 /// `gpu` / `node` / the calling thread; returns the report.
 #[pyfunction]
-#[pyo3(signature = (path, offset, nbytes, address, *, gpu=None, node=None, threads=0, chunk_bytes=4194304, io="auto"))]
+#[pyo3(
+    signature = (path, offset, nbytes, address, *, gpu=None, node=None, threads=0, chunk_bytes=4194304, io=AUTO),
+    text_signature = "(path, offset, nbytes, address, *, gpu=None, node=None, threads=0, chunk_bytes=4194304, io='auto')"
+)]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn read_to_host(
     py: Python<'_>,
@@ -390,9 +407,9 @@ pub(crate) fn read_to_host(
     node: Option<u32>,
     threads: usize,
     chunk_bytes: usize,
-    io: &str,
+    io: Choice<IoMode>,
 ) -> PyResult<Py<PyDict>> {
-    let opts = options(py, threads, chunk_bytes, io)?;
+    let opts = options(threads, chunk_bytes, io);
     if nbytes > 0 && address == 0 {
         return Err(input_error(
             py,

@@ -78,8 +78,14 @@ def test_bad_arguments_are_input_errors_with_a_fix():
     with pytest.raises(numapin.InputError) as e:
         numapin.bind(0, mode="fastest", input=FIXTURES / "dgx-h100.xml")
     assert "fastest" in str(e.value) and e.value.fix
-    with pytest.raises(numapin.InputError):
+    with pytest.raises(numapin.InputError) as e:
         numapin.bind(0, memory="everywhere", input=FIXTURES / "dgx-h100.xml")
+    assert '"bind"' in e.value.fix and '"none"' in e.value.fix, e.value.fix
+    with pytest.raises(TypeError) as t:
+        numapin.bind(0, mode=5, input=FIXTURES / "dgx-h100.xml")
+    assert "mode=5" in str(t.value) and '"socket"' in str(t.value), t.value
+    # The library's other spelling of cache.
+    assert numapin.bind(0, mode="core-complex", input=FIXTURES / "dgx-h100.xml").cpus
     with pytest.raises(numapin.InputError) as e:
         numapin.bind(99, input=FIXTURES / "dgx-h100.xml")
     assert "99" in str(e.value)

@@ -16,6 +16,7 @@ torch = pytest.importorskip("torch")
 np = pytest.importorskip("numpy")
 
 import numapin.torch as nt  # noqa: E402
+from conftest import run_py  # noqa: E402
 from torch.utils.data import DataLoader as TorchLoader  # noqa: E402
 from torch.utils.data import Dataset  # noqa: E402
 
@@ -121,6 +122,37 @@ def test_batches_equal_torchs_for_the_same_seed(case):
     ours.close()
     s = ours.stats()
     assert s["free"] == s["nslots"] and s["leased"] == 0, s
+
+
+@pytest.mark.parametrize("case", ["in-process", "workers", "drop_last"])
+def test_batches_written_by_numapins_copy_equal_torchs(case, monkeypatch, tmp_path):
+    """The default collate's streaming copy (forced on for these small
+    batches, which the automatic rule writes through the cache with
+    torch.stack) gives torch's batches, odd sizes, bfloat16, strided samples
+    (which fall back to torch.stack) and numbers included, and the workers
+    really took it (their timers count writes)."""
+    from numapin import _dlprofile, _slotcopy
+
+    monkeypatch.setattr(_slotcopy, "MODE", "stream")
+    monkeypatch.setattr(_dlprofile, "DIR", str(tmp_path))
+    monkeypatch.setattr(_dlprofile, "ENABLED", True)
+
+    class Odd(Mixed):
+        def __getitem__(self, i):
+            d = super().__getitem__(i)
+            d["odd"] = torch.arange(i, i + 13, dtype=torch.int16)
+            d["strided"] = torch.arange(20.0)[::2] + i
+            return d
+
+    kw = CASES[case]
+    ref = TorchLoader(Odd(), generator=torch.Generator().manual_seed(3), **kw)
+    ours = nt.DataLoader(Odd(), generator=torch.Generator().manual_seed(3), **kw)
+    compare_epochs(ref, ours, 1)
+    _dlprofile.dump(force=True)
+    ours.close()
+    if kw["num_workers"]:
+        writes = _dlprofile.read(str(tmp_path)).get("workers", {}).get("write", [0, 0])[1]
+        assert writes > 0, "no batch went through numapin's copy"
 
 
 def test_cpu_batches_are_pinned_views_of_slots_that_come_back():
@@ -242,6 +274,7 @@ def test_a_batch_larger_than_a_slot_takes_the_ordinary_path_once_warned():
     want = list(TorchLoader(Growing(), batch_size=4))
     same(want, got)
     assert dl.stats()["plain_batches"] == {"large": 1}
+    assert [type(k) for k in dl.stats()["plain_batches"]] == [str], "the reasons are plain strings"
 
 
 def test_bad_arguments_are_input_errors():
@@ -394,4 +427,45 @@ def test_the_pool_grows_when_workers_find_no_slot_free(monkeypatch):
     gc.collect()
     s = dl.stats()
     assert s["free"] == s["nslots"] and s["leased"] == 0, s
+    dl.close()
+
+
+def test_a_collate_reaches_the_pool_made_in_its_process_and_attaches_anywhere_else():
+    # The pool itself where it was made (num_workers=0 collates there), by
+    # its path when pickled for a spawned worker, attached afresh in a
+    # forked one (never the copy it inherited) and once the pool is closed.
+    r = run_py(
+        """
+        import os, pickle, numapin
+        from numapin._loader_worker import NoPool, PoolRef
+        pool = numapin._numapin.SlotPool.create()
+        ref = PoolRef(pool)
+        assert ref.get() is pool
+        sent = pickle.loads(pickle.dumps(ref))
+        assert sent.path == pool.path
+        got = sent.get()
+        assert got is not pool and type(got) is type(pool), (got, pool)
+        pid = os.fork()
+        if pid == 0:
+            got = ref.get()
+            os._exit(0 if got is not pool and type(got) is type(pool) else 3)
+        assert os.waitpid(pid, 0)[1] == 0, "a forked child used the pool it inherited"
+        ref.forget()
+        assert ref.get() is not pool
+        assert isinstance(PoolRef(NoPool("none")).get(), NoPool)
+        pool.close()
+        print("ok")
+        """
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["ok"], r.stdout
+
+
+def test_the_module_s_tunables_apply_to_loaders_made_after_they_are_set(monkeypatch):
+    # numapin.torch.POOL_WAIT = 0: no worker waits for the pool, so every
+    # batch collated before it is ready takes torch's path ("unsized").
+    monkeypatch.setattr(nt, "POOL_WAIT", 0.0)
+    monkeypatch.setattr(nt, "FIRST_BATCH_WAITS", True)
+    dl = nt.DataLoader(Mixed(8), batch_size=2, num_workers=1)
+    assert dl._collate.wait == 0.0 and dl._collate.first_waits
     dl.close()

@@ -336,6 +336,46 @@ print("made", a.shape)
     assert all(line.startswith("refused") for line in lines[:-1]), r.stdout
 
 
+@pytest.mark.parametrize(
+    "key, value, names",
+    [
+        ("placement", "loose", ["strict", "warn"]),
+        ("placement", 5, ["strict", "warn"]),
+        ("backend", "cuda", ["mapped", "driver_numa", "host_alloc_bound"]),
+        ("huge_pages", b"2m", ["auto", "thp", "2m", "1g", "none"]),
+    ],
+)
+def test_a_wrong_option_names_the_argument_the_value_and_every_choice(key, value, names):
+    # Checked as the compiled module reads it: nothing is stored, whether
+    # or not the runtime was made.
+    e = refused(lambda: numapin.configure(**{key: value}), numapin.InputError if isinstance(value, str) else TypeError)
+    text = str(e)
+    assert f"{key}=" in text and (repr(value) if not isinstance(value, str) else f'"{value}"') in text, text
+    for n in names:
+        assert f'"{n}"' in text, (n, text)
+
+
+@pytest.mark.parametrize(
+    "key, value, kind",
+    [
+        ("budget_bytes", True, TypeError),
+        ("populate_threads", 4097, numapin.InputError),
+        ("thread_cache_blocks", 2**40, numapin.InputError),
+        ("budget_fraction", np.float32(0.5), TypeError),
+        ("register", np.bool_(True), TypeError),
+        ("register_in_parts", 1, TypeError),
+    ],
+)
+def test_a_wrong_number_or_flag_names_the_argument_and_the_value(key, value, kind):
+    e = refused(lambda: numapin.configure(**{key: value}), kind)
+    assert f"{key}=" in str(e) and "fix: " in str(e), str(e)
+
+
+def test_a_long_wrong_value_is_shown_cut():
+    e = refused(lambda: numapin.configure(placement="x" * 100_000), numapin.InputError)
+    assert len(str(e)) < 1000 and "xxx..." in str(e), str(e)[:200]
+
+
 def test_configure_after_first_use_is_an_input_error():
     numapin.stats()
     e = refused(lambda: numapin.configure(budget_bytes=1 << 20), numapin.InputError)

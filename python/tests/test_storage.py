@@ -202,8 +202,11 @@ def test_hostile_files_raise_input_error_and_leave_nothing(tmp_path, no_leak):
     idx.write_text(json.dumps({"weight_map": {"x": "../good.safetensors"}}))
     with pytest.raises(numapin.InputError, match="relative path"):
         numapin.load_safetensors(idx, device=None)
-    with pytest.raises(numapin.InputError):
+    with pytest.raises(numapin.InputError) as e:
         numapin.load_safetensors(good_path, device=None, io="sideways")
+    assert 'io="sideways"' in str(e.value) and '"direct"' in e.value.fix, e.value
+    with pytest.raises(TypeError, match="io=5 is not a string"):
+        numapin.load_safetensors(good_path, device=None, io=5)
     gc.collect()
 
 

@@ -69,6 +69,13 @@ pub const DEFAULT_BUDGET_FRACTION: f64 = 0.5;
 pub const DEFAULT_REGION_BYTES: usize = 256 << 20;
 /// Default (and smallest) block alignment: 4 KiB.
 pub const DEFAULT_ALIGNMENT: usize = 4096;
+/// Most bytes per registered part of a standard region made in parts
+/// ([`RuntimeConfig::register_in_parts`](crate::runtime::RuntimeConfig::register_in_parts)):
+/// parts of 128 MiB to 1 GiB made
+/// 4 GiB regions in 33-44 ms per GiB against 49 in one piece, and a 16 GiB
+/// region in 256 MiB parts took 30 (`numapin bench --only cold-pinning`,
+/// H100 VM; docs/BENCHMARKS.md, "cold pinning").
+pub const MAX_PART_BYTES: u64 = 256 << 20;
 /// Largest block alignment: 2 MiB.
 pub const MAX_ALIGNMENT: usize = 2 << 20;
 
@@ -467,15 +474,17 @@ impl NodeArena {
     }
 
     /// Bytes per part of a region of `size` bytes made for a request of
-    /// `bytes`: half a standard region (rounded up to 2 MiB by the region)
-    /// for a standard region made for a request of at most half of one,
-    /// when [`ArenaConfig::register_in_parts`] is on; 0 (one piece)
-    /// otherwise. Every request a standard region serves (at most half a
-    /// region, see [`alloc::region_size_for`]) fits in one part.
+    /// `bytes`: half a standard region, at most [`MAX_PART_BYTES`] (rounded
+    /// up to the region's page by the region), for a standard region made
+    /// for a request that fits in one part, when
+    /// [`ArenaConfig::register_in_parts`] is on; 0 (one piece) otherwise.
+    /// A standard region in parts serves only requests that fit in a part
+    /// (the bookkeeping never places a block across two); a larger request
+    /// gets a standard region in one piece, or a region of its own.
     pub(crate) fn part_bytes_for(&self, size: u64, bytes: u64) -> usize {
-        let half = self.cfg.region_bytes / 2;
-        if self.cfg.register_in_parts && size == self.cfg.region_bytes && bytes <= half {
-            half as usize
+        let part = (self.cfg.region_bytes / 2).min(MAX_PART_BYTES);
+        if self.cfg.register_in_parts && size == self.cfg.region_bytes && bytes <= part {
+            part as usize
         } else {
             0
         }

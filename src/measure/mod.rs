@@ -7,10 +7,13 @@
 //!   every figure is summarised by;
 //! * [`copy`]: copy rates from pageable, driver-pinned and arena memory;
 //! * [`pinning`]: region creation per step, per backend and per setting;
+//! * [`cold_pin`]: regions of several GiB made from nothing, by each way of
+//!   making them (in parts, pages, threads, faulting in, registration flags);
 //! * [`loader`]: loaders and staged copies against their stages alone;
 //! * [`kernels`]: the small CUDA kernels the GPU checks run.
 
 pub mod arena;
+pub mod cold_pin;
 pub mod copy;
 pub mod kernels;
 pub mod loader;

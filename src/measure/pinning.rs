@@ -37,7 +37,7 @@ pub struct CreateFigures {
 }
 
 /// The options the runtime's arena on `node` would use, with `backend`.
-fn options(
+pub(super) fn options(
     rt: &Runtime,
     node: u32,
     bytes: usize,
@@ -61,6 +61,17 @@ fn options(
         shared: None,
         fail_after: None,
     })
+}
+
+/// The threads the runtime's arena on `node` populates a region with
+/// (what the figures compare other settings against).
+///
+/// # Errors
+///
+/// [`Error::Runtime`](crate::Error::Runtime) for a node without an arena
+/// ([`RuntimeError::UnknownNode`], [`RuntimeError::NoMemory`]).
+pub fn populate_threads(rt: &Runtime, node: u32) -> crate::Result<usize> {
+    Ok(rt.arena(node)?.config().populate_threads)
 }
 
 /// Creates and drops `reps` regions of `bytes` on `node` with `backend`

@@ -63,7 +63,8 @@ pub(crate) struct Opened {
     pub direct_align: Option<Option<u64>>,
 }
 
-fn kind_of(mode: libc::mode_t) -> FileKind {
+/// What a file of `st_mode` `mode` is.
+pub(crate) fn kind_of(mode: libc::mode_t) -> FileKind {
     match mode & libc::S_IFMT {
         libc::S_IFDIR => FileKind::Directory,
         libc::S_IFIFO => FileKind::Fifo,
@@ -104,7 +105,8 @@ pub(crate) fn open(path: &Path, direct: bool) -> io::Result<Opened> {
     describe(file)
 }
 
-fn describe(file: File) -> io::Result<Opened> {
+/// What `fstat`/`statx` say about an opened `file`.
+pub(crate) fn describe(file: File) -> io::Result<Opened> {
     // SAFETY: an all-zero statx is a valid value for the kernel to fill.
     let mut stx: libc::statx = unsafe { std::mem::zeroed() };
     let empty = c"";

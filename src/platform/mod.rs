@@ -1,4 +1,4 @@
-//! Platform code: the CUDA driver, Linux system calls and `/proc` and
+//! Platform code: the CUDA driver, NVML, Linux system calls and `/proc` and
 //! cgroup files, and the helpers that isolate hwloc and cudarc failures.
 //! Private to the crate (reached by numapin's own tools and tests through
 //! [`crate::internals`]); the only place besides the arena's region and
@@ -11,10 +11,12 @@ pub(crate) mod cleanup;
 pub(crate) mod container;
 pub(crate) mod cuda;
 pub(crate) mod file;
+pub(crate) mod file_write;
 pub(crate) mod hugetlb;
 pub(crate) mod isolate;
 pub(crate) mod numa;
 pub(crate) mod numa_maps;
+pub(crate) mod nvml;
 pub(crate) mod panic_guard;
 pub(crate) mod pci;
 pub(crate) mod probe;

@@ -377,6 +377,19 @@ pub(crate) fn is_mapped(addr: usize) -> bool {
 
 /// A fresh anonymous private read-write mapping of `len` bytes.
 pub(crate) fn map_anonymous(len: usize) -> io::Result<*mut u8> {
+    map_anonymous_with(len, 0)
+}
+
+/// A fresh anonymous private read-write mapping of `len` bytes, faulted in
+/// by the kernel inside `mmap` (`MAP_POPULATE`) under the calling thread's
+/// memory policy (a measurement's baseline).
+#[cfg(feature = "measure")]
+pub(crate) fn map_anonymous_populated(len: usize) -> io::Result<*mut u8> {
+    map_anonymous_with(len, libc::MAP_POPULATE)
+}
+
+/// [`map_anonymous`] with `extra` mmap flags (`MAP_POPULATE`).
+fn map_anonymous_with(len: usize, extra: libc::c_int) -> io::Result<*mut u8> {
     // SAFETY: an anonymous private mapping at an address of the kernel's
     // choosing touches no existing memory.
     let p = unsafe {
@@ -384,7 +397,7 @@ pub(crate) fn map_anonymous(len: usize) -> io::Result<*mut u8> {
             std::ptr::null_mut(),
             len,
             libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | extra,
             -1,
             0,
         )

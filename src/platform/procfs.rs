@@ -142,7 +142,16 @@ pub(crate) struct Status {
     pub locked: Option<u64>,
     /// `VmPin:` in bytes (pages pinned long-term: RDMA, io_uring, ...).
     pub pinned: Option<u64>,
+    /// `NSpid:`: the process's pid in each PID namespace from the one of
+    /// the `/proc` read (first) down to its own (last); at most
+    /// [`MAX_PID_NS_LEVELS`] entries, empty when absent (kernels before 4.1)
+    /// or unreadable.
+    pub nspid: Vec<u32>,
 }
+
+/// PID namespaces nest at most 32 deep (the kernel's `MAX_PID_NS_LEVEL`),
+/// so `NSpid:` has at most 33 entries.
+pub(crate) const MAX_PID_NS_LEVELS: usize = 33;
 
 /// `1234 kB` in bytes (`None` for anything else or an overflow).
 fn kb(v: &str) -> Option<u64> {
@@ -169,10 +178,50 @@ pub(crate) fn parse_status(text: &[u8]) -> Status {
             "VmRSS" => s.rss = kb(v),
             "VmLck" => s.locked = kb(v),
             "VmPin" => s.pinned = kb(v),
+            "NSpid" => s.nspid = nspid(v),
             _ => {}
         }
     }
     s
+}
+
+/// The entries of `NSpid:`, all or none: a list longer than
+/// [`MAX_PID_NS_LEVELS`] or holding a non-number is not believed.
+fn nspid(v: &str) -> Vec<u32> {
+    let mut out = Vec::new();
+    for w in v.split_ascii_whitespace() {
+        match parse_u32(w) {
+            Some(n) if out.len() < MAX_PID_NS_LEVELS => out.push(n),
+            _ => return Vec::new(),
+        }
+    }
+    out
+}
+
+/// The kernel's flag of a kernel thread in `/proc/<pid>/stat`'s `flags`
+/// (field 9): `PF_KTHREAD`.
+const PF_KTHREAD: u64 = 0x0020_0000;
+
+/// The `flags` field (9) of `/proc/<pid>/stat`, counted after the
+/// command's closing parenthesis.
+pub(crate) fn stat_flags(stat: &[u8]) -> Option<u64> {
+    let close = stat.iter().rposition(|&b| b == b')')?;
+    let rest = std::str::from_utf8(stat.get(close + 1..)?).ok()?;
+    // Field 3 (state) is the first after the parenthesis; 9 is the 7th.
+    rest.split_ascii_whitespace().nth(6)?.parse().ok()
+}
+
+/// Whether `<root>/proc` shows the host's PID namespace (the initial one,
+/// whose pids NVML reports): there, and only there, pid 2 is the kernel
+/// thread `kthreadd` (every kernel thread belongs to the initial namespace;
+/// a user process cannot set `PF_KTHREAD`). Without it (a container's own
+/// `/proc`, or one that hides pid 2 from this user with `hidepid=`), the
+/// answer is `false`: pids there cannot be matched with the host's.
+pub(crate) fn shows_host_pids(root: &Path) -> bool {
+    let stat = read_capped(&pid_path(root, 2, "stat"), 64 << 10);
+    stat.ok()
+        .and_then(|b| stat_flags(&b))
+        .is_some_and(|f| f & PF_KTHREAD != 0)
 }
 
 /// The CPU a task last ran on: field 39 (`processor`) of

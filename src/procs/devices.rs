@@ -66,6 +66,11 @@ impl DeviceFiles {
         }
     }
 
+    /// The topology's GPU with this PCI bus id.
+    pub(crate) fn gpu_of(&self, bus_id: &str) -> Option<GpuIndex> {
+        self.gpus.get(&bus_id.to_ascii_lowercase()).copied()
+    }
+
     fn gpu(&self, bus_id: Option<String>) -> FileKind {
         let gpu = bus_id
             .as_ref()

@@ -9,6 +9,7 @@ use std::ffi::OsString;
 
 use serde::Serialize;
 
+use super::attribution::{GpuContext, GpuSource};
 use super::snapshot::ProcessSnapshot;
 use super::words::{check, node_list};
 use crate::affinity::{launcher, plan, rank_plan, Mode, PlanOptions, RankChoice, RankPlan};
@@ -32,20 +33,80 @@ pub struct Expected {
     pub plan: Option<RankPlan>,
 }
 
-/// The GPUs a process works on: those mapped, else those open, known ones
-/// first; and how many device files name no GPU of the topology.
-fn used(s: &ProcessSnapshot) -> (Vec<GpuIndex>, bool, usize) {
+/// What a process works on, by its [`Attribution`](super::Attribution).
+struct Used {
+    /// The GPUs of the topology it works on, ascending.
+    gpus: Vec<GpuIndex>,
+    /// In words: `NVML lists it on GPU 1 (522.0 MiB)`, `it has GPU 0-3
+    /// mapped`.
+    phrase: String,
+    /// By NVML (exact), rather than device files (approximate).
+    exact: bool,
+    /// With device files: why they are approximate, ready to append.
+    approximate: String,
+    /// Device files that name no GPU of the topology.
+    unknown: usize,
+}
+
+/// The GPUs a process works on: those NVML lists it on; without NVML,
+/// its device files mapped, else those open (approximate).
+fn used(t: &Topology, s: &ProcessSnapshot) -> Used {
+    let unknown = s.gpus.iter().filter(|g| g.gpu.is_none()).count();
+    let a = &s.attribution;
+    if a.source == GpuSource::Nvml {
+        let mut gpus: Vec<GpuIndex> = a.contexts.iter().filter_map(|c| c.gpu).collect();
+        gpus.sort_unstable();
+        gpus.dedup();
+        return Used {
+            gpus,
+            phrase: format!("NVML lists it on {}", contexts(t, &a.contexts)),
+            exact: true,
+            approximate: String::new(),
+            unknown,
+        };
+    }
     let mapped = s.gpus.iter().any(|g| g.mapped);
-    let mut out: Vec<GpuIndex> = s
+    let mut gpus: Vec<GpuIndex> = s
         .gpus
         .iter()
         .filter(|g| g.mapped || !mapped)
         .filter_map(|g| g.gpu)
         .collect();
-    out.sort_unstable();
-    out.dedup();
-    let unknown = s.gpus.iter().filter(|g| g.gpu.is_none()).count();
-    (out, mapped, unknown)
+    gpus.sort_unstable();
+    gpus.dedup();
+    let how = if mapped { "mapped" } else { "open" };
+    let phrase = if gpus.is_empty() {
+        "no GPU device open or mapped (yet)".to_string()
+    } else {
+        format!("it has GPU {} {how}", list(&gpus))
+    };
+    let why = a.approximate.as_deref().unwrap_or("NVML not asked");
+    Used {
+        gpus,
+        phrase,
+        exact: false,
+        approximate: format!(
+            " (device files, approximate: the CUDA driver opens and maps every GPU it can see; {why})"
+        ),
+        unknown,
+    }
+}
+
+/// `GPU 0 (2.0 GiB), GPU 1 (522.0 MiB)`: each GPU with the memory on it.
+pub(super) fn contexts(t: &Topology, cs: &[GpuContext]) -> String {
+    cs.iter()
+        .map(|c| {
+            let name = match c.gpu {
+                Some(g) if t.gpu(g).is_some() => format!("GPU {g}"),
+                _ => format!("{} (not a GPU of the description)", c.bus_id),
+            };
+            match c.used_bytes {
+                Some(b) => format!("{name} ({})", crate::arena::fmt_bytes(b)),
+                None => format!("{name} (memory not given)"),
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// `GPU 3 (0000:47:00.0, node 1)`.
@@ -112,8 +173,7 @@ pub(super) fn seen_by<'a>(
 pub(super) fn expect(topo: &Topology, s: &ProcessSnapshot) -> (Check, Option<Expected>) {
     let pid = s.pid;
     let (t, cuda_note) = seen_by(topo, s);
-    let (used, mapped, unknown) = used(s);
-    let how_used = if mapped { "mapped" } else { "open" };
+    let used = used(&t, s);
     let env = s.environment.as_ref();
     let rank = env.map(|e| launcher::local_rank_with(|k| e.get(k).map(OsString::from)));
     let mut notes: Vec<String> = cuda_note.into_iter().collect();
@@ -125,11 +185,6 @@ pub(super) fn expect(topo: &Topology, s: &ProcessSnapshot) -> (Check, Option<Exp
         }
         None => None,
     };
-    if unknown > 0 {
-        notes.push(format!(
-            "{unknown} GPU device file(s) name no GPU of the description (no /proc/driver/nvidia/gpus/*/information for their minor)"
-        ));
-    }
     let by_rank = (rank.is_some() || launcher::one_visible_gpu(&t)).then(|| {
         let mut c = RankChoice::default().with_ignore_environment(true);
         if let Some(r) = rank {
@@ -140,20 +195,26 @@ pub(super) fn expect(topo: &Topology, s: &ProcessSnapshot) -> (Check, Option<Exp
         rank_plan(&t, c, Mode::Node, &PlanOptions::default())
     });
     let (mut c, expected) = match by_rank {
-        Some(Ok((p, line))) => by_launcher(&t, s, p, line, &used, how_used),
+        Some(Ok((p, line))) => by_launcher(&t, s, p, &line, &used),
         Some(Err(e)) => {
             notes.push(crate::report::with_causes(&e));
-            by_devices(&t, s, &used, how_used)
+            by_devices(&t, s, &used)
         }
-        None => by_devices(&t, s, &used, how_used),
+        None => by_devices(&t, s, &used),
     };
     // What could not be used of its variables is a warning at least: the
     // GPU CUDA gives it may not be the one judged against.
     let trouble = !notes.is_empty();
+    if used.unknown > 0 {
+        notes.push(format!(
+            "{} GPU device file(s) name no GPU of the description (no /proc/driver/nvidia/gpus/*/information for their minor)",
+            used.unknown
+        ));
+    }
     for n in notes {
         c.evidence.push_str(&format!("; {n}"));
     }
-    if trouble && c.verdict == Verdict::Ok {
+    if trouble && matches!(c.verdict, Verdict::Ok | Verdict::Skip) {
         c = check(
             "gpu",
             pid,
@@ -165,57 +226,56 @@ pub(super) fn expect(topo: &Topology, s: &ProcessSnapshot) -> (Check, Option<Exp
     (c, expected)
 }
 
-/// The GPU(s) it has open or mapped, without a launcher's choice.
-fn by_devices(
-    t: &Topology,
-    s: &ProcessSnapshot,
-    used: &[GpuIndex],
-    how_used: &str,
-) -> (Check, Option<Expected>) {
+/// The GPU(s) it works on, without a launcher's choice.
+fn by_devices(t: &Topology, s: &ProcessSnapshot, used: &Used) -> (Check, Option<Expected>) {
     let pid = s.pid;
-    let expected = match used {
-        [g] => Some(one_open(t, *g, how_used)),
+    let expected = match used.gpus.as_slice() {
+        [g] => Some(one_open(t, *g, used)),
         [] => None,
-        many => Some(several(t, many, how_used)),
+        many => Some(several(t, many, used)),
     };
     let c = match &expected {
-        Some(e) if e.nodes.len() > 1 => check(
+        Some(e) if e.nodes.len() > 1 && used.exact => check(
             "gpu",
             pid,
             Verdict::Warn,
             e.how.clone(),
             "run one process per GPU (`torchrun --nproc-per-node`), each bound near its own GPU with `numapin exec -- CMD`",
         ),
-        Some(e) => check("gpu", pid, Verdict::Ok, e.how.clone(), ""),
+        Some(e) if e.nodes.len() > 1 => check(
+            "gpu",
+            pid,
+            Verdict::Skip,
+            format!("{}{}: not judged", e.how, used.approximate),
+            "",
+        ),
+        Some(e) => check("gpu", pid, Verdict::Ok, format!("{}{}", e.how, used.approximate), ""),
         None => no_gpu(s),
     };
     (c, expected)
 }
 
-/// The rank's GPU, checked against what the process works on.
+/// The rank's GPU, checked against what the process works on: a verdict
+/// from NVML's lists; from device files, words only (`ok`, or `skip` where
+/// they disagree with the rank).
 fn by_launcher(
     t: &Topology,
     s: &ProcessSnapshot,
     plan: RankPlan,
-    line: String,
-    used: &[GpuIndex],
-    how_used: &str,
+    line: &str,
+    used: &Used,
 ) -> (Check, Option<Expected>) {
     let pid = s.pid;
     let g = plan.gpu.expect("a rank plan names its GPU");
     let nodes: Vec<u32> = t.gpu(g).and_then(|x| x.numa_node).into_iter().collect();
     // rank_plan's sentence: "GPU 3 (bus) chosen by ...; mode node".
-    let why = line
-        .split_once(" chosen by ")
-        .map_or(line.as_str(), |(_, w)| w);
+    let why = line.split_once(" chosen by ").map_or(line, |(_, w)| w);
     let why = why.split("; mode ").next().unwrap_or(why);
     let how = format!("{}, chosen by {why}", gpu_label(t, g));
-    let evidence = match used {
-        [] => format!("{how}; no GPU device open or mapped (yet)"),
-        _ => format!("{how}; it has GPU {} {how_used}", list(used)),
-    };
-    let others: Vec<GpuIndex> = used.iter().copied().filter(|&u| u != g).collect();
-    let check = if !used.is_empty() && !used.contains(&g) {
+    let evidence = format!("{how}; {}", used.phrase);
+    let others: Vec<GpuIndex> = used.gpus.iter().copied().filter(|&u| u != g).collect();
+    let elsewhere = !used.gpus.is_empty() && !used.gpus.contains(&g);
+    let check = if elsewhere && used.exact {
         check(
             "gpu",
             pid,
@@ -223,7 +283,15 @@ fn by_launcher(
             format!("{evidence}: not its rank's GPU"),
             "make each rank use its own GPU: `torch.cuda.set_device(int(os.environ[\"LOCAL_RANK\"]))` before any CUDA work, or let the launcher give each rank one GPU in CUDA_VISIBLE_DEVICES",
         )
-    } else if how_used == "mapped" && !others.is_empty() {
+    } else if elsewhere {
+        check(
+            "gpu",
+            pid,
+            Verdict::Skip,
+            format!("{evidence}, not its rank's{}: not judged", used.approximate),
+            "",
+        )
+    } else if used.exact && !others.is_empty() {
         check(
             "gpu",
             pid,
@@ -235,7 +303,13 @@ fn by_launcher(
             "set the rank's device first thing (`torch.cuda.set_device(local_rank)`), and use `cuda:{local_rank}` rather than `cuda` or `cuda:0`",
         )
     } else {
-        check("gpu", pid, Verdict::Ok, evidence, "")
+        check(
+            "gpu",
+            pid,
+            Verdict::Ok,
+            format!("{evidence}{}", used.approximate),
+            "",
+        )
     };
     let expected = Expected {
         gpus: vec![g],
@@ -246,18 +320,30 @@ fn by_launcher(
     (check, Some(expected))
 }
 
+/// The only GPU `used` names: `the only GPU NVML lists it on`.
+fn only(used: &Used) -> &'static str {
+    if used.exact {
+        "the only GPU NVML lists it on"
+    } else if used.phrase.ends_with("mapped") {
+        "the only GPU it has mapped"
+    } else {
+        "the only GPU it has open"
+    }
+}
+
 /// The one GPU the process works on.
-fn one_open(t: &Topology, g: GpuIndex, how_used: &str) -> Expected {
+fn one_open(t: &Topology, g: GpuIndex, used: &Used) -> Expected {
     let how = format!(
-        "{}: the only GPU it has {how_used}; no launcher rank variable",
-        gpu_label(t, g)
+        "{}: {}; no launcher rank variable",
+        gpu_label(t, g),
+        only(used)
     );
     let plan = match t.gpu(g).and_then(|x| x.cuda_ordinal) {
         Some(o) => rank_plan(
             t,
             RankChoice::default()
                 .with_gpu(Some(o))
-                .with_gpu_from(Some("the GPU it has open"))
+                .with_gpu_from(Some("the GPU it works on"))
                 .with_ignore_environment(true),
             Mode::Node,
             &PlanOptions::default(),
@@ -277,7 +363,7 @@ fn one_open(t: &Topology, g: GpuIndex, how_used: &str) -> Expected {
 }
 
 /// Several GPUs and no rank: judged against all their nodes.
-fn several(t: &Topology, gpus: &[GpuIndex], how_used: &str) -> Expected {
+fn several(t: &Topology, gpus: &[GpuIndex], used: &Used) -> Expected {
     let mut nodes: Vec<u32> = gpus
         .iter()
         .filter_map(|&g| t.gpu(g).and_then(|x| x.numa_node))
@@ -294,10 +380,7 @@ fn several(t: &Topology, gpus: &[GpuIndex], how_used: &str) -> Expected {
     Expected {
         gpus: gpus.to_vec(),
         nodes,
-        how: format!(
-            "it has GPUs {} {how_used} ({on}); no launcher rank variable",
-            list(gpus)
-        ),
+        how: format!("{} ({on}); no launcher rank variable", used.phrase),
         plan: None,
     }
 }

@@ -1,5 +1,7 @@
 //! What was read of a process, in sentences for the text report.
 
+use super::attribution::GpuSource;
+use super::expect::contexts;
 use super::locality::{nodes_of, threads_by_node};
 use super::publish::Publication;
 use super::snapshot::ProcessSnapshot;
@@ -25,7 +27,7 @@ fn opt_bytes(b: Option<u64>) -> String {
 /// The sentences, one per aspect: environment, GPUs, threads, memory,
 /// numapin, and what could not be read.
 pub(super) fn facts(t: &Topology, s: &ProcessSnapshot) -> Vec<String> {
-    let mut out = vec![environment(s), gpus(s), threads(t, s), memory(s)];
+    let mut out = vec![environment(s), gpus(t, s), threads(t, s), memory(s)];
     out.extend(numapin(s));
     for u in &s.unread {
         out.push(format!("not read: {}: {}", u.part, u.why));
@@ -54,9 +56,11 @@ fn environment(s: &ProcessSnapshot) -> String {
     format!("environment: {}", vars.join(" "))
 }
 
-/// `GPUs: GPU 0 (0000:...) open and mapped; the NVIDIA driver open`.
-fn gpus(s: &ProcessSnapshot) -> String {
-    let gpus: Vec<String> = s
+/// `GPUs: NVML lists it on GPU 1 (522.0 MiB); device files: GPU 0
+/// (0000:...) open and mapped; the NVIDIA driver open`, or `GPUs (device
+/// files, approximate: why): ...`.
+fn gpus(t: &Topology, s: &ProcessSnapshot) -> String {
+    let files: Vec<String> = s
         .gpus
         .iter()
         .map(|g| {
@@ -78,12 +82,22 @@ fn gpus(s: &ProcessSnapshot) -> String {
     } else {
         ""
     };
-    let list = if gpus.is_empty() {
+    let files = if files.is_empty() {
         "none open or mapped".into()
     } else {
-        gpus.join(", ")
+        files.join(", ")
     };
-    format!("GPUs: {list}{driver}")
+    let a = &s.attribution;
+    match a.source {
+        GpuSource::Nvml => format!(
+            "GPUs: NVML lists it on {}; device files: {files}{driver}",
+            contexts(t, &a.contexts)
+        ),
+        GpuSource::DeviceFiles => format!(
+            "GPUs (device files, approximate: {}): {files}{driver}",
+            a.approximate.as_deref().unwrap_or("NVML not asked")
+        ),
+    }
 }
 
 /// `threads: 12, last ran 12 on node 0 (CPUs 0-5); may run on CPUs ...`.

@@ -12,10 +12,15 @@
 //!   under a root (`/` live, a folder in tests), within [`ReadLimits`]
 //!   checked before anything is allocated; a process that ends while read,
 //!   or a file this user may not read, gives a line, never a crash.
+//!   Each [`scan`](ProcReader::scan) and [`read_pids`](ProcReader::read_pids)
+//!   also asks the driver's per-GPU process lists (NVML, [`DriverQuery`])
+//!   while it reads, and gives each process its [`Attribution`]: the GPUs
+//!   it has a context on and its memory on each, or (NVML missing, slow,
+//!   unable to see it) its device files, approximate.
 //! * [`judge`] compares a snapshot with the [`Topology`](crate::Topology):
 //!   its GPU (the one the launcher's local rank or `CUDA_VISIBLE_DEVICES`
 //!   gives, as [`rank_plan`](crate::affinity::rank_plan) chooses it for
-//!   `numapin exec`, else the one it has open), that GPU's node, and its
+//!   `numapin exec`, else the one it works on), that GPU's node, and its
 //!   nearest NIC ([`Topology::nic_pairing`](crate::Topology::nic_pairing)).
 //!   Each check is a [`doctor::Check`](crate::doctor::Check) about the
 //!   process ([`Subject::Process`](crate::doctor::Subject::Process)): a
@@ -30,9 +35,21 @@
 //! the topology lists that device as a GPU or accelerator: a test names the
 //! stand-in accelerator a process uses by opening its `config` file.
 //! `/dev/nvidiactl` and `/dev/nvidia-uvm` mark a CUDA process without
-//! naming a GPU. A device file mapped means a CUDA context on that GPU; a
-//! descriptor alone only that the process opened it (CUDA opens every
-//! visible GPU), so mappings win when there are any.
+//! naming a GPU. The minor number `N` is the driver's, not a CUDA ordinal.
+//!
+//! # Which GPUs a process works on
+//!
+//! Device files cannot tell: the CUDA driver opens, and maps, every GPU's
+//! device file it can see, whichever GPU the process uses. The driver's
+//! own per-GPU process lists can (`nvmlDeviceGetComputeRunningProcesses`
+//! and the graphics and MPS lists, with the memory of each process on each
+//! GPU); NVML's GPUs are matched with the topology's by PCI bus id, and its
+//! pids, the host's, with the processes read through their `NSpid` where
+//! the `/proc` read shows the host's PID namespace. A process NVML lists is
+//! judged by its lists ([`GpuSource::Nvml`]); any other by its device
+//! files ([`GpuSource::DeviceFiles`], mapped ones first), approximate: then
+//! the `gpu` check only says what they show (`ok`, or `skip` where they
+//! disagree with the rank), never warns nor fails.
 //!
 //! ```no_run
 //! use numapin::procs::{judge, ProcReader};
@@ -49,7 +66,9 @@
 //! # Ok::<(), numapin::Error>(())
 //! ```
 
+mod attribution;
 mod devices;
+mod driver;
 mod error;
 mod expect;
 mod facts;
@@ -63,7 +82,9 @@ mod snapshot;
 mod verdict;
 mod words;
 
+pub use attribution::{Attribution, ContextKind, GpuContext, GpuSource};
 pub use devices::STATS_MEMFD_NAME;
+pub use driver::{DriverGpu, DriverLists, DriverProcess, DriverQuery, DriverReport};
 pub use error::ProcessError;
 pub use expect::Expected;
 pub use locality::MIN_OFF_NODE_BYTES;
@@ -79,5 +100,7 @@ pub use snapshot::{
 };
 pub use verdict::{judge, ProcessReport};
 
+#[cfg(test)]
+mod driver_tests;
 #[cfg(test)]
 mod tests;

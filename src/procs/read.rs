@@ -3,7 +3,9 @@
 use std::io;
 use std::path::{Path, PathBuf};
 
+use super::attribution::Attribution;
 use super::devices::{DeviceFiles, FileKind};
+use super::driver::DriverQuery;
 use super::publish::{self, Publication};
 use super::snapshot::{
     Environment, MemoryUse, OpenGpu, ProcessSnapshot, Threads, Unread, NIC_VARS, RANK_VARS,
@@ -64,11 +66,14 @@ const SMALL_FILE: usize = 64 << 10;
 /// Reads processes under a root: `/proc/<pid>/...` below it (`/` on a live
 /// machine; a folder holding a fake or saved `proc/` in tests). Knows which
 /// open files are GPUs (see [`crate::procs`]) from the topology and the
-/// NVIDIA driver's `proc/driver/nvidia/gpus`, read when it is made.
+/// NVIDIA driver's `proc/driver/nvidia/gpus`, read when it is made; asks
+/// the driver's per-GPU process lists (NVML, by default) once per
+/// [`scan`](Self::scan) or [`read_pids`](Self::read_pids), while it reads.
 #[derive(Debug, Clone)]
 pub struct ProcReader {
     pub(super) root: PathBuf,
     pub(super) limits: ReadLimits,
+    pub(super) driver: DriverQuery,
     devices: DeviceFiles,
     max_nodes: u32,
 }
@@ -86,6 +91,7 @@ impl ProcReader {
             devices: DeviceFiles::read(topo, &root),
             root,
             limits: ReadLimits::default(),
+            driver: DriverQuery::default(),
             max_nodes: crate::topology::limits::MAX_NODES,
         }
     }
@@ -94,6 +100,14 @@ impl ProcReader {
     #[must_use]
     pub fn with_limits(mut self, limits: ReadLimits) -> Self {
         self.limits = limits;
+        self
+    }
+
+    /// The same reader asking the driver another way: NVML with another
+    /// timeout, not at all, or given lists ([`DriverQuery`]).
+    #[must_use]
+    pub fn with_driver(mut self, driver: DriverQuery) -> Self {
+        self.driver = driver;
         self
     }
 
@@ -110,7 +124,9 @@ impl ProcReader {
 
     /// Reads process `pid`: everything [`ProcessSnapshot`] holds that this
     /// user may read, the rest listed in [`ProcessSnapshot::unread`]. The
-    /// device mappings are read too (`numapin ps --pid`).
+    /// device mappings are read too (`numapin ps --pid`). The driver is not
+    /// asked (its GPUs are then by device files:
+    /// [`Attribution::default`]); [`read_pids`](Self::read_pids) asks it.
     ///
     /// # Errors
     ///
@@ -180,11 +196,13 @@ impl ProcReader {
             .unwrap_or_default();
         Ok(ProcessSnapshot {
             pid,
+            nspid: st.nspid,
             command: comm,
             cmdline,
             uid: st.uid,
             environment: None,
             gpus: Vec::new(),
+            attribution: Attribution::default(),
             nvidia_driver: false,
             allowed_cpus: st.cpus_allowed.as_deref().and_then(cpu_list),
             allowed_nodes: st

@@ -4,6 +4,7 @@
 use serde::Serialize;
 
 use super::devices::FileKind;
+use super::driver::DriverReport;
 use super::read::ProcReader;
 use super::snapshot::ProcessSnapshot;
 use super::ProcessError;
@@ -24,6 +25,9 @@ pub struct Scan {
     /// Whether the process table held more than
     /// [`ReadLimits::max_processes`](super::ReadLimits::max_processes).
     pub truncated: bool,
+    /// What the driver's per-GPU process lists said (NVML), which gave
+    /// each process's [`attribution`](ProcessSnapshot::attribution).
+    pub driver: DriverReport,
 }
 
 /// A process that is not in [`Scan::processes`], and why.
@@ -42,7 +46,9 @@ pub struct Unlisted {
 impl ProcReader {
     /// Every process with a GPU, the NVIDIA driver or numapin's
     /// publication open (descriptors), read as [`ProcReader::read`] does
-    /// (mappings only for those with the driver or a GPU open). Processes
+    /// (mappings only for those with the driver or a GPU open), each
+    /// attributed its GPUs by the driver's process lists where it answers
+    /// ([`Scan::driver`]). Processes
     /// whose descriptors this user may not read are listed as such; those
     /// that end meanwhile are skipped, or listed as exited once known to
     /// use a GPU. On the live `/proc`, this process is left out.
@@ -51,6 +57,7 @@ impl ProcReader {
     ///
     /// [`ProcessError::Unreadable`] when `<root>/proc` cannot be listed.
     pub fn scan(&self) -> Result<Scan, ProcessError> {
+        let asking = self.driver.start(&self.root);
         let dir = self.root.join("proc");
         let (pids, truncated) = procfs::numeric_entries(&dir, self.limits.max_processes)
             .map_err(|e| ProcessError::io(&dir, e))?;
@@ -69,10 +76,13 @@ impl ProcReader {
                 Err(_) => {}
             }
         }
+        scan.driver = asking.finish(&|b| self.devices().gpu_of(b), &mut scan.processes);
         Ok(scan)
     }
 
-    /// Reads the processes `pids` (duplicates once), in that order.
+    /// Reads the processes `pids` (duplicates once), in that order, each
+    /// attributed its GPUs by the driver's process lists where it answers
+    /// ([`Scan::driver`]).
     ///
     /// # Errors
     ///
@@ -86,6 +96,7 @@ impl ProcReader {
         if let Some(&pid) = pids.iter().find(|&&p| !self.alive(p)) {
             return Err(ProcessError::NoSuchProcess { pid });
         }
+        let asking = self.driver.start(&self.root);
         let mut scan = Scan {
             looked_at: pids.len(),
             ..Scan::default()
@@ -101,6 +112,7 @@ impl ProcReader {
                 r => self.add(&mut scan, pid, r),
             }
         }
+        scan.driver = asking.finish(&|b| self.devices().gpu_of(b), &mut scan.processes);
         Ok(scan)
     }
 

@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
+use super::attribution::Attribution;
 use super::publish::Publication;
 use crate::cpulist::CpuList;
 use crate::gpu::GpuIndex;
@@ -35,8 +36,13 @@ pub const NIC_VARS: [&str; 4] = [
 /// are `None` (or empty) and listed in [`unread`](Self::unread).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ProcessSnapshot {
-    /// The process id.
+    /// The process id (in the PID namespace of the `/proc` read).
     pub pid: u32,
+    /// Its pid in each PID namespace from the one of the `/proc` read
+    /// (first: `pid`) down to its own (last: the pid it sees itself as, in
+    /// a container); `NSpid` of `status`, empty when the kernel does not
+    /// give it.
+    pub nspid: Vec<u32>,
     /// Its command name (`/proc/<pid>/comm`: at most 15 bytes).
     pub command: String,
     /// Its command line, arguments joined by spaces (shortened past 4 KiB).
@@ -48,6 +54,9 @@ pub struct ProcessSnapshot {
     pub environment: Option<Environment>,
     /// The GPUs it has open or mapped.
     pub gpus: Vec<OpenGpu>,
+    /// Which GPUs it works on, and how that was learnt: the driver's
+    /// per-GPU process lists (NVML), or its device files (approximate).
+    pub attribution: Attribution,
     /// Whether it has the NVIDIA driver's own files open (`/dev/nvidiactl`,
     /// `/dev/nvidia-uvm`): a CUDA process.
     pub nvidia_driver: bool,

@@ -5,7 +5,7 @@ use crate::cpulist::CpuList;
 use crate::doctor::{Check, Verdict};
 
 /// A check about process `pid`: `verdict` with `evidence`, and `fix`
-/// unless the verdict is ok.
+/// when the verdict is warn or fail.
 pub(super) fn check(
     name: &'static str,
     pid: u32,
@@ -16,6 +16,7 @@ pub(super) fn check(
     let c = match verdict {
         Verdict::Fail => Check::fail(name, evidence, fix),
         Verdict::Warn => Check::warn(name, evidence, fix),
+        Verdict::Skip => Check::skip(name, evidence),
         _ => Check::ok(name, evidence),
     };
     c.for_process(pid)

@@ -32,7 +32,7 @@ pub use crate::arena::region::Step;
 pub use crate::arena::{
     Backend, CacheLimits, HugePages, NodeStats, OffNode, PageKind, ParseHugePagesError, PinnedBuf,
     PinnedBy, PlacedBy, RegionMethods, RuntimeError, VerifiedBy, DEFAULT_ALIGNMENT,
-    DEFAULT_BUDGET_FRACTION, DEFAULT_REGION_BYTES, MAX_ALIGNMENT,
+    DEFAULT_BUDGET_FRACTION, DEFAULT_REGION_BYTES, MAX_ALIGNMENT, MAX_PART_BYTES,
 };
 
 /// Most threads that fault in a new region when
@@ -107,17 +107,20 @@ pub struct RuntimeConfig {
     /// region records what it got ([`NodeStats::regions_hugetlb_2m`] and
     /// the counts beside it).
     pub huge_pages: HugePages,
-    /// Make each standard region in two halves (default false): the second
-    /// half's pages are faulted in while the first half is registered with
-    /// CUDA (and its placement checked). Each half is its own registration,
-    /// and CUDA refuses a copy whose range spans two registrations, so no
-    /// buffer is placed across the halves; buffers larger than half a
-    /// region get a region of their own, registered in one call, as always.
-    /// Off by default: on the H100 VMs measured (`numapin bench --only
-    /// pinning`, `pin_parts_per_gib`; docs/BENCHMARKS.md) halves made
-    /// 256 MiB regions 0-16% faster, within the noise between runs, for
-    /// more registrations and less room for buffers over a quarter of a
-    /// region.
+    /// Make each standard region in parts of half a region, at most
+    /// [`MAX_PART_BYTES`] (256 MiB) (default false): each part is
+    /// registered with CUDA (and its placement checked) as soon as its pages
+    /// are in, while the populate threads fault in the next parts. Each
+    /// part is its own registration, and CUDA refuses a copy whose range
+    /// spans two registrations, so no buffer is placed across parts; a
+    /// buffer larger than a part gets a standard region in one piece, or a
+    /// region of its own, registered in one call, as always. This is the
+    /// way to pin a large pool fast and carve buffers from it: with
+    /// `region_bytes` of 16 GiB, a region took 30 ms per GiB on an H100 VM
+    /// against 47 in one piece (docs/BENCHMARKS.md, "cold pinning"). Off by
+    /// default: with the default 256 MiB regions halves gained 0-16%,
+    /// within the noise between runs, for more registrations and less room
+    /// for buffers over a quarter of a region.
     pub register_in_parts: bool,
     pub(crate) hooks: TestHooks,
 }
@@ -244,11 +247,12 @@ fn check_config(config: &RuntimeConfig) -> Result<(), RuntimeError> {
             "use 4096 (4 KiB) up to 2097152 (2 MiB)",
         ));
     }
-    if config.region_bytes == 0 || config.region_bytes > isize::MAX as usize / 4 {
+    let most = isize::MAX.unsigned_abs() / 4;
+    if config.region_bytes == 0 || config.region_bytes > most {
         return Err(config_error(
             "region_bytes",
             config.region_bytes.to_string(),
-            "out of range",
+            &format!("out of range (1 to {most} bytes)"),
             "use a size such as 268435456 (256 MiB)",
         ));
     }

@@ -23,7 +23,7 @@ mod pinned_copy;
 mod stream_copy;
 
 pub use error::StagedError;
-pub use pinned_copy::pinned_copy;
+pub use pinned_copy::{copy_host, pinned_copy};
 
 use crate::cpulist::CpuList;
 use crate::gpu::{CudaError, CudaOrdinal};

@@ -164,6 +164,23 @@ fn pool_for(cpus: &CpuList) -> Arc<Pool> {
         .clone()
 }
 
+/// Copies `src` into `dst` (host memory both, the same length) with
+/// streaming stores, on threads bound to `cpus` (started on first use and
+/// kept per CPU set, at most [`MAX_STAGED_THREADS`](super::MAX_STAGED_THREADS))
+/// for copies of 4 MiB or more, on the calling thread for smaller ones or
+/// fewer than two CPUs.
+///
+/// # Errors
+///
+/// None today (the `Result` leaves room for a copy that can fail).
+///
+/// # Panics
+///
+/// When the lengths differ, like `copy_from_slice`.
+pub fn copy_host(dst: &mut [u8], src: &[u8], cpus: &CpuList) -> Result<(), StagedError> {
+    copy_parallel(dst, src, cpus)
+}
+
 /// Copies `src` into `dst` with threads bound to `cpus` (the calling thread
 /// alone for small copies).
 pub(crate) fn copy_parallel(dst: &mut [u8], src: &[u8], cpus: &CpuList) -> Result<(), StagedError> {

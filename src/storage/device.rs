@@ -86,7 +86,10 @@ impl DeviceMemory {
     }
 }
 
-fn cuda_error(gpu: CudaOrdinal, what: &'static str) -> impl Fn(CudaError) -> StorageError {
+pub(crate) fn cuda_error(
+    gpu: CudaOrdinal,
+    what: &'static str,
+) -> impl Fn(CudaError) -> StorageError {
     move |source| StorageError::Cuda { gpu, what, source }
 }
 
@@ -135,36 +138,39 @@ pub unsafe fn read_ranges_to_device_on(
 /// `gpu`.
 fn check_destinations(gpu: CudaOrdinal, ranges: &[DeviceRange]) -> Result<()> {
     for r in ranges.iter().filter(|r| r.len > 0) {
-        let a = cuda::device_range(r.dst).map_err(|e| {
-            StorageError::request(
-                format!(
-                    "the destination {:#x} of a read to GPU {gpu} is not device memory: {e}",
-                    r.dst
-                ),
-                "pass a pointer from cuMemAlloc (or a framework's device tensor) on that GPU",
-            )
-        })?;
-        if a.ordinal != gpu.0 {
-            return Err(StorageError::request(
-                format!(
-                    "the destination {:#x} is on GPU {}, not GPU {gpu}",
-                    r.dst, a.ordinal
-                ),
-                format!(
-                    "read to GPU {} (the CUDA ordinal the memory is on)",
-                    a.ordinal
-                ),
-            ));
-        }
-        if r.dst + r.len as u64 > a.start + a.size as u64 {
-            return Err(StorageError::request(
-                format!(
-                    "a read of {} bytes to {:#x} runs past the end of its device allocation ({} bytes at {:#x})",
-                    r.len, r.dst, a.size, a.start
-                ),
-                "read at most to the end of the allocation",
-            ));
-        }
+        check_device_range(gpu, r.dst, r.len, "destination")?;
+    }
+    Ok(())
+}
+
+/// Checks that `len` bytes at `ptr` lie in one device allocation of `gpu`
+/// (`what`: "destination", "source").
+pub(crate) fn check_device_range(
+    gpu: CudaOrdinal,
+    ptr: CUdeviceptr,
+    len: usize,
+    what: &str,
+) -> Result<()> {
+    let a = cuda::device_range(ptr).map_err(|e| {
+        StorageError::request(
+            format!("the {what} {ptr:#x} on GPU {gpu} is not device memory: {e}"),
+            "pass a pointer from cuMemAlloc (or a framework's device tensor) on that GPU",
+        )
+    })?;
+    if a.ordinal != gpu.0 {
+        return Err(StorageError::request(
+            format!("the {what} {ptr:#x} is on GPU {}, not GPU {gpu}", a.ordinal),
+            format!("name GPU {} (the CUDA ordinal the memory is on)", a.ordinal),
+        ));
+    }
+    if ptr + len as u64 > a.start + a.size as u64 {
+        return Err(StorageError::request(
+            format!(
+                "{len} bytes at {ptr:#x} run past the end of their device allocation ({} bytes at {:#x})",
+                a.size, a.start
+            ),
+            "stay within the allocation",
+        ));
     }
     Ok(())
 }
@@ -173,7 +179,7 @@ fn check_destinations(gpu: CudaOrdinal, ranges: &[DeviceRange]) -> Result<()> {
 ///
 /// # Safety
 /// `stream` is a live stream of `gpu`'s primary context (or null).
-unsafe fn event_on(gpu: CudaOrdinal, stream: CUstream) -> Result<Event> {
+pub(crate) unsafe fn event_on(gpu: CudaOrdinal, stream: CUstream) -> Result<Event> {
     let e = Event::new(false).map_err(cuda_error(gpu, "creating an event"))?;
     // SAFETY: per this function's contract; the event is of the current
     // (primary) context, pushed by the caller.

@@ -1,5 +1,5 @@
 //! [`StorageError`]: what can go wrong reading files to a GPU or to pinned
-//! memory.
+//! memory, or writing them from there.
 
 use std::path::PathBuf;
 
@@ -37,6 +37,27 @@ pub enum StorageError {
         offset: u64,
         /// How many bytes it asked for.
         len: usize,
+        /// The system's error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Writing a file failed in the system: a full filesystem (`ENOSPC`),
+    /// a spent quota (`EDQUOT`), a file over the size limit (`EFBIG`), a
+    /// drive error (`EIO`), a read-only or forbidden folder. The file that
+    /// was at `path` before is untouched and no temporary file is left.
+    #[error("{}: {op} failed{}", path.display(), write_note(*offset, *len, temp.as_deref()))]
+    Write {
+        /// The file being written (the target, not the temporary file).
+        path: PathBuf,
+        /// The temporary file beside it that was being written, if made.
+        temp: Option<PathBuf>,
+        /// What was being done: `writing`, `creating the temporary file`,
+        /// `reserving space`, `fsync`, `renaming into place`.
+        op: &'static str,
+        /// Where in the file.
+        offset: u64,
+        /// How many bytes.
+        len: u64,
         /// The system's error.
         #[source]
         source: std::io::Error,
@@ -88,6 +109,7 @@ impl StorageError {
             | StorageError::Truncated { .. }
             | StorageError::Request { .. } => ErrorKind::Input,
             StorageError::Runtime(e) => e.kind(),
+            StorageError::Write { source, .. } => write_kind(source),
             StorageError::Read { .. } | StorageError::Cuda { .. } | StorageError::Setup(_) => {
                 ErrorKind::System
             }
@@ -101,6 +123,7 @@ impl StorageError {
             | StorageError::Request { fix, .. }
             | StorageError::Setup(SystemError { fix, .. }) => Some(fix.clone()),
             StorageError::Read { source, .. } => Some(read_fix(source).into()),
+            StorageError::Write { path, source, .. } => Some(write_fix(path, source)),
             StorageError::Truncated { .. } => Some(
                 "do not write the file while it is read; check that it was copied whole".into(),
             ),
@@ -167,5 +190,70 @@ fn read_fix(e: &std::io::Error) -> &'static str {
         }
         Some(libc::ENOMEM) => "free memory, or read with fewer threads (ReadOptions::threads)",
         _ => "check the file and the filesystem it is on",
+    }
+}
+
+/// ` (N bytes at offset X, through .name.numapin-tmp-..)`, the parts
+/// there are.
+fn write_note(offset: u64, len: u64, temp: Option<&std::path::Path>) -> String {
+    let mut parts = Vec::new();
+    if len > 0 {
+        parts.push(format!("{len} bytes at offset {offset}"));
+    }
+    if let Some(name) = temp.and_then(|t| t.file_name()) {
+        parts.push(format!("through {}", name.to_string_lossy()));
+    }
+    if parts.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", parts.join(", "))
+    }
+}
+
+fn write_kind(e: &std::io::Error) -> ErrorKind {
+    match e.raw_os_error() {
+        Some(libc::EACCES | libc::EPERM | libc::EROFS) => ErrorKind::Permission,
+        _ => ErrorKind::System,
+    }
+}
+
+/// What to do about a failed write of `path`, by the system's error.
+fn write_fix(path: &std::path::Path, e: &std::io::Error) -> String {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.display().to_string(),
+        _ => ".".to_string(),
+    };
+    let untouched = "the file that was there before is untouched";
+    match e.raw_os_error() {
+        Some(libc::ENOSPC) => format!(
+            "the filesystem holding {dir} is full: free space there (`df -h {dir}`) or save to another filesystem; {untouched}"
+        ),
+        Some(libc::EDQUOT) => format!(
+            "this user's disk quota on the filesystem holding {dir} is spent: free space under the quota (`quota -s`) or have it raised; {untouched}"
+        ),
+        Some(libc::EFBIG) => {
+            let limit = match crate::platform::file_write::file_size_limit() {
+                Some(l) => format!("now {}", crate::arena::fmt_bytes(l)),
+                None => "now unlimited".to_string(),
+            };
+            format!(
+                "the file is larger than this process's file size limit (`ulimit -f`, {limit}) or than the filesystem allows: raise the limit, or save in shards (max_shard_size); {untouched}"
+            )
+        }
+        Some(libc::EIO) => format!(
+            "the drive reported an error: check `dmesg` and the drive's health (`nvme smart-log`, `smartctl`); {untouched}"
+        ),
+        Some(libc::EROFS) => format!(
+            "the filesystem holding {dir} is mounted read-only: save elsewhere, or remount it read-write"
+        ),
+        Some(libc::EACCES | libc::EPERM) => format!(
+            "this user may not create files in {dir}: save to a folder it may write, or change the folder's permissions"
+        ),
+        Some(libc::ENOENT | libc::ENOTDIR) => format!("the folder {dir} does not exist: create it first"),
+        Some(libc::EMFILE | libc::ENFILE) => {
+            "too many open files: raise the open-file limit (`ulimit -n`)".to_string()
+        }
+        Some(libc::ENAMETOOLONG) => "the path is too long: use a shorter name".to_string(),
+        _ => format!("check the filesystem holding {dir}; {untouched}"),
     }
 }

@@ -17,6 +17,8 @@ use std::io;
 
 use crate::platform::file::{self as sys, NoWait};
 
+#[cfg(test)]
+use super::faults;
 use super::{IoMode, Source, StorageError};
 
 /// Bytes read each way.
@@ -280,46 +282,4 @@ fn buffered(
         }
     }
     Ok(())
-}
-
-/// Test hook: faults injected into the system calls (every `eintr_every`th
-/// call fails with `EINTR`, no call returns more than `short_max` bytes, a
-/// call touching `eio_at` fails with `EIO`).
-#[cfg(test)]
-pub(crate) mod faults {
-    use std::sync::Mutex;
-
-    #[derive(Debug, Clone, Copy, Default)]
-    pub(crate) struct Faults {
-        pub eintr_every: u64,
-        pub short_max: usize,
-        pub eio_at: Option<u64>,
-        pub calls: u64,
-    }
-
-    pub(crate) static FAULTS: Mutex<Option<Faults>> = Mutex::new(None);
-
-    /// `Err` to return instead of the call, or the length to ask for
-    /// (direct reads stay whole 4 KiB blocks, as the kernel needs).
-    pub(crate) fn apply(len: usize, offset: u64, direct: bool) -> Result<usize, std::io::Error> {
-        let mut g = FAULTS.lock().unwrap_or_else(|p| p.into_inner());
-        let Some(f) = g.as_mut() else {
-            return Ok(len);
-        };
-        f.calls += 1;
-        if f.eintr_every > 0 && f.calls % f.eintr_every == 0 {
-            return Err(std::io::Error::from_raw_os_error(libc::EINTR));
-        }
-        let len = match (f.short_max, direct) {
-            (0, _) => len,
-            (m, false) => len.min(m),
-            (m, true) => len.min((m / 4096).max(1) * 4096),
-        };
-        if f.eio_at
-            .is_some_and(|at| at >= offset && at < offset + len as u64)
-        {
-            return Err(std::io::Error::from_raw_os_error(libc::EIO));
-        }
-        Ok(len)
-    }
 }

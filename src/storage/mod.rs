@@ -33,11 +33,14 @@
 mod device;
 mod drive;
 mod error;
+#[cfg(test)]
+mod faults;
 mod host;
 mod io;
 mod plan;
 pub mod safetensors;
 mod source;
+pub mod write;
 
 pub use device::{read_ranges_to_device, read_ranges_to_device_on, DeviceMemory};
 pub use drive::{locate, mounted, Drive, FileLocation};
@@ -173,11 +176,7 @@ pub struct ReadReport {
 impl ReadReport {
     /// Bytes per second, in GB/s (10^9).
     pub fn gbps(&self) -> f64 {
-        if self.seconds > 0.0 {
-            self.bytes as f64 / self.seconds / 1e9
-        } else {
-            0.0
-        }
+        gbps(self.bytes, self.seconds)
     }
 
     /// `cached=1.0GiB direct=3.0GiB buffered=0B`.
@@ -195,6 +194,15 @@ impl ReadReport {
         self.cached_bytes += c.cached;
         self.direct_bytes += c.direct;
         self.buffered_bytes += c.buffered;
+    }
+}
+
+/// `bytes` in `seconds`, in GB/s (10^9); 0 for no time.
+pub(crate) fn gbps(bytes: u64, seconds: f64) -> f64 {
+    if seconds > 0.0 {
+        bytes as f64 / seconds / 1e9
+    } else {
+        0.0
     }
 }
 
@@ -403,11 +411,12 @@ fn slot_bytes(sources: &[Source], chunk: usize) -> usize {
 
 /// Runs `work(i)` for `i` in `0..threads`, each on a thread of its own
 /// bound to `cpus`; the first error (by thread) wins.
-fn run_threads<F>(name: &str, threads: usize, cpus: &CpuList, work: F) -> Result<Vec<io::Counts>>
+fn run_threads<T, F>(name: &str, threads: usize, cpus: &CpuList, work: F) -> Result<Vec<T>>
 where
-    F: Fn(usize) -> Result<io::Counts> + Sync,
+    T: Send,
+    F: Fn(usize) -> Result<T> + Sync,
 {
-    let results: Vec<Result<io::Counts>> = std::thread::scope(|s| {
+    let results: Vec<Result<T>> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..threads)
             .map(|i| {
                 let work = &work;
@@ -426,13 +435,13 @@ where
             .map(|h| match h {
                 Ok(h) => h.join().unwrap_or_else(|_| {
                     Err(StorageError::setup(
-                        "a reader thread panicked",
+                        format!("a {name} thread panicked"),
                         "report this as a numapin bug",
                         "panic",
                     ))
                 }),
                 Err(e) => Err(StorageError::setup(
-                    "starting a reader thread",
+                    format!("starting a {name} thread"),
                     "check the process's thread limit (`ulimit -u`)",
                     e,
                 )),

@@ -2,7 +2,8 @@
 //! `model.safetensors.index.json`) loaded into one GPU's memory, or into
 //! pinned host memory, through the storage reader: each tensor's bytes are
 //! read once, straight from the file into their place (through a pinned
-//! slot on the GPU's node for device memory).
+//! slot on the GPU's node for device memory); and saved from GPU or host
+//! memory through the storage writer ([`save`], [`SaveTensor`]).
 //!
 //! ```no_run
 //! use numapin::storage::safetensors::Checkpoint;
@@ -41,6 +42,11 @@ use super::{
 };
 
 pub use ::safetensors::Dtype;
+
+mod save;
+pub use save::{
+    header, index_json, save, save_on, shard_name, shard_plan, SaveOptions, SaveTensor,
+};
 
 type Result<T, E = StorageError> = std::result::Result<T, E>;
 

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
 
 use crate::platform::block::{self, Backing};
-use crate::platform::file::{self, FileKind};
+use crate::platform::file::{self, FileKind, Opened};
 
 use super::StorageError;
 
@@ -62,36 +62,7 @@ impl Source {
                 "pass the path of a regular file",
             ));
         }
-        let (direct, align, why_buffered) = match o.direct_align {
-            Some(None) => (
-                None,
-                MIN_ALIGN,
-                Some("its filesystem does not support O_DIRECT for it".to_string()),
-            ),
-            Some(Some(a)) if a > MAX_ALIGN => (
-                None,
-                MIN_ALIGN,
-                Some(format!(
-                    "O_DIRECT needs {a}-byte alignment, more than numapin uses"
-                )),
-            ),
-            known => {
-                let align = known.flatten().unwrap_or(MIN_ALIGN).max(MIN_ALIGN);
-                match file::open(path, true) {
-                    Ok(d) if d.dev == o.dev && d.ino == o.ino => (Some(d.file), align, None),
-                    Ok(_) => (
-                        None,
-                        MIN_ALIGN,
-                        Some("the path changed between two opens".to_string()),
-                    ),
-                    Err(e) => (
-                        None,
-                        MIN_ALIGN,
-                        Some(format!("opening it with O_DIRECT failed: {e}")),
-                    ),
-                }
-            }
-        };
+        let (direct, align, why_buffered) = direct_descriptor(&o, || file::open(path, true));
         Ok(Source {
             path: path.to_path_buf(),
             file: o.file,
@@ -198,6 +169,45 @@ impl Source {
     pub(crate) fn backing(&self) -> &Backing {
         self.backing
             .get_or_init(|| block::locate(self.dev, Path::new("/")))
+    }
+}
+
+/// The `O_DIRECT` descriptor of the file opened as `o` (`reopen` opens it
+/// again with `O_DIRECT`, checked to be the same file), its alignment
+/// (at least [`MIN_ALIGN`]), and why there is none when there is none.
+pub(crate) fn direct_descriptor(
+    o: &Opened,
+    reopen: impl FnOnce() -> std::io::Result<Opened>,
+) -> (Option<File>, u64, Option<String>) {
+    match o.direct_align {
+        Some(None) => (
+            None,
+            MIN_ALIGN,
+            Some("its filesystem does not support O_DIRECT for it".to_string()),
+        ),
+        Some(Some(a)) if a > MAX_ALIGN => (
+            None,
+            MIN_ALIGN,
+            Some(format!(
+                "O_DIRECT needs {a}-byte alignment, more than numapin uses"
+            )),
+        ),
+        known => {
+            let align = known.flatten().unwrap_or(MIN_ALIGN).max(MIN_ALIGN);
+            match reopen() {
+                Ok(d) if d.dev == o.dev && d.ino == o.ino => (Some(d.file), align, None),
+                Ok(_) => (
+                    None,
+                    MIN_ALIGN,
+                    Some("the path changed between two opens".to_string()),
+                ),
+                Err(e) => (
+                    None,
+                    MIN_ALIGN,
+                    Some(format!("opening it with O_DIRECT failed: {e}")),
+                ),
+            }
+        }
     }
 }
 

@@ -1,31 +1,11 @@
 //! The reader's loops under injected faults (short reads, `EINTR`, `EIO`),
 //! every mode and alignment, and the drive warnings.
 
-use std::sync::Mutex;
-
 use proptest::prelude::*;
 
-use super::io::{faults, read_exact_at};
+use super::faults::{self, Injected};
+use super::io::read_exact_at;
 use super::{IoMode, Source, StorageError};
-
-/// Tests that inject faults run one at a time (the hook is global).
-static SERIAL: Mutex<()> = Mutex::new(());
-
-struct Injected(#[allow(dead_code)] std::sync::MutexGuard<'static, ()>);
-
-impl Injected {
-    fn new(f: faults::Faults) -> Injected {
-        let g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-        *faults::FAULTS.lock().unwrap_or_else(|p| p.into_inner()) = Some(f);
-        Injected(g)
-    }
-}
-
-impl Drop for Injected {
-    fn drop(&mut self) {
-        *faults::FAULTS.lock().unwrap_or_else(|p| p.into_inner()) = None;
-    }
-}
 
 fn pattern(len: usize) -> Vec<u8> {
     (0..len).map(|i| (i * 7 + i / 251) as u8).collect()
@@ -139,7 +119,7 @@ fn an_io_error_names_the_file_and_offset() {
     let src = Source::open(&p).expect("open");
     let mut m = Mem::new(100_000, 0);
     let _g = Injected::new(faults::Faults {
-        eio_at: Some(70_000),
+        errno_at: Some((70_000, libc::EIO)),
         short_max: 8192,
         ..Default::default()
     });

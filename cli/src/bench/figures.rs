@@ -82,6 +82,8 @@ pub(super) fn run(
     extra::run(rt, opts, &ordinals, gpu_ok, &mut out)?;
     if has(Measure::Pinning) {
         super::pinning::run(rt, opts, &ordinals, gpu_ok, &mut out)?;
+    } else if has(Measure::ColdPinning) && gpu_ok {
+        super::pinning::run_cold(rt, opts, &mut out)?;
     }
     Ok((report, None))
 }

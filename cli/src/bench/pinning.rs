@@ -5,6 +5,7 @@
 use super::report::{BenchOptions, BenchResult, Sink};
 use crate::error::Result;
 use numapin::measure::arena::Stats;
+use numapin::measure::cold_pin as cold;
 use numapin::measure::copy::{copy_gbps_from, host_alloc_ms_per_gib, Source};
 use numapin::measure::pinning as pm;
 use numapin::runtime::{Backend, Runtime};
@@ -29,6 +30,28 @@ struct Pin<'a> {
     reps: usize,
 }
 
+impl<'a> Pin<'a> {
+    /// The calling thread's node with the repetitions of `opts` (at most
+    /// 5), and the node's pinned-byte budget.
+    fn here(rt: &'a Runtime, opts: &BenchOptions) -> Result<(Pin<'a>, u64)> {
+        let node = rt.calling_thread_node();
+        let budget = rt
+            .stats()
+            .iter()
+            .find(|s| s.node == node)
+            .map_or(0, |s| s.budget);
+        let reps = opts.reps.clamp(1, 5);
+        Ok((Pin { rt, node, reps }, budget))
+    }
+
+    /// Figure `name` (ms) of regions of `bytes` on the node.
+    fn figure(&self, name: &str, s: &Stats, bytes: usize) -> BenchResult {
+        BenchResult::new(name, "ms", s)
+            .with("node", self.node)
+            .with("region_bytes", bytes)
+    }
+}
+
 /// The pinning figures at each of `opts.region_sizes` within the node's
 /// budget (a note for each size over it), then the placement checks,
 /// registration and copies on the smallest.
@@ -39,17 +62,8 @@ pub(super) fn run(
     gpu_ok: bool,
     out: &mut Sink,
 ) -> Result<()> {
-    let node = rt.calling_thread_node();
-    let budget = rt
-        .stats()
-        .iter()
-        .find(|s| s.node == node)
-        .map_or(0, |s| s.budget);
-    let pin = Pin {
-        rt,
-        node,
-        reps: opts.reps.clamp(1, 5),
-    };
+    let (pin, budget) = Pin::here(rt, opts)?;
+    let node = pin.node;
     let backends: Vec<Backend> = if gpu_ok {
         Backend::ALL.to_vec()
     } else {
@@ -70,6 +84,10 @@ pub(super) fn run(
         if gpu_ok {
             creation_with_the_driver(&pin, bytes, out)?;
         }
+    }
+
+    if gpu_ok {
+        cold_pinning(&pin, opts, budget, out)?;
     }
 
     // The placement checks and registration, on the smallest size.
@@ -215,10 +233,8 @@ fn registration(pin: &Pin, bytes: usize, out: &mut Sink) -> Result<()> {
         out.progress(&format!("pinning: registration in {parts} part(s)"));
         let s = pm::register_parts(pin.rt, pin.node, bytes, parts, pin.reps)?;
         out.push(
-            BenchResult::new("pin_register_per_gib", "ms", &s)
-                .with("node", pin.node)
-                .with("parts", parts)
-                .with("region_bytes", bytes),
+            pin.figure("pin_register_per_gib", &s, bytes)
+                .with("parts", parts),
         );
     }
     Ok(())
@@ -291,6 +307,96 @@ fn copies_from_backend(
                 .with("gpu", g.get())
                 .with("memory", format!("backend_{}", b.as_str()))
                 .with("bytes", opts.copy_bytes),
+        );
+    }
+    Ok(())
+}
+
+/// `numapin bench --only cold-pinning`: the cold-pinning figures alone, on
+/// the calling thread's node.
+pub(super) fn run_cold(rt: &Runtime, opts: &BenchOptions, out: &mut Sink) -> Result<()> {
+    let (pin, budget) = Pin::here(rt, opts)?;
+    cold_pinning(&pin, opts, budget, out)
+}
+
+/// Regions of 1 GiB and more made from nothing by each way of making them
+/// (every setting at the smallest such size, one piece against the
+/// default parts at the others), then, at that smallest size, faulting in
+/// alone by each method and registration with each flag set.
+fn cold_pinning(pin: &Pin, opts: &BenchOptions, budget: u64, out: &mut Sink) -> Result<()> {
+    let mut sizes: Vec<usize> = opts
+        .region_sizes
+        .iter()
+        .copied()
+        .filter(|&b| b >= 1 << 30 && b as u64 <= budget)
+        .collect();
+    sizes.sort_unstable();
+    sizes.dedup();
+    let Some(&first) = sizes.first() else {
+        return Ok(());
+    };
+    let threads = numapin::measure::pinning::populate_threads(pin.rt, pin.node)?;
+    let all = cold::cold_settings(threads, true, true);
+    for &bytes in &sizes {
+        out.progress(&format!(
+            "pinning: cold {} regions, each way of making them",
+            fmt_bytes(bytes as u64)
+        ));
+        let settings: Vec<cold::ColdSetting> = if bytes == first {
+            all.clone()
+        } else {
+            all.iter()
+                .filter(|s| {
+                    s.pages == numapin::runtime::HugePages::Transparent
+                        && s.verify_threads == 0
+                        && !s.populate_write
+                        && (s.part_bytes == 0
+                            || (s.part_bytes == 256 << 20
+                                && s.populate_threads == threads.saturating_sub(2).max(1)))
+                })
+                .cloned()
+                .collect()
+        };
+        for f in cold::region_create_cold(pin.rt, pin.node, bytes, &settings, pin.reps)? {
+            let label = f.setting.label();
+            if let Some(e) = &f.failed {
+                out.note(format!(
+                    "pinning: cold {label} at {}: {e}",
+                    fmt_bytes(bytes as u64)
+                ));
+                continue;
+            }
+            let base = |name: &str, s: &Stats| {
+                BenchResult::new(name, "ms", s)
+                    .with("node", pin.node)
+                    .with("setting", label.clone())
+                    .with("part_bytes", f.setting.part_bytes)
+                    .with("populate_threads", f.setting.populate_threads)
+                    .with("verify_threads", f.setting.verify_threads)
+                    .with("region_bytes", f.bytes)
+            };
+            out.push(
+                base("pin_cold_create_per_gib", &f.create)
+                    .with("pages", f.pages.0)
+                    .with("pages_on_node", f.pages.1),
+            );
+            for (step, s) in &f.steps {
+                out.push(base("pin_cold_step_per_gib", s).with("step", *step));
+            }
+        }
+    }
+    out.progress("pinning: faulting in by each method");
+    for (how, s) in cold::populate_methods(pin.rt, pin.node, first, pin.reps)? {
+        out.push(
+            pin.figure("pin_populate_per_gib", &s, first)
+                .with("method", how),
+        );
+    }
+    out.progress("pinning: registration flags");
+    for (flags, s) in cold::register_flags(pin.rt, pin.node, first, pin.reps)? {
+        out.push(
+            pin.figure("pin_register_flags_per_gib", &s, first)
+                .with("flags", flags),
         );
     }
     Ok(())

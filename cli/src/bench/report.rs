@@ -96,8 +96,12 @@ pub(crate) enum Measure {
     /// Loader throughput.
     Loader,
     /// Pinning itself: region creation per step and per backend, release,
-    /// placement checks, registration in parts, copies per backend.
+    /// placement checks, registration in parts, copies per backend, and
+    /// the cold-pinning figures.
     Pinning,
+    /// Only the cold-pinning figures of `pinning`: regions of 1 GiB and more
+    /// made from nothing by each way of making them.
+    ColdPinning,
 }
 
 /// What to measure and how long.

@@ -14,7 +14,8 @@ use serde::Serialize;
 
 use numapin::doctor::{Check, Verdict};
 use numapin::procs::{
-    judge, node_use, NodeUse, ProcReader, ProcessError, ProcessReport, Scan, Unlisted,
+    judge, node_use, DriverQuery, DriverReport, NodeUse, ProcReader, ProcessError, ProcessReport,
+    Scan, Unlisted,
 };
 use numapin::topology::{ProbeEnv, Topology};
 
@@ -47,15 +48,34 @@ pub(crate) struct PsArgs {
     /// or a saved /proc; tests use folders of fake processes).
     #[arg(long, value_name = "DIR")]
     pub(crate) root: Option<PathBuf>,
+    /// Do not ask NVML which processes use which GPU: judge by device
+    /// files alone (approximate, never a warning).
+    #[arg(long)]
+    pub(crate) no_nvml: bool,
+    /// Wait at most SECONDS (0.1 to 600) for NVML's process lists in each
+    /// pass; past that, device files (NVML can block while another process
+    /// pins memory).
+    #[arg(long, value_name = "SECONDS", value_parser = parse_timeout,
+          conflicts_with = "no_nvml")]
+    pub(crate) nvml_timeout: Option<f64>,
+}
+
+fn parse_timeout(s: &str) -> std::result::Result<f64, String> {
+    seconds_within(s, 0.1, 600.0)
 }
 
 fn parse_interval(s: &str) -> std::result::Result<f64, String> {
+    seconds_within(s, 0.1, 86_400.0)
+}
+
+/// A number of seconds from `lo` to `hi`.
+fn seconds_within(s: &str, lo: f64, hi: f64) -> std::result::Result<f64, String> {
     let v: f64 = s
         .trim()
         .parse()
         .map_err(|_| format!("`{s}` is not a number of seconds"))?;
-    if !(0.1..=86_400.0).contains(&v) {
-        return Err(format!("{v} s is outside 0.1 to 86400"));
+    if !(lo..=hi).contains(&v) {
+        return Err(format!("{v} s is outside {lo} to {hi}"));
     }
     Ok(v)
 }
@@ -85,6 +105,9 @@ pub(crate) struct Report {
     pub(crate) nodes: Vec<NodeUse>,
     /// Checks of the nodes (numapin's pins against the default budget).
     pub(crate) node_checks: Vec<Check>,
+    /// What the driver's per-GPU process lists (NVML) said, which gave
+    /// each process's GPUs (`attribution`).
+    pub(crate) nvml: DriverReport,
     /// What the reader could not use (the NVIDIA driver's GPU files).
     pub(crate) notes: Vec<String>,
     /// Verdict counts and the exit code.
@@ -97,6 +120,8 @@ pub(crate) struct Summary {
     pub(crate) ok: usize,
     pub(crate) warn: usize,
     pub(crate) fail: usize,
+    /// Checks not judged (a GPU by device files that disagree with the rank).
+    pub(crate) skip: usize,
     pub(crate) exit_code: i32,
 }
 
@@ -118,8 +143,14 @@ pub(crate) fn run(a: &PsArgs) -> Result<i32> {
     let mut pids = a.pid.clone();
     let mut gone: Vec<Unlisted> = Vec::new();
     let mut worst = 0;
+    let driver = match (a.no_nvml, a.nvml_timeout) {
+        (true, _) => DriverQuery::off(),
+        (false, Some(t)) => DriverQuery::nvml(Duration::from_secs_f64(t)),
+        (false, None) => DriverQuery::default(),
+    };
+    let reader = ProcReader::with_root(&topo, &root).with_driver(driver);
     for pass in 1.. {
-        let r = one_pass(&topo, &root, &mut pids, &mut gone, pass, started)?;
+        let r = one_pass(&topo, &reader, &mut pids, &mut gone, pass, started)?;
         worst = worst.max(r.summary.exit_code);
         render::print(&r, a.json, a.watch.is_some())?;
         match (a.watch, a.count) {
@@ -136,13 +167,12 @@ pub(crate) fn run(a: &PsArgs) -> Result<i32> {
 /// first pass; on later ones (--watch) it is listed as exited and dropped.
 fn one_pass(
     topo: &Topology,
-    root: &std::path::Path,
+    reader: &ProcReader,
     pids: &mut Vec<u32>,
     gone: &mut Vec<Unlisted>,
     pass: u64,
     started: Instant,
 ) -> Result<Report> {
-    let reader = ProcReader::with_root(topo, root);
     let named = !pids.is_empty() || !gone.is_empty();
     let mut scan = if !named {
         reader.scan()?
@@ -165,7 +195,7 @@ fn one_pass(
     scan.exited.extend(gone.iter().cloned());
     Ok(report(
         topo,
-        root,
+        reader.root(),
         scan,
         named,
         pass,
@@ -189,6 +219,7 @@ fn report(
     let all = || processes.iter().flat_map(|p| &p.checks).chain(&node_checks);
     let count = |v: Verdict| all().filter(|c| c.verdict == v).count();
     let fail = count(Verdict::Fail);
+    let skip = count(Verdict::Skip);
     Report {
         source: topo.source.clone(),
         root: root.display().to_string(),
@@ -200,11 +231,13 @@ fn report(
             ok: count(Verdict::Ok),
             warn: count(Verdict::Warn),
             fail,
+            skip,
             exit_code: i32::from(fail > 0),
         },
         processes,
         unreadable: scan.unreadable,
         exited: scan.exited,
+        nvml: scan.driver,
         nodes,
         node_checks,
         notes: notes.to_vec(),

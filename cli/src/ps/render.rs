@@ -1,7 +1,7 @@
 //! The text and JSON forms of a `numapin ps` report.
 
 use numapin::doctor::{Check, Subject, Verdict};
-use numapin::procs::{NodeUse, ProcessReport, Unlisted};
+use numapin::procs::{DriverReport, NodeUse, ProcessReport, Unlisted};
 use numapin::text::{fmt_bytes, Table};
 
 use super::Report;
@@ -48,6 +48,7 @@ fn text(r: &Report, watch: bool) -> String {
         format!("; processes under {}", r.root)
     };
     out.push_str(&format!("numapin ps: {pass}{what} ({machine}{root})\n"));
+    out.push_str(&gpu_source(&r.nvml));
     for p in &r.processes {
         out.push('\n');
         process(&mut out, p);
@@ -66,15 +67,76 @@ fn text(r: &Report, watch: bool) -> String {
     for n in &r.notes {
         out.push_str(&format!("note: {n}\n"));
     }
+    nvml_notes(&mut out, &r.nvml, r.named);
     let s = &r.summary;
+    let skip = if s.skip > 0 {
+        format!(", {} skip", s.skip)
+    } else {
+        String::new()
+    };
     out.push_str(&format!(
-        "\n{} process(es); checks: {} ok, {} warn, {} fail\n",
+        "\n{} process(es); checks: {} ok, {} warn, {} fail{skip}\n",
         r.processes.len(),
         s.ok,
         s.warn,
         s.fail
     ));
     out
+}
+
+/// Where the processes' GPUs come from, in one line.
+fn gpu_source(d: &DriverReport) -> String {
+    match (&d.lists, &d.unavailable) {
+        (Some(l), _) => {
+            let who = if d.asked == "given" {
+                "the given per-GPU process lists".to_string()
+            } else {
+                let version = l
+                    .driver_version
+                    .as_deref()
+                    .map_or(String::new(), |v| format!("driver {v}; "));
+                format!(
+                    "NVML's per-GPU process lists ({version}{} GPU(s); {:.2} s)",
+                    l.gpus.len(),
+                    d.elapsed_s
+                )
+            };
+            format!("GPUs of each process: {who}; device files where NVML lists no context of it (approximate)\n")
+        }
+        (None, why) => format!(
+            "GPUs of each process: device files, approximate (the CUDA driver opens and maps every GPU it can see): {}\n",
+            why.as_deref().unwrap_or("NVML not asked")
+        ),
+    }
+}
+
+/// What NVML said beside the lists: older calls used, GPUs whose lists
+/// failed, and (a scan) processes it lists that were not read.
+fn nvml_notes(out: &mut String, d: &DriverReport, named: bool) {
+    let Some(l) = &d.lists else {
+        return;
+    };
+    for n in &l.notes {
+        out.push_str(&format!("note: NVML: {n}\n"));
+    }
+    for g in &l.gpus {
+        if let Some(e) = &g.error {
+            let name = match (g.gpu, &g.bus_id) {
+                (Some(i), Some(b)) => format!("GPU {i} ({b})"),
+                (None, Some(b)) => b.clone(),
+                _ => "a GPU of unknown bus id".into(),
+            };
+            out.push_str(&format!("note: NVML: {name}: {e}\n"));
+        }
+    }
+    if !named && !d.not_read.is_empty() {
+        let pids: Vec<String> = d.not_read.iter().map(u32::to_string).collect();
+        out.push_str(&format!(
+            "note: NVML lists {} process(es) not read here (another user's, or ended meanwhile): pid {}\n",
+            pids.len(),
+            pids.join(", ")
+        ));
+    }
 }
 
 /// A process: header, facts, checks.
@@ -86,7 +148,15 @@ fn process(out: &mut String, p: &ProcessReport) {
     } else {
         s.cmdline.clone()
     };
-    out.push_str(&format!("pid {}  {}{uid}  {cmd}\n", s.pid, s.command));
+    // Its own pid, where it runs in another PID namespace (a container).
+    let inner = match s.nspid.as_slice() {
+        [_, .., last] => format!(" ({last} in its own PID namespace)"),
+        _ => String::new(),
+    };
+    out.push_str(&format!(
+        "pid {}{inner}  {}{uid}  {cmd}\n",
+        s.pid, s.command
+    ));
     for f in &p.facts {
         out.push_str(&format!("    {f}\n"));
     }

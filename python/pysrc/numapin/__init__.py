@@ -41,6 +41,7 @@ from typing import Any
 from numapin import _numapin
 from numapin._errors import BudgetError, Error, InputError, LimitError
 from numapin._numapin import DoctorCheck, PinnedBuffer
+from numapin._save import save_safetensors
 from numapin._shared import SharedBuffer
 from numapin._storage import _path, load_safetensors, locate, read_to_device, safetensors_shards
 from numapin._topology import Allowed, Gpu, NumaNode, Package, Topology, Warning, cpus
@@ -74,6 +75,7 @@ __all__ = [
     "place",
     "read_to_device",
     "safetensors_shards",
+    "save_safetensors",
     "stats",
     "topology",
     "trim",
@@ -133,9 +135,6 @@ def bind(
     """
     local_rank = _opt_int(local_rank, "local_rank", hi=_U32, fix="pass the process's local rank (0, 1, ...) or None")
     gpu, node = _gpu_node(gpu, node)
-    for what, v in (("mode", mode), ("memory", memory)):
-        if not isinstance(v, str):
-            raise TypeError(f"{what}={v!r} is not a string\n  fix: pass one of the names bind() documents for {what}")
     plan_json, why = _numapin.bind(
         local_rank,
         gpu=gpu,
@@ -587,44 +586,28 @@ def configure(
     in two halves, the second faulted in while the first is registered with
     CUDA (default false; no buffer then spans the halves, since CUDA
     refuses a copy across two registrations).
+
+    A value of the wrong type is a ``TypeError``; a name that is not one of
+    those listed, or a value out of range, an :class:`InputError` (both
+    name the argument and say what to pass). Nothing is stored unless every
+    argument is right.
     """
-    def count(v: Any, what: str, hi: int = _U64, lo: int = 0) -> int | None:
-        return _opt_int(
-            v, what, lo=lo, hi=hi, fix=f"pass {what} as a whole number from {lo} to {hi}, or None for the default"
-        )
-
-    def flag(v: Any, what: str) -> bool | None:
-        if v is not None and not isinstance(v, bool):
-            raise TypeError(f"{what}={v!r} is not a bool\n  fix: pass True or False (or None for the default)")
-        return v
-
-    def word(v: Any, what: str) -> str | None:
-        if v is not None and not isinstance(v, str):
-            raise TypeError(f"{what}={v!r} is not a string\n  fix: pass one of the names the docs list for {what}")
-        return v
-
-    if budget_fraction is not None:
-        if _is_bool(budget_fraction) or not isinstance(budget_fraction, (int, float)):
-            raise TypeError(
-                f"budget_fraction={budget_fraction!r} is not a number\n  fix: pass a fraction such as 0.5"
-            )
-        if not 0.0 < float(budget_fraction) <= 1.0:
-            raise InputError(
-                f"budget_fraction={budget_fraction!r} is not in (0, 1]\n  fix: pass a fraction such as 0.5"
-            )
-        budget_fraction = float(budget_fraction)
+    # Each argument is checked as the compiled module reads it (a bool is no
+    # integer, a name must be one listed above), and the configuration as a
+    # whole by the library's own check; either raises before anything is
+    # stored.
     _numapin.configure(
-        budget_bytes=count(budget_bytes, "budget_bytes"),
+        budget_bytes=budget_bytes,
         budget_fraction=budget_fraction,
-        region_bytes=count(region_bytes, "region_bytes", (2**63 - 1) // 4, lo=1),
-        register=flag(register, "register"),
-        placement=word(placement, "placement"),
-        thread_cache_blocks=count(thread_cache_blocks, "thread_cache_blocks", 2**32 - 1),
-        thread_cache_bytes=count(thread_cache_bytes, "thread_cache_bytes"),
-        populate_threads=count(populate_threads, "populate_threads", 4096),
-        backend=word(backend, "backend"),
-        huge_pages=word(huge_pages, "huge_pages"),
-        register_in_parts=flag(register_in_parts, "register_in_parts"),
+        region_bytes=region_bytes,
+        register=register,
+        placement=placement,
+        thread_cache_blocks=thread_cache_blocks,
+        thread_cache_bytes=thread_cache_bytes,
+        populate_threads=populate_threads,
+        backend=backend,
+        huge_pages=huge_pages,
+        register_in_parts=register_in_parts,
     )
 
 

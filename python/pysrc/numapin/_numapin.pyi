@@ -28,6 +28,8 @@ __all__ = [
     "read_to_device",
     "read_to_host",
     "locate",
+    "save_safetensors",
+    "staging_buffers",
     "DLPACK_VERSION",
 ]
 
@@ -184,6 +186,9 @@ class SlotPool:
     def acquire(self, timeout: float) -> int | None: ...
     def release(self, slot: int) -> None: ...
     def view(self, slot: int, offset: int, nbytes: int, dtype: str, shape: list[int]) -> PinnedBuffer: ...
+    def write(
+        self, slot: int, offset: int, addresses: list[int], lengths: list[int], align: int, cpus: list[int]
+    ) -> int: ...
     def lease(self, slot: int) -> SlotLease: ...
     def begin_generation(self) -> int: ...
     def reclaim_before(self, generation: int) -> int: ...
@@ -270,3 +275,21 @@ def read_to_host(
     io: str = "auto",
 ) -> dict[str, Any]: ...
 def locate(path: str) -> tuple[str, list[dict[str, Any]]]: ...
+def save_safetensors(
+    path: str,
+    tensors: list[tuple[str, str, list[int], int, int, int]],
+    *,
+    metadata: dict[str, str] | None = None,
+    max_shard_size: int | None = None,
+    prefix: str = "model",
+    gpu: int | None = None,
+    node: int | None = None,
+    streams: list[tuple[int, int]] = ...,
+    threads: int = 0,
+    chunk_bytes: int = 8388608,
+    io: str = "auto",
+    fsync: bool = True,
+) -> dict[str, Any]: ...
+def staging_buffers(
+    parts: list[tuple[str, list[int]]], *, gpu: int | None = None, node: int | None = None
+) -> list[PinnedBuffer]: ...

@@ -53,11 +53,10 @@ def _names(names: Iterable[str] | None) -> list[str] | None:
 
 
 def _read_opts(threads: Any, chunk_bytes: Any, io: Any) -> dict[str, Any]:
-    """``threads``, ``chunk_bytes`` and ``io`` checked for the reader."""
+    """``threads`` and ``chunk_bytes`` checked for the reader (``io``, a
+    name, is checked as the compiled module reads it)."""
     import numapin
 
-    if not isinstance(io, str):
-        raise TypeError(f"io={io!r} is not a string\n  fix: pass \"auto\", \"buffered\" or \"direct\"")
     return dict(
         threads=numapin._int(threads, "threads", hi=4096, fix="pass 0 (numapin picks) or a thread count"),
         chunk_bytes=numapin._int(chunk_bytes, "chunk_bytes", lo=1, hi=2**40, fix="pass a chunk size such as 4194304"),
@@ -117,6 +116,7 @@ def load_safetensors(
     names: Iterable[str] | None = None,
     *,
     shard: Any = None,
+    group: Any = None,
     gpu: int | None = None,
     node: int | None = None,
     threads: int = 0,
@@ -143,15 +143,51 @@ def load_safetensors(
     or ``"local"`` (``LOCAL_RANK``/``LOCAL_WORLD_SIZE``): this rank's share
     of the (selected) tensors: the tensors in file order, cut into
     ``world_size`` contiguous runs of nearly equal bytes (see
-    :func:`safetensors_shards` for every rank's names). ``threads``,
+    :func:`safetensors_shards` for every rank's names). ``"replica"``: every
+    tensor on every rank of the ``torch.distributed`` process group
+    ``group`` (default: the default group), each byte read from the files
+    by one rank only (its share, as ``(rank, world_size)`` in the group)
+    and broadcast to the others over the group (NCCL: GPU to GPU); every
+    rank of the group must make the same call (same files, same
+    ``names``), each with its own GPU, all on one machine. ``threads``,
     ``chunk_bytes``, ``io`` (``"auto"``, ``"buffered"``, ``"direct"``): how
     the files are read. A file on a drive behind another NUMA node or
     socket than the GPU gives a ``RuntimeWarning``. ``stats``: a dict to
-    fill with what the read did (as :func:`read_to_device` returns).
+    fill with what the read did (as :func:`read_to_device` returns; with
+    ``"replica"``, this rank's reads and a ``"replica"`` entry:
+    ``world_size``, ``read_bytes``, ``received_bytes``, ``seconds``).
 
     Bad files (truncated, a header that lies, a directory, a FIFO) raise
     :class:`numapin.InputError`; nothing stays allocated.
     """
+    if isinstance(shard, str) and shard == "replica":
+        from numapin import _replica
+
+        def prepare() -> Any:
+            return _prepare(path_or_index, device, names, group, gpu, node, threads, chunk_bytes, io)
+
+        out, report = _replica.load(prepare, group, _fallback_device(device))
+    else:
+        if group is not None:
+            raise InputError(
+                f"group= is for shard=\"replica\", not shard={shard!r}\n"
+                "  fix: pass shard=\"replica\" to share the reading over the group, or drop group="
+            )
+        ck, sel, infos, dev, read, _ = _open(path_or_index, device, names, shard, gpu, node, threads, chunk_bytes, io)
+        tensors, report = read(sel)
+        out = {infos[i][0]: t for i, t in zip(sel, tensors)}
+    _warn(report)
+    if stats is not None:
+        stats.update(report)
+    return {k: out[k] for k in sorted(out)}
+
+
+def _open(path_or_index: Any, device: Any, names: Any, shard: Any, gpu: Any, node: Any, threads: Any,
+          chunk_bytes: Any, io: Any) -> tuple[Any, list[int], list[Any], Any, Any, Any]:
+    """The checkpoint opened, the selected tensors (indexes in file order),
+    every tensor's ``(name, dtype, shape, nbytes, safetensors dtype)``, the
+    device (``None``: pinned CPU tensors), and ``read(indexes) -> (tensors,
+    report)`` and ``alloc(index) -> tensor`` for it."""
     opts = _read_opts(threads, chunk_bytes, io)
     import numapin
 
@@ -167,30 +203,62 @@ def load_safetensors(
                 "  fix: load the other tensors (names=...), or this one with safetensors"
             )
     if device is None or (isinstance(device, str) and device == "cpu"):
-        bufs, report = ck.load_to_host(sel, gpu=_default_gpu(gpu, node), node=node, **opts)
-        _warn(report)
-        if stats is not None:
-            stats.update(report)
-        from numapin import _wrap
+        target = _default_gpu(gpu, node)
 
-        loaded = {infos[i][0]: _wrap(b, "torch") for i, b in zip(sel, bufs)}
-        return {k: loaded[k] for k in sorted(loaded)}
+        def read_host(part: list[int]) -> tuple[list[Any], dict[str, Any]]:
+            bufs, report = ck.load_to_host(part, gpu=target, node=node, **opts)
+            from numapin import _wrap
+
+            return [_wrap(b, "torch") for b in bufs], report
+
+        def alloc_host(i: int) -> Any:
+            return numapin.empty(infos[i][2], infos[i][1], gpu=target, node=node)
+
+        return ck, sel, infos, None, read_host, alloc_host
     import torch
 
     dev = _cuda_device(device)
-    out: dict[str, Any] = {}
-    ptrs = []
-    for i in sel:
-        name, dtype, shape, _, _ = infos[i]
-        t = torch.empty(shape, dtype=getattr(torch, dtype), device=dev)
-        out[name] = t
-        ptrs.append(t.data_ptr())
-    stream = torch.cuda.current_stream(dev)
-    report = ck.load_to_device(sel, ptrs, dev.index, int(stream.cuda_stream), **opts)
-    _warn(report)
-    if stats is not None:
-        stats.update(report)
-    return {k: out[k] for k in sorted(out)}
+
+    def alloc(i: int) -> Any:
+        return torch.empty(infos[i][2], dtype=getattr(torch, str(infos[i][1])), device=dev)
+
+    def read(part: list[int]) -> tuple[list[Any], dict[str, Any]]:
+        tensors = [alloc(i) for i in part]
+        stream = torch.cuda.current_stream(dev)
+        ptrs = [t.data_ptr() for t in tensors]
+        return tensors, ck.load_to_device(part, ptrs, dev.index, int(stream.cuda_stream), **opts)
+
+    return ck, sel, infos, dev, read, alloc
+
+
+def _prepare(path_or_index: Any, device: Any, names: Any, group: Any, gpu: Any, node: Any, threads: Any,
+             chunk_bytes: Any, io: Any) -> Any:
+    """What ``shard="replica"`` needs of this rank: the checkpoint opened,
+    every group rank's share, the device, how to read and allocate."""
+    from numapin import _replica
+
+    dist, group = _replica.dist_group(group)
+    world = dist.get_world_size(group)
+    names = _names(names)  # once: an iterator would be spent by the first select
+    ck, sel, infos, dev, read, alloc = _open(path_or_index, device, names, None, gpu, node, threads, chunk_bytes, io)
+    shares = [ck.select(names, r, world) for r in range(world)]
+    import torch
+
+    return _replica.Prepared(
+        files=[str(f) for f in ck.files()], sel=sel, infos=infos, shares=shares,
+        device=dev if dev is not None else torch.device("cpu"), read=read, alloc=alloc,
+    )
+
+
+def _fallback_device(device: Any) -> Any:
+    """The device ``shard="replica"``'s collectives use on a rank that could
+    not resolve ``device`` (so that it can still tell the others)."""
+    torch = sys.modules.get("torch")
+    if device is None or torch is None or (isinstance(device, str) and device == "cpu"):
+        return None
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return None
 
 
 def safetensors_shards(

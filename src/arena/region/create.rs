@@ -42,9 +42,10 @@ impl Region {
         region.bind_step(o)?;
         region.check_injected(o, Step::Bind)?;
         let will_register = o.register && crate::platform::cuda::driver_version().is_ok();
-        let part = o.register_part_bytes.next_multiple_of(HUGE_PAGE);
-        let hugetlb = region.methods.pages.hugetlb_bytes().is_some();
-        if part > 0 && region.len > part && !hugetlb && o.shared.is_none() {
+        let part = o
+            .register_part_bytes
+            .next_multiple_of(region.methods.pages.granule());
+        if part > 0 && region.len > part && o.shared.is_none() {
             return region.create_in_parts(o, part, will_register);
         }
         region.populate_step(o)?;

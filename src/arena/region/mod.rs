@@ -62,11 +62,17 @@
 //!
 //! With [`RegionOptions::register_part_bytes`], steps 4 to 6 run as a
 //! pipeline over parts of the region instead (`Region::create_in_parts`):
-//! the region is locked with `mlock2(MLOCK_ONFAULT)` first, the populate
-//! threads fault in one part after the other, and as each is in, a second
-//! thread registers it and a third counts where its pages are. Each part is
-//! its own registration, and CUDA refuses a copy across two, so a buffer
-//! must lie inside one part ([`Region::part_bytes`]).
+//! the region is locked with `mlock2(MLOCK_ONFAULT)` first (hugetlb pages
+//! need no lock), populate threads started once (all but two of the
+//! region's, which the registering and counting threads run on) take 4 MiB
+//! chunks front to back, and as each part is in, a second thread registers
+//! it while counting threads check where its pages are. Each part is its
+//! own registration, and CUDA refuses a copy across two, so a buffer must
+//! lie inside one part ([`Region::part_bytes`]). On an H100 VM a 4 GiB
+//! region took 33-44 ms per GiB in parts of 128 MiB to 1 GiB against 49 in
+//! one piece, and a 16 GiB one 30 against 47 (`numapin bench --only
+//! cold-pinning`): the registration, about 26 ms per GiB alone and 30
+//! beside the faulting in, is what is left.
 //!
 //! The driver backends ([`Backend::DriverNuma`], [`Backend::HostAllocBound`])
 //! replace steps 1 to 5 with one driver allocation, then run step 6.
@@ -88,6 +94,7 @@ use super::{Backend, CgroupCap, OffNode, RegionMethods, RuntimeError, VerifiedBy
 use crate::cpulist::CpuList;
 use crate::platform::numa;
 
+mod chunks;
 mod create;
 mod driver;
 mod parts;
@@ -116,6 +123,31 @@ static VERIFY_THREADS_NOW: AtomicUsize = AtomicUsize::new(0);
 #[cfg(feature = "measure")]
 pub(crate) fn set_verify_threads(n: usize) {
     VERIFY_THREADS_NOW.store(n, Ordering::Relaxed);
+}
+
+/// Measurement hook: fault transparent and 4 KiB pages in with
+/// `MADV_POPULATE_WRITE` instead of a write per page.
+static POPULATE_WRITE_NOW: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
+/// Measurement hook: fault in with `MADV_POPULATE_WRITE` (`true`) or by
+/// touching each page (`false`, the default) for `numapin bench --only
+/// pinning` to compare them in one run.
+#[cfg(feature = "measure")]
+pub(crate) fn set_populate_write(on: bool) {
+    POPULATE_WRITE_NOW.store(on, Ordering::Relaxed);
+}
+
+fn populate_write_forced() -> bool {
+    POPULATE_WRITE_NOW.load(Ordering::Relaxed)
+}
+
+/// Measurement hook: the populate and counting threads of regions made in
+/// parts (0: the rules of `chunks`).
+#[cfg(feature = "measure")]
+pub(crate) fn set_pipeline_threads(populate: usize, verify: usize) {
+    chunks::PIPE_POPULATE_NOW.store(populate, Ordering::Relaxed);
+    chunks::PIPE_VERIFY_NOW.store(verify, Ordering::Relaxed);
 }
 
 /// Threads for the placement check of `len` bytes.
@@ -174,14 +206,13 @@ pub struct RegionOptions {
     /// backends' pages are the driver's).
     pub huge_pages: HugePages,
     /// Register a region larger than this in parts of this many bytes
-    /// (rounded up to [`HUGE_PAGE`]), each as soon as its pages are in,
-    /// while the populate threads fault in the next part; 0: populate the
-    /// whole region, then register it in one call. Transparent and 4 KiB
-    /// pages only ([`Backend::Mapped`]; hugetlb regions are registered in
-    /// one call). Measured by `numapin bench --only pinning` and not used
-    /// by the arena: CUDA refuses a copy whose range spans two
-    /// registrations, so a region in parts may only hold buffers that each
-    /// lie inside one part.
+    /// (rounded up to the region's page: 2 MiB, or 1 GiB for 1 GiB hugetlb
+    /// pages), each as soon as its pages are in, while the populate threads
+    /// fault in the next parts; 0: populate the whole region, then register
+    /// it in one call. [`Backend::Mapped`] anonymous memory (not shared
+    /// files). CUDA refuses a copy whose range spans two registrations, so
+    /// a region in parts may only hold buffers that each lie inside one
+    /// part (the arena's standard regions with `register_in_parts`).
     pub register_part_bytes: usize,
     /// Map this shared file (a memfd other processes may map too) instead
     /// of anonymous memory: the region's pages are the file's pages from

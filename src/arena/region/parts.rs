@@ -3,14 +3,20 @@
 //! thread registers each part as it comes in and a third counts where its
 //! pages are.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc;
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use super::super::{PinnedBy, PlacedBy, RuntimeError, VerifiedBy};
-use super::{step_failed, verify_threads, PageCounts, Region, RegionOptions, Registration, Step};
+use super::chunks::{pipeline_verify_threads, ChunkPlan};
+use super::populate::{bind_populate_thread, Gate};
+use super::{step_failed, PageCounts, Region, RegionOptions, Registration, Step};
 use crate::platform::numa;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
 
 /// What the pipeline's three threads came back with: the populate time,
 /// the registration time, and the page counts with their time.
@@ -20,11 +26,19 @@ type Outcome = (
     (std::io::Result<PageCounts>, Duration),
 );
 
+/// Where a finished part goes: the registering thread (when registering)
+/// and the counting threads.
+type Sinks = (
+    Option<mpsc::Sender<(usize, usize)>>,
+    mpsc::Sender<(usize, usize)>,
+);
+
 impl Region {
-    /// Steps 4 to 6 in parts of `part` bytes: the populate threads fault in
-    /// one part after the other; as each is in, a second thread registers
-    /// it (with `register`), so that the kernel zeroing part k + 1 overlaps
-    /// the driver pinning part k, and a third counts where its pages are.
+    /// Steps 4 to 6 in parts of `part` bytes (a multiple of the region's
+    /// page): the populate threads fault in the parts front to back; as
+    /// each is in, a second thread registers it (with `register`), so that
+    /// the kernel zeroing the next parts overlaps the driver pinning this
+    /// one, and counting threads check where its pages are.
     /// Registering only resident pages keeps the driver off the fault path,
     /// which an earlier attempt (registering the whole region while it was
     /// being populated) found four times slower.
@@ -84,6 +98,11 @@ impl Region {
     /// registration. Returns whether to lock once the region is in (a
     /// kernel without MLOCK_ONFAULT, before 4.4).
     fn lock_on_fault(&mut self, o: &RegionOptions, register: bool) -> Result<bool, RuntimeError> {
+        if self.methods.pages.hugetlb_bytes().is_some() {
+            // Never swapped: neither locked nor counted by mlock.
+            self.methods.pinned = PinnedBy::Hugetlb;
+            return Ok(false);
+        }
         if let Some(why) = o.pin_by_registration.as_ref().filter(|_| register) {
             self.methods.pinned = PinnedBy::Registration;
             self.notes.push(format!(
@@ -104,9 +123,14 @@ impl Region {
         Ok(lock_after)
     }
 
-    /// Runs the three threads over `ranges`: this one populates each part
-    /// in turn and hands it to the registering thread (with `register`) and
-    /// the counting thread.
+    /// Runs the pipeline over `ranges` (the parts, in order): populate
+    /// threads started once and released together take the region's
+    /// chunks front to back from one counter, and the thread that finishes
+    /// a part's last chunk hands the part to the registering thread (with
+    /// `register`) and to the counting threads. Threads are not started per
+    /// part (a part of 128 MiB is only a few milliseconds of work for 16
+    /// threads), and the populate threads leave CPUs to the registering
+    /// and counting threads ([`pipeline_populate_threads`]).
     fn pipeline(
         &self,
         o: &RegionOptions,
@@ -115,63 +139,140 @@ impl Region {
         registered: &Mutex<Vec<usize>>,
     ) -> Outcome {
         let system = step_failed(o.node, self.len);
-        // Set when registering fails: the populate threads stop too.
+        // Set when a step fails: every thread stops taking work.
         let stop = AtomicBool::new(false);
         let first_touch = self.methods.placed == PlacedBy::FirstTouch;
+        let plan = ChunkPlan::new(self, ranges, o.populate_threads);
+        let counters = pipeline_verify_threads(self.len).min(self.threads).max(1);
+        let (to_pin, pin_rx) = mpsc::channel::<(usize, usize)>();
+        let (to_count, count_rx) = mpsc::channel::<(usize, usize)>();
+        let count_rx = Mutex::new(count_rx);
         std::thread::scope(|s| {
-            let (to_pin, pin_rx) = mpsc::channel::<(usize, usize)>();
-            let (to_count, count_rx) = mpsc::channel::<(usize, usize)>();
-            let (stop, len) = (&stop, self.len);
+            let (stop, len, count_rx) = (&stop, self.len, &count_rx);
             let pinning = std::thread::Builder::new()
                 .name("numapin-register".into())
                 .spawn_scoped(s, move || {
                     register_parts(pin_rx, (o.node, len), registered, stop)
                 });
-            let counting = std::thread::Builder::new()
-                .name("numapin-verify".into())
-                .spawn_scoped(s, move || self.count_parts(count_rx));
-            let mut populated = Ok(Duration::ZERO);
-            for &(a, l) in ranges {
-                if stop.load(Ordering::Relaxed) {
-                    break;
-                }
-                let t = Instant::now();
-                if let Err(e) = self.populate_range(a, l, &o.cpus, o.populate_threads, first_touch)
-                {
-                    populated = Err(system(Step::Populate, e));
-                    break;
-                }
-                populated = populated.map(|d| d + t.elapsed());
-                // A thread that stopped on an error takes no more parts.
-                if register {
-                    let _ = to_pin.send((a, l));
-                }
-                let _ = to_count.send((a, l));
-            }
-            drop((to_pin, to_count));
+            let counting: Vec<_> = (0..counters)
+                .map(|_| {
+                    std::thread::Builder::new()
+                        .name("numapin-verify".into())
+                        .spawn_scoped(s, move || self.count_parts(count_rx))
+                })
+                .collect();
+            let sinks = (register.then_some(to_pin), to_count);
+            let populated = self
+                .populate_pipelined(o, &plan, first_touch, sinks, stop)
+                .map_err(|e| system(Step::Populate, e));
             let pinned = match pinning {
                 Ok(h) => h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)),
                 Err(e) => Err(system(Step::Register, e)),
             };
-            let counted = match counting {
-                Ok(h) => h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)),
-                Err(e) => (Err(e), Duration::ZERO),
-            };
+            let mut counted = (Ok(PageCounts::empty(VerifiedBy::MovePages)), Duration::ZERO);
+            for h in counting {
+                let (c, t) = match h {
+                    Ok(h) => h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)),
+                    Err(e) => (Err(e), Duration::ZERO),
+                };
+                counted.1 = counted.1.max(t);
+                counted.0 = match (counted.0, c) {
+                    (Ok(mut a), Ok(b)) => {
+                        a.merge(b);
+                        Ok(a)
+                    }
+                    (Err(e), _) | (_, Err(e)) => Err(e),
+                };
+            }
             (populated, pinned, counted)
         })
     }
 
+    /// The populate side of [`Region::pipeline`]: `plan.threads` threads
+    /// bound to the node's CPUs fault the chunks in; each finished part goes
+    /// to `sinks` (the registering thread's channel, when registering, and
+    /// the counting threads'). Returns the time from the threads' release to
+    /// the last chunk.
+    fn populate_pipelined(
+        &self,
+        o: &RegionOptions,
+        plan: &ChunkPlan,
+        must_bind: bool,
+        sinks: Sinks,
+        stop: &AtomicBool,
+    ) -> std::io::Result<Duration> {
+        let next = AtomicUsize::new(0);
+        let failed: Mutex<Option<std::io::Error>> = Mutex::new(None);
+        let fault = self.fault_in_fn();
+        let gate = &Gate::default();
+        let started = std::thread::scope(|s| {
+            let mut handles = Vec::new();
+            for _ in 0..plan.threads {
+                let (pin, count) = (sinks.0.clone(), sinks.1.clone());
+                let (next, failed, fault, cpus) = (&next, &failed, &fault, &o.cpus);
+                let b = std::thread::Builder::new().name("numapin-populate".into());
+                let h = b.spawn_scoped(s, move || {
+                    if !gate.arrive() {
+                        return;
+                    }
+                    let r = bind_populate_thread(cpus, must_bind).and_then(|()| {
+                        plan.run(next, stop, fault, |part| {
+                            if let Some(pin) = &pin {
+                                let _ = pin.send(part);
+                            }
+                            let _ = count.send(part);
+                        })
+                    });
+                    if let Err(e) = r {
+                        stop.store(true, Ordering::Relaxed);
+                        lock(failed).get_or_insert(e);
+                    }
+                });
+                match h {
+                    Ok(h) => handles.push(h),
+                    Err(e) => {
+                        gate.open(false, 0);
+                        stop.store(true, Ordering::Relaxed);
+                        return Err(e);
+                    }
+                }
+            }
+            let t = Instant::now();
+            gate.open(true, handles.len());
+            for h in handles {
+                if h.join().is_err() {
+                    stop.store(true, Ordering::Relaxed);
+                    lock(&failed)
+                        .get_or_insert(std::io::Error::other("a populate thread panicked"));
+                }
+            }
+            Ok(t.elapsed())
+        });
+        // The senders go here: the registering and counting threads end
+        // once every part sent has been taken.
+        drop(sinks);
+        let failure = lock(&failed).take();
+        match failure {
+            Some(e) => Err(e),
+            None => started,
+        }
+    }
+
     /// The counting thread: where each part's pages are, as each comes in.
+    /// Several such threads share `parts`; each counts the parts it takes.
     fn count_parts(
         &self,
-        parts: mpsc::Receiver<(usize, usize)>,
+        parts: &Mutex<mpsc::Receiver<(usize, usize)>>,
     ) -> (std::io::Result<PageCounts>, Duration) {
         let t = Instant::now();
         let mut total = Ok(PageCounts::empty(VerifiedBy::MovePages));
-        for (a, l) in parts {
+        loop {
+            // The lock is held only while waiting for the next part.
+            let Ok((a, l)) = lock(parts).recv() else {
+                break;
+            };
             if let Ok(acc) = &mut total {
-                let threads = verify_threads(l).min(self.threads);
-                match self.count_range_move_pages(a, l, threads) {
+                match self.count_range_move_pages(a, l, 1) {
                     Ok(c) => acc.merge(c),
                     Err(e) => total = Err(e),
                 }

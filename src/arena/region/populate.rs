@@ -40,43 +40,9 @@ impl Region {
         let chunks = len / granule;
         let threads = threads.clamp(1, chunks);
         let per = chunks.div_ceil(threads) * granule;
-        // hugetlb pages: fault them in with MADV_POPULATE_WRITE, which
-        // fails where a touch would raise SIGBUS; on older kernels touch
-        // one byte per huge page (the pool was checked first).
-        let hugetlb = self.methods.pages.hugetlb_bytes();
-        // Pages of a shared file take the same call where the kernel has it
-        // (one call per thread's share instead of a fault per 4 KiB page).
-        let populate_write = (hugetlb.is_some() || self.shared) && numa::populate_write_supported();
-        let step = hugetlb.unwrap_or(PAGE);
-        let bind = move || -> std::io::Result<()> {
-            if cpus.is_empty() {
-                return Ok(());
-            }
-            match crate::platform::sys::sched_setaffinity(0, cpus) {
-                Err(e) if must_bind => Err(std::io::Error::new(
-                    e.kind(),
-                    format!("binding a first-touch thread to CPUs {cpus} failed: {e}"),
-                )),
-                _ => Ok(()),
-            }
-        };
-        let touch = move |from: usize, to: usize| -> std::io::Result<()> {
-            if populate_write {
-                // SAFETY: from..to is a slice of the region, mapped
-                // writable and owned by this Region, of whole huge pages.
-                return unsafe { numa::populate_write(from as *mut u8, to - from) };
-            }
-            let mut a = from;
-            while a < to {
-                // SAFETY: `a` is inside the region (from..to is a slice of
-                // it), which is mapped writable and owned by this Region;
-                // each thread writes its own disjoint part, before any
-                // buffer is handed out.
-                unsafe { std::ptr::write_volatile(a as *mut u8, 0) };
-                a += step;
-            }
-            Ok(())
-        };
+        let touch = self.fault_in_fn();
+        let touch = &touch;
+        let bind = move || bind_populate_thread(cpus, must_bind);
         let gate = &Gate::default();
         std::thread::scope(|s| {
             let mut handles = Vec::new();
@@ -114,6 +80,56 @@ impl Region {
     }
 }
 
+impl Region {
+    /// What faults in `from..to` (a slice of the region of whole pages of
+    /// its kind): `MADV_POPULATE_WRITE` for hugetlb pages (which fails
+    /// where a touch would raise `SIGBUS`; on older kernels one byte per
+    /// huge page is touched, the pool was checked first) and for the pages
+    /// of a shared file (one call per share instead of a fault per 4 KiB
+    /// page); a write of one byte per page otherwise, or, with the
+    /// measurement hook [`super::set_populate_write`], the same call.
+    pub(super) fn fault_in_fn(&self) -> impl Fn(usize, usize) -> std::io::Result<()> + Sync {
+        let hugetlb = self.methods.pages.hugetlb_bytes();
+        let populate_write = (hugetlb.is_some() || self.shared || super::populate_write_forced())
+            && numa::populate_write_supported();
+        let step = hugetlb.unwrap_or(PAGE);
+        move |from: usize, to: usize| -> std::io::Result<()> {
+            if populate_write {
+                // SAFETY: from..to is a slice of the region, mapped
+                // writable and owned by this Region, of whole pages.
+                return unsafe { numa::populate_write(from as *mut u8, to - from) };
+            }
+            let mut a = from;
+            while a < to {
+                // SAFETY: `a` is inside the region (from..to is a slice of
+                // it), which is mapped writable and owned by this Region;
+                // each thread writes its own disjoint part, before any
+                // buffer is handed out.
+                unsafe { std::ptr::write_volatile(a as *mut u8, 0) };
+                a += step;
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Binds a populate thread to `cpus` (none: left unbound). With
+/// `must_bind` (first touch places the pages) a failure is an error;
+/// otherwise binding is best effort (placement is mbind's job, binding only
+/// makes the zeroing run on the node's cores).
+pub(super) fn bind_populate_thread(cpus: &CpuList, must_bind: bool) -> std::io::Result<()> {
+    if cpus.is_empty() {
+        return Ok(());
+    }
+    match crate::platform::sys::sched_setaffinity(0, cpus) {
+        Err(e) if must_bind => Err(std::io::Error::new(
+            e.kind(),
+            format!("binding a first-touch thread to CPUs {cpus} failed: {e}"),
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// Holds the populate threads until every one has started. A thread that
 /// faults its share in with `MADV_POPULATE_WRITE` holds the process's mmap
 /// lock (for reading) for the whole share, and a thread starting up maps
@@ -122,7 +138,7 @@ impl Region {
 /// on 16 cores of an H200 VM: 60-77 ms, against 23-25 ms with all 16
 /// released once every one has started).
 #[derive(Default)]
-struct Gate {
+pub(super) struct Gate {
     state: std::sync::Mutex<GateState>,
     changed: std::sync::Condvar,
 }
@@ -140,7 +156,7 @@ impl Gate {
 
     /// Called by a started thread: counts it, then waits until the gate is
     /// opened; whether to go on (`false`: starting the others failed).
-    fn arrive(&self) -> bool {
+    pub(super) fn arrive(&self) -> bool {
         let mut g = self.lock();
         g.arrived += 1;
         self.changed.notify_all();
@@ -154,7 +170,7 @@ impl Gate {
 
     /// Waits until `threads` threads have arrived, then lets them go on
     /// (`go`); with `go` false, at once: every thread gives up.
-    fn open(&self, go: bool, threads: usize) {
+    pub(super) fn open(&self, go: bool, threads: usize) {
         let mut g = self.lock();
         while go && g.arrived < threads {
             g = self.changed.wait(g).unwrap_or_else(|p| p.into_inner());

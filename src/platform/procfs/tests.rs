@@ -4,7 +4,8 @@ use proptest::prelude::*;
 const STATUS: &[u8] = b"Name:\tpython3\nUmask:\t0022\nState:\tS (sleeping)\nTgid:\t4242\n\
 Uid:\t1000\t1000\t1000\t1000\nGid:\t1000\t1000\t1000\t1000\nVmRSS:\t   43008 kB\n\
 VmLck:\t       0 kB\nVmPin:\t    2048 kB\nThreads:\t12\n\
-Cpus_allowed:\tffffffff\nCpus_allowed_list:\t0-31\nMems_allowed_list:\t0-1\n";
+Cpus_allowed:\tffffffff\nCpus_allowed_list:\t0-31\nMems_allowed_list:\t0-1\n\
+NSpid:\t84512\t37\n";
 
 #[test]
 fn status_fields() {
@@ -24,6 +25,40 @@ fn status_fields() {
     assert_eq!((s.state, s.rss, s.locked), (Some('I'), None, None));
     let s = parse_status(b"VmRSS:\t99999999999999999999 kB\n");
     assert_eq!(s.rss, None);
+}
+
+#[test]
+fn pid_namespaces_of_a_process() {
+    // Its pid in this /proc's namespace first, its own namespace's last.
+    assert_eq!(parse_status(STATUS).nspid, [84512, 37]);
+    assert_eq!(parse_status(b"NSpid:\t12\n").nspid, [12]);
+    // Absent (old kernels), garbage or impossibly deep: none believed.
+    assert!(parse_status(b"Name:\tx\n").nspid.is_empty());
+    assert!(parse_status(b"NSpid:\t12\tx\n").nspid.is_empty());
+    let deep = format!("NSpid:{}\n", "\t7".repeat(MAX_PID_NS_LEVELS + 1));
+    assert!(parse_status(deep.as_bytes()).nspid.is_empty());
+    let deepest = format!("NSpid:{}\n", "\t7".repeat(MAX_PID_NS_LEVELS));
+    assert_eq!(
+        parse_status(deepest.as_bytes()).nspid.len(),
+        MAX_PID_NS_LEVELS
+    );
+}
+
+#[test]
+fn kernel_threads_mark_the_hosts_pid_namespace() {
+    // kthreadd's stat: flags 0x208040 (PF_KTHREAD set), command with a space.
+    let kthreadd = "2 (kthreadd) S 0 0 0 0 -1 2129984 0 0 0 0 0 0 0 0 20 0 1 0 7";
+    assert_eq!(stat_flags(kthreadd.as_bytes()), Some(2_129_984));
+    assert_eq!(stat_flags(b"2 (a) b) S 0 0 0 0 -1 64 0"), Some(64));
+    assert_eq!(stat_flags(b"2 (x) S 0"), None);
+    let root = |stat: &str| crate::platform::fake_root(&[("proc/2/stat", stat)]);
+    assert!(shows_host_pids(root(kthreadd).path()));
+    // A user process at pid 2 (a container's namespace): no PF_KTHREAD.
+    let user = "2 (kthreadd) S 1 2 2 0 -1 4194560 0 0 0 0 0 0 0 0 20 0 1 0 7";
+    assert!(!shows_host_pids(root(user).path()));
+    assert!(!shows_host_pids(crate::platform::fake_root(&[]).path()));
+    // This machine's own /proc is one or the other; never a panic.
+    let _ = shows_host_pids(Path::new("/"));
 }
 
 #[test]
@@ -195,6 +230,7 @@ proptest! {
     fn parsers_take_any_bytes(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
         let _ = parse_status(&bytes);
         let _ = stat_processor(&bytes);
+        let _ = stat_flags(&bytes);
         let _ = environ_values(&bytes, &["LOCAL_RANK", "A"]);
         let _ = cmdline_text(&bytes);
         let _ = maps_path(&bytes);

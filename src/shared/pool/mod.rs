@@ -32,6 +32,7 @@ mod slots;
 #[cfg(test)]
 mod tests;
 mod waiting;
+mod write;
 
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, OwnedFd};
