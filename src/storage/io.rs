@@ -284,7 +284,8 @@ fn buffered(
 
 /// Test hook: faults injected into the system calls (every `eintr_every`th
 /// call fails with `EINTR`, no call returns more than `short_max` bytes, a
-/// call touching `eio_at` fails with `EIO`).
+/// call touching `eio_at` fails with `EIO`; a filesystem that refuses
+/// `O_DIRECT` at open or at read).
 #[cfg(test)]
 pub(crate) mod faults {
     use std::sync::Mutex;
@@ -295,6 +296,18 @@ pub(crate) mod faults {
         pub short_max: usize,
         pub eio_at: Option<u64>,
         pub calls: u64,
+        /// `O_DIRECT` opens fail with `EINVAL`.
+        pub direct_open_einval: bool,
+        /// `O_DIRECT` reads fail with `EINVAL`.
+        pub direct_read_einval: bool,
+    }
+
+    /// Whether `O_DIRECT` opens are refused now.
+    pub(crate) fn direct_open_refused() -> bool {
+        FAULTS
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some_and(|f| f.direct_open_einval)
     }
 
     pub(crate) static FAULTS: Mutex<Option<Faults>> = Mutex::new(None);
@@ -307,6 +320,9 @@ pub(crate) mod faults {
             return Ok(len);
         };
         f.calls += 1;
+        if direct && f.direct_read_einval {
+            return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
+        }
         if f.eintr_every > 0 && f.calls % f.eintr_every == 0 {
             return Err(std::io::Error::from_raw_os_error(libc::EINTR));
         }

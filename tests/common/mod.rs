@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub(crate) mod seccomp;
+pub(crate) mod storage;
 
 use numapin::topology::{
     Allowed, Cache, Core, CudaInfo, DeviceKind, Gpu, IoDevice, NodeKind, NumaNode, Package,
