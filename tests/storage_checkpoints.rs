@@ -665,7 +665,13 @@ fn a_sparse_file_claiming_terabytes_is_refused_by_the_budget_before_it_is_read()
     let e = ck
         .load_to_host(&rt, node(&rt), &all, &ReadOptions::default())
         .unwrap_err();
-    assert!(matches!(e, StorageError::Arena(_)), "{e}");
+    assert!(matches!(e, StorageError::TensorMemory { .. }), "{e}");
+    assert_eq!(e.kind(), ErrorKind::Budget, "{e}");
+    let text = numapin::error::with_causes(&e);
+    assert!(
+        text.contains("tb.safetensors") && text.contains("\"w\""),
+        "{text}"
+    );
     assert_no_leak(&rt);
 }
 

@@ -218,10 +218,9 @@ def test_a_sparse_file_claiming_a_terabyte_is_refused_before_it_is_read(tmp_path
             f.truncate(8 + len(h) + tb)
         except OSError:
             pytest.skip("this filesystem holds no sparse terabyte")
-    t = time.monotonic()
-    with pytest.raises(numapin.Error) as e:
+    with pytest.raises(numapin.BudgetError) as e:
         numapin.load_safetensors(p, device=None)
-    assert time.monotonic() - t < 30
+    assert "tb.safetensors" in str(e.value) and "'w'" in str(e.value).replace('"', "'"), str(e.value)
     assert e.value.fix, str(e.value)
     gc.collect()
 

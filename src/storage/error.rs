@@ -87,6 +87,21 @@ pub enum StorageError {
     /// The pinned slots (or pinned tensors) could not be had.
     #[error(transparent)]
     Arena(#[from] ArenaError),
+    /// The pinned memory for one tensor of a checkpoint could not be had
+    /// (the node's budget is short, or the file claims more than it can
+    /// hold).
+    #[error("{}: tensor {tensor} needs {len} bytes of pinned memory", path.display())]
+    TensorMemory {
+        /// The file holding the tensor.
+        path: PathBuf,
+        /// The tensor's name, quoted.
+        tensor: String,
+        /// Its bytes.
+        len: usize,
+        /// The arena's error.
+        #[source]
+        source: ArenaError,
+    },
 }
 
 impl StorageError {
@@ -96,7 +111,7 @@ impl StorageError {
             StorageError::Input { .. }
             | StorageError::Truncated { .. }
             | StorageError::Request { .. } => ErrorKind::Input,
-            StorageError::Arena(e) => e.kind(),
+            StorageError::Arena(e) | StorageError::TensorMemory { source: e, .. } => e.kind(),
             StorageError::Read { .. } | StorageError::Cuda { .. } | StorageError::Setup { .. } => {
                 ErrorKind::System
             }
@@ -118,7 +133,7 @@ impl StorageError {
             } else {
                 "check the GPU (`nvidia-smi`) and its free memory".into()
             }),
-            StorageError::Arena(e) => e.fix(),
+            StorageError::Arena(e) | StorageError::TensorMemory { source: e, .. } => e.fix(),
         }
     }
 

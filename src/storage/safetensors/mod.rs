@@ -634,7 +634,8 @@ impl Checkpoint {
     ///
     /// # Errors
     /// As [`read_ranges_to_host`](super::read_ranges_to_host), and
-    /// [`StorageError::Arena`] when the node's budget is short. The
+    /// [`StorageError::TensorMemory`] (naming the file and the tensor) when
+    /// the node's budget is short. The
     /// options are checked before anything is allocated; nothing stays
     /// allocated after an error.
     pub fn load_to_host(
@@ -652,7 +653,14 @@ impl Checkpoint {
             // The tensor's first byte sits where the file's does modulo
             // the alignment, so its whole blocks can be read in place.
             let pad = (t.offset % self.files[t.source].align) as usize;
-            let buf = rt.alloc_on_node(node, (pad + t.len).max(1))?;
+            let buf = rt
+                .alloc_on_node(node, (pad + t.len).max(1))
+                .map_err(|source| StorageError::TensorMemory {
+                    path: self.files[t.source].path.clone(),
+                    tensor: header::quoted(&t.name),
+                    len: t.len,
+                    source,
+                })?;
             bufs.push(HostTensor {
                 entry: i,
                 buf,
