@@ -81,7 +81,7 @@ def _names(names: Any) -> list[str] | None:
         it = iter(names)
     except TypeError:
         raise TypeError(f"names={names!r} is not a list of tensor names ({type(names).__name__})\n  fix: {fix}") from None
-    out = []
+    out: list[str] = []
     for n in it:
         if not isinstance(n, str):
             raise TypeError(f"names: {n!r} is not a tensor name ({type(n).__name__})\n  fix: {fix}")
@@ -227,7 +227,7 @@ def load_safetensors(
     import torch
 
     for i in sel:
-        if not hasattr(torch, infos[i][1]):
+        if not hasattr(torch, str(infos[i][1])):
             raise InputError(
                 f"{path_or_index}: tensor {infos[i][0]!r} is {infos[i][4]}, and this torch ({torch.__version__}) "
                 f"has no torch.{infos[i][1]}\n  fix: use a newer torch, or load the other tensors (names=...)"
@@ -247,7 +247,7 @@ def load_safetensors(
                 t = t.view(torch.float4_e2m1fn_x2)
             loaded[infos[i][0]] = t
         return {k: loaded[k] for k in sorted(loaded)}
-    out = _device_tensors(torch, infos, sel, dev)
+    out = _device_tensors(torch, infos, sel, dev, path_or_index)
     ptrs = [out[infos[i][0]].data_ptr() for i in sel]
     stream = torch.cuda.current_stream(dev)
     report = ck.load_to_device(sel, ptrs, dev.index, int(stream.cuda_stream), **opts)
@@ -257,7 +257,7 @@ def load_safetensors(
     return {k: out[k] for k in sorted(out)}
 
 
-def _device_tensors(torch: Any, infos: list[Any], sel: list[int], dev: Any) -> dict[str, Any]:
+def _device_tensors(torch: Any, infos: list[Any], sel: list[int], dev: Any, path: Any) -> dict[str, Any]:
     """Empty tensors on ``dev`` for the tensors at ``sel`` (torch's caching
     allocator, as ``load_file`` allocates); a GPU without room for them all
     is a ``numapin.Error`` before any is made (or, when another allocation
@@ -270,7 +270,7 @@ def _device_tensors(torch: Any, infos: list[Any], sel: list[int], dev: Any) -> d
 
     def short(what: str) -> Error:
         return Error(
-            f"the selected tensors are {need} bytes, and GPU {dev.index} {what}\n"
+            f"{os.fspath(path)}: the selected tensors are {need} bytes, and GPU {dev.index} {what}\n"
             "  fix: free GPU memory, or load a part at a time (names=..., shard=...), or to pinned CPU memory (device=None)"
         )
 
