@@ -247,7 +247,15 @@ fn header_cases() -> Vec<Case> {
 fn to_2_64() -> String {
     let big = (1u64 << 61) - 1;
     let mut parts: Vec<String> = (0..8u64)
-        .map(|i| entry(&format!("t{i}"), "U8", &format!("[{big}]"), i * big, (i + 1) * big))
+        .map(|i| {
+            entry(
+                &format!("t{i}"),
+                "U8",
+                &format!("[{big}]"),
+                i * big,
+                (i + 1) * big,
+            )
+        })
         .collect();
     parts.push(entry("t8", "U8", "[7]", 8 * big, u64::MAX));
     format!("{{{}}}", parts.join(","))

@@ -100,7 +100,7 @@ pub enum StorageError {
         len: usize,
         /// The arena's error.
         #[source]
-        source: ArenaError,
+        source: Box<ArenaError>,
     },
 }
 
@@ -111,7 +111,8 @@ impl StorageError {
             StorageError::Input { .. }
             | StorageError::Truncated { .. }
             | StorageError::Request { .. } => ErrorKind::Input,
-            StorageError::Arena(e) | StorageError::TensorMemory { source: e, .. } => e.kind(),
+            StorageError::Arena(e) => e.kind(),
+            StorageError::TensorMemory { source, .. } => source.kind(),
             StorageError::Read { .. } | StorageError::Cuda { .. } | StorageError::Setup { .. } => {
                 ErrorKind::System
             }
@@ -133,7 +134,8 @@ impl StorageError {
             } else {
                 "check the GPU (`nvidia-smi`) and its free memory".into()
             }),
-            StorageError::Arena(e) | StorageError::TensorMemory { source: e, .. } => e.fix(),
+            StorageError::Arena(e) => e.fix(),
+            StorageError::TensorMemory { source, .. } => source.fix(),
         }
     }
 

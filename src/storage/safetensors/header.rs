@@ -121,7 +121,7 @@ pub(super) fn parse(header: &[u8], file_len: u64, path: &Path) -> Result<Vec<Ten
         })?;
     check_names(&entries, path)?;
     let start = 8 + header.len() as u64;
-    let end = start.checked_add(tile(&entries, path)?).unwrap_or(u64::MAX);
+    let end = start.saturating_add(tile(&entries, path)?);
     if end != file_len {
         let problem = if end > file_len {
             format!("has tensors up to byte {end}, past the end of the file ({file_len} bytes): offsets past the end, or a truncated file")

@@ -659,7 +659,7 @@ impl Checkpoint {
                     path: self.files[t.source].path.clone(),
                     tensor: header::quoted(&t.name),
                     len: t.len,
-                    source,
+                    source: Box::new(source),
                 })?;
             bufs.push(HostTensor {
                 entry: i,
