@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use numapin::storage::safetensors::{Checkpoint, Dtype, Shard};
+use numapin::storage::safetensors::{Checkpoint, Dtype, Shard, TensorEntry};
 use numapin::storage::{self, DeviceRange, IoMode, ReadOptions, ReadReport, Source};
 use numapin::CudaOrdinal;
 use pyo3::prelude::*;
@@ -32,12 +32,15 @@ impl Choices for IoMode {
 }
 
 /// The torch/NumPy dtype name of a safetensors dtype, `None` for the
-/// sub-byte formats (`F4`, `F6_*`) numapin makes no tensors of.
+/// 6-bit formats (`F6_*`), which torch has no type for (safetensors' own
+/// torch loader refuses them too). `F4` is torch's `float4_e2m1fn_x2`, two
+/// elements to a byte.
 fn dtype_name(d: Dtype) -> Option<&'static str> {
     Some(match d {
         Dtype::BOOL => "bool",
         Dtype::U8 => "uint8",
         Dtype::I8 => "int8",
+        Dtype::F4 => "float4_e2m1fn_x2",
         Dtype::F8_E5M2 => "float8_e5m2",
         Dtype::F8_E4M3 => "float8_e4m3fn",
         Dtype::F8_E8M0 => "float8_e8m0fnu",
@@ -56,6 +59,32 @@ fn dtype_name(d: Dtype) -> Option<&'static str> {
         Dtype::U64 => "uint64",
         _ => return None,
     })
+}
+
+/// The torch dtype name and shape of tensor `t` (for `F4`, the last
+/// dimension halved, as safetensors' torch loader makes it), or why torch
+/// cannot hold it.
+fn torch_view(t: &TensorEntry) -> Result<(&'static str, Vec<usize>), String> {
+    let name = dtype_name(t.dtype).ok_or_else(|| {
+        format!(
+            "has dtype {}, which torch has no type for (safetensors' torch loader refuses it too)",
+            t.dtype
+        )
+    })?;
+    if t.dtype != Dtype::F4 {
+        return Ok((name, t.shape.clone()));
+    }
+    match t.shape.split_last() {
+        Some((&last, rest)) if last % 2 == 0 => {
+            let mut shape = rest.to_vec();
+            shape.push(last / 2);
+            Ok((name, shape))
+        }
+        _ => Err(format!(
+            "has dtype F4 and shape {:?}: torch holds F4 as float4_e2m1fn_x2, two elements to a byte, which needs an even last dimension",
+            t.shape
+        )),
+    }
 }
 
 /// The default `io`: a Python signature shows it as `io='auto'`.
@@ -103,29 +132,38 @@ pub(crate) fn open_safetensors(py: Python<'_>, path: PathBuf) -> PyResult<PyChec
 #[pymethods]
 impl PyCheckpoint {
     /// Every tensor, sorted by name: `(name, dtype, shape, nbytes,
-    /// safetensors dtype)`; `dtype` is the torch name, `None` for a format
-    /// numapin makes no tensors of.
+    /// safetensors dtype)`; `dtype` and `shape` are torch's (`F4`:
+    /// `float4_e2m1fn_x2`, the last dimension halved), `dtype` `None`
+    /// (and `shape` the file's) for a tensor torch cannot hold.
     #[allow(clippy::type_complexity)]
     fn tensors(&self) -> Vec<(String, Option<&'static str>, Vec<usize>, usize, String)> {
         self.ck
             .tensors()
             .iter()
             .map(|t| {
-                (
-                    t.name.clone(),
-                    dtype_name(t.dtype),
-                    t.shape.clone(),
-                    t.len,
-                    t.dtype.to_string(),
-                )
+                let (dtype, shape) = match torch_view(t) {
+                    Ok((d, s)) => (Some(d), s),
+                    Err(_) => (None, t.shape.clone()),
+                };
+                (t.name.clone(), dtype, shape, t.len, t.dtype.to_string())
             })
             .collect()
+    }
+
+    /// Raises `InputError` naming the file and the tensor for the first
+    /// tensor at `selection` that torch cannot hold (or an index out of
+    /// range).
+    fn check_loadable(&self, py: Python<'_>, selection: Vec<usize>) -> PyResult<()> {
+        for i in selection {
+            self.entry(py, i)?;
+        }
+        Ok(())
     }
 
     /// The files read (one, or the index's shards in name order).
     fn files(&self) -> Vec<PathBuf> {
         self.ck
-            .sources()
+            .files()
             .iter()
             .map(|s| s.path().to_path_buf())
             .collect()
@@ -136,7 +174,7 @@ impl PyCheckpoint {
         let rt = rt(py)?;
         Ok(py.detach(|| {
             self.ck
-                .sources()
+                .files()
                 .iter()
                 .map(|s| {
                     let loc = storage::locate(s.path(), rt.topology());
@@ -228,17 +266,18 @@ impl PyCheckpoint {
         io: Choice<IoMode>,
     ) -> PyResult<(Vec<PinnedBuffer>, Py<PyDict>)> {
         let opts = options(threads, chunk_bytes, io);
-        let mut dtypes = Vec::with_capacity(selection.len());
+        let mut views = Vec::with_capacity(selection.len());
         for &i in &selection {
-            let t = self.ck.tensors().get(i).ok_or_else(|| {
-                input_error(
-                    py,
-                    format!("tensor index {i} is out of range"),
-                    "pass indexes from select()",
-                )
-            })?;
-            let name = dtype_name(t.dtype).ok_or_else(|| unsupported(py, &t.name, t.dtype))?;
-            dtypes.push(dtype::of(py, name)?);
+            let (name, shape) = self.entry(py, i)?;
+            // F4 is handed out as bytes; the wrapper views it as torch's
+            // float4_e2m1fn_x2 (one byte each, as NumPy has no such type).
+            let name = if name == "float4_e2m1fn_x2" {
+                "uint8"
+            } else {
+                name
+            };
+            let shape: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
+            views.push((dtype::of(py, name)?, shape));
         }
         let rt = rt(py)?;
         let loaded = py
@@ -249,12 +288,7 @@ impl PyCheckpoint {
             .map_err(|e| to_py(py, &e.into()))?;
         let rep = report(py, &loaded.report)?.unbind();
         let mut out = Vec::with_capacity(loaded.tensors.len());
-        for (h, dtype) in loaded.tensors.into_iter().zip(dtypes) {
-            let shape: Vec<i64> = self.ck.tensors()[h.entry]
-                .shape
-                .iter()
-                .map(|&d| d as i64)
-                .collect();
+        for (h, (dtype, shape)) in loaded.tensors.into_iter().zip(views) {
             let mem = Memory::PinnedAt {
                 buf: Owned::new(h.buf),
                 offset: h.offset,
@@ -286,57 +320,56 @@ impl PyCheckpoint {
         io: Choice<IoMode>,
     ) -> PyResult<Py<PyDict>> {
         let opts = options(threads, chunk_bytes, io);
-        if ptrs.len() != selection.len() {
-            return Err(input_error(
-                py,
-                format!("{} tensors and {} pointers", selection.len(), ptrs.len()),
-                "pass one device pointer per tensor",
-            ));
-        }
-        let mut ranges = Vec::with_capacity(selection.len());
-        for (&i, &dst) in selection.iter().zip(&ptrs) {
-            let t = self.ck.tensors().get(i).ok_or_else(|| {
-                input_error(
-                    py,
-                    format!("tensor index {i} is out of range"),
-                    "pass indexes from select()",
-                )
-            })?;
-            ranges.push(DeviceRange {
-                source: t.source,
-                offset: t.offset,
-                len: t.len,
-                dst,
-            });
+        for &i in &selection {
+            self.entry(py, i)?;
         }
         let rt = rt(py)?;
+        let gpu = CudaOrdinal(gpu);
         let r = py
             .detach(|| {
-                // SAFETY: the Python wrapper passes torch's current stream
-                // of that device (its primary context) and holds the
-                // destination tensors for the call.
-                unsafe {
-                    storage::read_ranges_to_device_on(
-                        &rt,
-                        self.ck.sources(),
-                        &ranges,
-                        CudaOrdinal(gpu),
-                        stream as numapin::gpu::CUstream,
-                        &opts,
-                    )
-                }
+                self.ck
+                    .load_to_device_with(&selection, &ptrs, &opts, |sources, ranges| {
+                        // SAFETY: the Python wrapper passes torch's
+                        // current stream of that device (its primary
+                        // context) and holds the destination tensors for
+                        // the call.
+                        unsafe {
+                            storage::read_ranges_to_device_on(
+                                &rt,
+                                sources,
+                                ranges,
+                                gpu,
+                                stream as numapin::gpu::CUstream,
+                                &opts,
+                            )
+                        }
+                    })
             })
             .map_err(|e| to_py(py, &e.into()))?;
         Ok(report(py, &r)?.unbind())
     }
 }
 
-fn unsupported(py: Python<'_>, name: &str, d: Dtype) -> PyErr {
-    input_error(
-        py,
-        format!("tensor {name:?} has dtype {d}, which numapin makes no tensors of"),
-        "load the other tensors (names=...), or this one with safetensors",
-    )
+impl PyCheckpoint {
+    /// Tensor `i`'s torch dtype name and shape, or an `InputError` naming
+    /// its file and itself.
+    fn entry(&self, py: Python<'_>, i: usize) -> PyResult<(&'static str, Vec<usize>)> {
+        let t = self.ck.tensors().get(i).ok_or_else(|| {
+            input_error(
+                py,
+                format!("tensor index {i} is out of range"),
+                "pass indexes from select()",
+            )
+        })?;
+        torch_view(t).map_err(|why| {
+            let file = self.ck.file_of(i).unwrap_or(self.ck.path());
+            input_error(
+                py,
+                format!("{}: tensor {:?} {why}", file.display(), t.name),
+                "load the other tensors (names=[...] without it)",
+            )
+        })
+    }
 }
 
 /// Reads `nbytes` of the file at `path` from `offset` into device memory

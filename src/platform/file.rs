@@ -150,6 +150,29 @@ pub(crate) fn describe(file: File) -> io::Result<Opened> {
     })
 }
 
+/// What identifies a file's contents: its device, inode, length and
+/// modification time (`fstat`). Two equal identities of one path are, for
+/// all a reader can tell, the same bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Identity {
+    pub dev: u64,
+    pub ino: u64,
+    pub len: u64,
+    pub mtime: (i64, i64),
+}
+
+/// The identity of an open file now (`fstat`).
+pub(crate) fn identity(file: &File) -> io::Result<Identity> {
+    use std::os::unix::fs::MetadataExt;
+    let m = file.metadata()?;
+    Ok(Identity {
+        dev: m.dev(),
+        ino: m.ino(),
+        len: m.len(),
+        mtime: (m.mtime(), m.mtime_nsec()),
+    })
+}
+
 /// The file's length now (`fstat`).
 pub(crate) fn len_now(file: &File) -> io::Result<u64> {
     file.metadata().map(|m| m.len())

@@ -99,6 +99,21 @@ pub enum StorageError {
     /// The pinned slots (or pinned tensors) could not be had.
     #[error(transparent)]
     Runtime(#[from] RuntimeError),
+    /// The pinned memory for one tensor of a checkpoint could not be had
+    /// (the node's budget is short, or the file claims more than it can
+    /// hold).
+    #[error("{}: tensor {tensor} needs {len} bytes of pinned memory", path.display())]
+    TensorMemory {
+        /// The file holding the tensor.
+        path: PathBuf,
+        /// The tensor's name, quoted.
+        tensor: String,
+        /// Its bytes.
+        len: usize,
+        /// The runtime's error.
+        #[source]
+        source: Box<RuntimeError>,
+    },
 }
 
 impl StorageError {
@@ -110,6 +125,7 @@ impl StorageError {
             | StorageError::Request { .. } => ErrorKind::Input,
             StorageError::Runtime(e) => e.kind(),
             StorageError::Write { source, .. } => write_kind(source),
+            StorageError::TensorMemory { source, .. } => source.kind(),
             StorageError::Read { .. } | StorageError::Cuda { .. } | StorageError::Setup(_) => {
                 ErrorKind::System
             }
@@ -133,6 +149,7 @@ impl StorageError {
                 "check the GPU (`nvidia-smi`) and its free memory".into()
             }),
             StorageError::Runtime(e) => e.fix(),
+            StorageError::TensorMemory { source, .. } => source.fix(),
         }
     }
 

@@ -13,6 +13,8 @@ pub(crate) struct Faults {
     pub(crate) short_max: usize,
     pub(crate) errno_at: Option<(u64, i32)>,
     pub(crate) refuse_direct: bool,
+    /// `O_DIRECT` opens fail with `EINVAL` (a filesystem refusing it at open).
+    pub(crate) refuse_direct_open: bool,
     pub(crate) fsync_errno: Option<i32>,
     pub(crate) calls: u64,
 }
@@ -81,4 +83,12 @@ pub(crate) fn fsync() -> Result<(), std::io::Error> {
         Some(e) => Err(std::io::Error::from_raw_os_error(e)),
         None => Ok(()),
     }
+}
+
+/// Whether `O_DIRECT` opens are refused now.
+pub(crate) fn direct_open_refused() -> bool {
+    FAULTS
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .is_some_and(|f| f.refuse_direct_open)
 }

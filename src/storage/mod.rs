@@ -62,6 +62,12 @@ pub const MIN_READ_THREADS: usize = 4;
 /// Most worker threads a read starts by default (the node's allowed CPUs,
 /// between [`MIN_READ_THREADS`] and this).
 pub const MAX_READ_THREADS: usize = 16;
+/// Most worker threads [`ReadOptions::threads`] may ask for.
+pub const MAX_THREADS_OPTION: usize = 1024;
+/// Most slots per worker [`ReadOptions::slots_per_thread`] may ask for.
+pub const MAX_SLOTS_PER_THREAD: usize = 64;
+/// Largest [`ReadOptions::chunk_bytes`].
+pub const MAX_CHUNK_BYTES: usize = 1 << 30;
 
 /// Ranges of one file closer than this share a read into a slot (reading
 /// the gap costs less than another request to the drive).
@@ -116,13 +122,14 @@ impl std::str::FromStr for IoMode {
 pub struct ReadOptions {
     /// Worker threads, 0 for the node's allowed CPUs between
     /// [`MIN_READ_THREADS`] and [`MAX_READ_THREADS`] (default 0); never
-    /// more than there are reads.
+    /// more than there are reads; at most [`MAX_THREADS_OPTION`].
     pub threads: usize,
-    /// Bytes per read and per slot (default 4 MiB), rounded up to the
-    /// files' direct I/O alignment.
+    /// Bytes per read and per slot (default 4 MiB, at most
+    /// [`MAX_CHUNK_BYTES`]), rounded up to the files' direct I/O
+    /// alignment.
     pub chunk_bytes: usize,
     /// Pinned slots per worker for reads to a GPU (default 2: one is read
-    /// into while the other's DMA runs).
+    /// into while the other's DMA runs; at most [`MAX_SLOTS_PER_THREAD`]).
     pub slots_per_thread: usize,
     /// How the page cache is used (default [`IoMode::Auto`]).
     pub io: IoMode,
@@ -346,12 +353,18 @@ fn thread_count(opts: &ReadOptions, cpus: usize, work: usize) -> usize {
     t.min(work).max(1)
 }
 
-/// Checks the options and that every range lies in its source.
-fn check_ranges(
-    sources: &[Source],
-    ranges: impl Iterator<Item = (usize, u64, usize)>,
-    opts: &ReadOptions,
-) -> Result<u64> {
+/// Checks the options: what they ask for is bounded before anything is
+/// allocated.
+fn check_options(opts: &ReadOptions) -> Result<()> {
+    if opts.threads > MAX_THREADS_OPTION || opts.slots_per_thread > MAX_SLOTS_PER_THREAD {
+        return Err(StorageError::request(
+            format!(
+                "read options threads = {}, slots_per_thread = {}: at most {MAX_THREADS_OPTION} and {MAX_SLOTS_PER_THREAD}",
+                opts.threads, opts.slots_per_thread
+            ),
+            "use ReadOptions::default() (threads 0: the node's CPUs, 4 to 16; 2 slots per thread)",
+        ));
+    }
     if opts.chunk_bytes == 0 || opts.slots_per_thread == 0 {
         return Err(StorageError::request(
             format!(
@@ -361,7 +374,7 @@ fn check_ranges(
             "use ReadOptions::default() (4 MiB reads, 2 slots per thread)",
         ));
     }
-    if opts.chunk_bytes > 1 << 30 {
+    if opts.chunk_bytes > MAX_CHUNK_BYTES {
         return Err(StorageError::request(
             format!(
                 "read options chunk_bytes = {} is over 1 GiB",
@@ -370,6 +383,16 @@ fn check_ranges(
             "use reads of a few MiB (the default is 4 MiB)",
         ));
     }
+    Ok(())
+}
+
+/// Checks the options and that every range lies in its source.
+fn check_ranges(
+    sources: &[Source],
+    ranges: impl Iterator<Item = (usize, u64, usize)>,
+    opts: &ReadOptions,
+) -> Result<u64> {
+    check_options(opts)?;
     let mut total = 0u64;
     for (s, off, len) in ranges {
         let src = sources.get(s).ok_or_else(|| {

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
 
 use crate::platform::block::{self, Backing};
-use crate::platform::file::{self, FileKind, Opened};
+use crate::platform::file::{self, FileKind, Identity, Opened};
 
 use super::StorageError;
 
@@ -32,6 +32,8 @@ pub struct Source {
     align: u64,
     len: u64,
     dev: (u32, u32),
+    /// Device, inode, length and modification time when opened.
+    identity: Identity,
     /// Cleared when a direct read is refused (`EINVAL` from a filesystem
     /// that took the open): the rest goes through the page cache.
     direct_ok: AtomicBool,
@@ -62,9 +64,11 @@ impl Source {
                 "pass the path of a regular file",
             ));
         }
-        let (direct, align, why_buffered) = direct_descriptor(&o, || file::open(path, true));
+        let (direct, align, why_buffered) = direct_descriptor(&o, || open_direct(path));
+        let identity = file::identity(&o.file).map_err(|e| open_error(path, e))?;
         Ok(Source {
             path: path.to_path_buf(),
+            identity,
             file: o.file,
             direct_ok: AtomicBool::new(direct.is_some()),
             direct,
@@ -116,6 +120,26 @@ impl Source {
     /// The device the file lives on (`st_dev`: major, minor).
     pub fn device(&self) -> (u32, u32) {
         self.dev
+    }
+
+    /// Its device, inode, length and modification time when it was
+    /// opened.
+    pub(crate) fn identity(&self) -> Identity {
+        self.identity
+    }
+
+    /// What has changed about it since it was opened (it was written to,
+    /// shortened or extended), if anything.
+    pub(crate) fn changed(&self) -> Option<String> {
+        match file::identity(&self.file) {
+            Err(e) => Some(format!("it cannot be examined any more ({e})")),
+            Ok(now) if now.len != self.identity.len => Some(format!(
+                "it is {} bytes long now, and was {} bytes",
+                now.len, self.identity.len
+            )),
+            Ok(now) if now.mtime != self.identity.mtime => Some("it was written to".to_string()),
+            Ok(_) => None,
+        }
     }
 
     pub(crate) fn buffered(&self) -> &File {
@@ -209,6 +233,15 @@ pub(crate) fn direct_descriptor(
             }
         }
     }
+}
+
+/// The `O_DIRECT` open (tests make the filesystem refuse it).
+fn open_direct(path: &Path) -> std::io::Result<file::Opened> {
+    #[cfg(test)]
+    if super::faults::direct_open_refused() {
+        return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    file::open(path, true)
 }
 
 fn open_error(path: &Path, e: std::io::Error) -> StorageError {

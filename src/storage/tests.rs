@@ -258,3 +258,51 @@ mod drives {
         assert!(at(n0, vec![]).warnings_for(&t, n0, None).is_empty());
     }
 }
+
+#[test]
+fn a_filesystem_refusing_o_direct_at_open_or_at_read_is_read_buffered() {
+    let (_d, p, data) = file(100_000);
+    for (open, read) in [(true, false), (false, true)] {
+        evict(&p);
+        let f = faults::Faults {
+            refuse_direct_open: open,
+            refuse_direct: read,
+            ..Default::default()
+        };
+        let g = Injected::new(f);
+        let src = Source::open(&p).expect("open");
+        if open {
+            assert!(!src.direct_io());
+            assert!(src.why_buffered().is_some_and(|w| w.contains("O_DIRECT")));
+        }
+        let mut m = Mem::new(100_000, 0);
+        let c =
+            read_exact_at(&src, 0, m.slice(100_000), 100_000, IoMode::Auto, None).expect("read");
+        assert!(m.slice(100_000)[..] == data[..]);
+        assert_eq!(c.direct, 0, "{c:?}");
+        // Asked for O_DIRECT alone: an error saying why, not a fallback.
+        let e = read_exact_at(&src, 0, m.slice(8192), 8192, IoMode::Direct, None);
+        if src.why_buffered().is_some() {
+            let e = e.expect_err("direct refused");
+            assert!(matches!(e, StorageError::Request { .. }), "{e}");
+            assert!(e.to_string().contains("data.bin"), "{e}");
+        }
+        drop(g);
+    }
+}
+
+#[test]
+fn a_source_says_when_its_file_changed_since_it_was_opened() {
+    let (_d, p, _) = file(10_000);
+    let src = Source::open(&p).expect("open");
+    assert_eq!(src.changed(), None);
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&p)
+        .expect("open for writing");
+    f.set_modified(std::time::SystemTime::now() + std::time::Duration::from_secs(3))
+        .expect("set the time");
+    assert!(src.changed().is_some_and(|w| w.contains("written")));
+    f.set_len(5).expect("truncate");
+    assert!(src.changed().is_some_and(|w| w.contains("5 bytes")));
+}

@@ -1,19 +1,32 @@
-//! What the storage tests share: a runtime without CUDA, the arena's
-//! leak check, byte patterns, every safetensors dtype numapin handles.
+//! What the storage tests share: a runtime without CUDA, the calling
+//! thread's node as a target, the arena's leak check, byte patterns, every
+//! safetensors dtype numapin handles.
 
 use numapin::storage::safetensors::Dtype;
 use numapin::topology::{CudaMode, ProbeOptions};
-use numapin::{Runtime, RuntimeConfig, Topology};
+use numapin::{Runtime, RuntimeConfig, Target, Topology};
 
 /// A runtime over this machine, without the CUDA driver, with 64 MiB
 /// regions.
 pub(crate) fn runtime() -> Runtime {
+    runtime_with(64 << 20)
+}
+
+/// A runtime over this machine, without the CUDA driver, with regions of
+/// `region_bytes`.
+pub(crate) fn runtime_with(region_bytes: usize) -> Runtime {
     let opts = ProbeOptions::from_process().with_cuda(CudaMode::Off);
-    let t = Topology::probe(&opts).unwrap();
-    Runtime::new(t, RuntimeConfig::default().with_region_bytes(64 << 20)).unwrap()
+    let t = Topology::probe(&opts).expect("the probe");
+    Runtime::new(t, RuntimeConfig::default().with_region_bytes(region_bytes)).expect("a runtime")
+}
+
+/// The calling thread's node.
+pub(crate) fn node(rt: &Runtime) -> Target {
+    Target::HostNode(rt.calling_thread_node())
 }
 
 /// Nothing lent by the arena is still out.
+#[track_caller]
 pub(crate) fn assert_no_leak(rt: &Runtime) {
     for s in rt.stats() {
         assert_eq!(s.bytes_in_use, 0, "node {}: {s:?}", s.node);

@@ -14,42 +14,81 @@ from numapin._errors import InputError
 __all__ = ["load_safetensors", "locate", "read_to_device", "safetensors_shards"]
 
 
+MAX_WORLD = 1 << 20
+"""Largest world size of ``shard=`` and :func:`safetensors_shards`."""
+
+MAX_NAMES = 1 << 20
+"""Most names ``names=`` may give."""
+
+MAX_THREADS = 1024
+"""Largest ``threads=``."""
+
+MAX_CHUNK_BYTES = 1 << 30
+"""Largest ``chunk_bytes=``."""
+
+
+def _env_int(var: str) -> int:
+    """The integer in environment variable ``var`` (as torchrun sets it)."""
+    fix = "run under torchrun (or set LOCAL_RANK and LOCAL_WORLD_SIZE), or pass shard=(rank, world_size)"
+    text = os.environ.get(var)
+    if text is None:
+        raise InputError(f'shard="local" needs {var} in the environment, and it is not set\n  fix: {fix}')
+    t = text.strip()
+    if not (t.isascii() and t.isdigit()) or len(t) > 20:
+        raise InputError(f'shard="local": {var}={text[:40]!r} is not a non-negative integer\n  fix: {fix}')
+    return int(t)
+
+
 def _shard(shard: Any) -> tuple[int | None, int | None]:
     """``(rank, world)`` of ``shard``: ``None``, ``(rank, world)`` or
-    ``"local"`` (``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE``, as torchrun sets)."""
+    ``"local"`` (``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE``, as torchrun sets),
+    each checked: ``0 <= rank < world <= MAX_WORLD`` (``InputError``)."""
     if shard is None:
         return None, None
-    if shard == "local":
-        try:
-            return int(os.environ["LOCAL_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"])
-        except (KeyError, ValueError) as e:
-            raise InputError(
-                f'shard="local" needs LOCAL_RANK and LOCAL_WORLD_SIZE in the environment ({e!r})\n'
-                "  fix: run under torchrun (or set both), or pass shard=(rank, world_size)"
-            ) from None
-    try:
-        rank, world = shard
-    except (TypeError, ValueError):
-        raise InputError(
-            f"shard={shard!r} is not (rank, world_size)\n  fix: pass shard=(rank, world_size) or shard=\"local\""
-        ) from None
     import numapin
 
-    fix = "pass shard=(rank, world_size) with 0 <= rank < world_size"
-    r = numapin._int(rank, "shard rank", hi=2**32, fix=fix)
-    w = numapin._int(world, "shard world_size", lo=1, hi=2**32, fix=fix)
-    return r, w
+    fix = f"pass shard=(rank, world_size) with 0 <= rank < world_size <= {MAX_WORLD}, or shard=\"local\""
+    if isinstance(shard, str):
+        if shard != "local":
+            raise InputError(f"shard={shard[:40]!r} is not (rank, world_size) or \"local\"\n  fix: {fix}")
+        what, rank, world = "LOCAL_RANK", _env_int("LOCAL_RANK"), _env_int("LOCAL_WORLD_SIZE")
+    else:
+        try:
+            rank, world = shard
+        except (TypeError, ValueError):
+            raise InputError(f"shard={shard!r} is not (rank, world_size)\n  fix: {fix}") from None
+        what = "shard rank"
+        rank = numapin._int(rank, "shard rank", hi=2**64 - 1, fix=fix)
+        world = numapin._int(world, "shard world_size", lo=0, hi=2**64 - 1, fix=fix)
+    if not 1 <= world <= MAX_WORLD:
+        raise InputError(f"a world size of {world}: it must be from 1 to {MAX_WORLD}\n  fix: {fix}")
+    if rank >= world:
+        raise InputError(f"{what} {rank} of a world of {world}: the rank must be below the world size\n  fix: {fix}")
+    return rank, world
 
 
-def _names(names: Iterable[str] | None) -> list[str] | None:
+def _names(names: Any) -> list[str] | None:
+    """``names`` as a list of strings: ``None``, a name, or an iterable of
+    at most ``MAX_NAMES`` names; anything else is a ``TypeError``."""
     if names is None:
         return None
     if isinstance(names, str):
         return [names]
+    fix = 'pass names=["a", "b"] (tensor names as strings) or None'
+    if isinstance(names, (bytes, bytearray, memoryview)):
+        raise TypeError(f"names={names[:40]!r} is bytes, not tensor names\n  fix: {fix}")
     try:
-        return [str(n) for n in names]
+        it = iter(names)
     except TypeError:
-        raise TypeError(f"names={names!r} is not a list of tensor names\n  fix: pass names=[\"a\", \"b\"] or None") from None
+        raise TypeError(f"names={names!r} is not a list of tensor names ({type(names).__name__})\n  fix: {fix}") from None
+    out: list[str] = []
+    for n in it:
+        if not isinstance(n, str):
+            raise TypeError(f"names: {n!r} is not a tensor name ({type(n).__name__})\n  fix: {fix}")
+        if len(out) == MAX_NAMES:
+            raise InputError(f"names: more than {MAX_NAMES} names\n  fix: pass names=None to load every tensor")
+        out.append(n)
+    return out
 
 
 def _read_opts(threads: Any, chunk_bytes: Any, io: Any) -> dict[str, Any]:
@@ -58,8 +97,10 @@ def _read_opts(threads: Any, chunk_bytes: Any, io: Any) -> dict[str, Any]:
     import numapin
 
     return dict(
-        threads=numapin._int(threads, "threads", hi=4096, fix="pass 0 (numapin picks) or a thread count"),
-        chunk_bytes=numapin._int(chunk_bytes, "chunk_bytes", lo=1, hi=2**40, fix="pass a chunk size such as 4194304"),
+        threads=numapin._int(threads, "threads", hi=MAX_THREADS, fix="pass 0 (numapin picks) or a thread count"),
+        chunk_bytes=numapin._int(
+            chunk_bytes, "chunk_bytes", lo=1, hi=MAX_CHUNK_BYTES, fix="pass a chunk size such as 4194304"
+        ),
         io=io,
     )
 
@@ -139,27 +180,44 @@ def load_safetensors(
     CUDA is up), or ``node``, or the calling thread's, read straight into
     place.
 
-    ``names``: load only these tensors. ``shard``: ``(rank, world_size)``
-    or ``"local"`` (``LOCAL_RANK``/``LOCAL_WORLD_SIZE``): this rank's share
+    ``names``: load only these tensors (a name, or an iterable of at most
+    ``MAX_NAMES`` strings). ``shard``: ``(rank, world_size)`` or
+    ``"local"`` (``LOCAL_RANK``/``LOCAL_WORLD_SIZE``): this rank's share
     of the (selected) tensors: the tensors in file order, cut into
     ``world_size`` contiguous runs of nearly equal bytes (see
-    :func:`safetensors_shards` for every rank's names). ``"replica"``: every
-    tensor on every rank of the ``torch.distributed`` process group
-    ``group`` (default: the default group), each byte read from the files
-    by one rank only (its share, as ``(rank, world_size)`` in the group)
-    and broadcast to the others over the group (NCCL: GPU to GPU); every
-    rank of the group must make the same call (same files, same
-    ``names``), each with its own GPU, all on one machine. ``threads``,
-    ``chunk_bytes``, ``io`` (``"auto"``, ``"buffered"``, ``"direct"``): how
-    the files are read. A file on a drive behind another NUMA node or
-    socket than the GPU gives a ``RuntimeWarning``. ``stats``: a dict to
-    fill with what the read did (as :func:`read_to_device` returns; with
-    ``"replica"``, this rank's reads and a ``"replica"`` entry:
-    ``world_size``, ``read_bytes``, ``received_bytes``, ``seconds``).
+    :func:`safetensors_shards` for every rank's names); ``0 <= rank <
+    world_size <= MAX_WORLD``. ``"replica"``: every tensor on every rank of
+    the ``torch.distributed`` process group ``group`` (default: the default
+    group), each byte read from the files by one rank only (its share, as
+    ``(rank, world_size)`` in the group) and broadcast to the others over
+    the group (NCCL: GPU to GPU); every rank of the group must make the
+    same call (same files, same ``names``), each with its own GPU, all on
+    one machine. ``threads`` (0 to ``MAX_THREADS``), ``chunk_bytes`` (1 to
+    ``MAX_CHUNK_BYTES``), ``io`` (``"auto"``, ``"buffered"``,
+    ``"direct"``): how the files are read. A file on a drive behind another
+    NUMA node or socket than the GPU gives a ``RuntimeWarning``. ``stats``:
+    a dict to fill with what the read did (as :func:`read_to_device`
+    returns; with ``"replica"``, this rank's reads and a ``"replica"``
+    entry: ``world_size``, ``read_bytes``, ``received_bytes``,
+    ``seconds``).
 
-    Bad files (truncated, a header that lies, a directory, a FIFO) raise
-    :class:`numapin.InputError`; nothing stays allocated.
+    dtypes are torch's as safetensors' own loader makes them: ``F4`` is
+    ``torch.float4_e2m1fn_x2`` (two elements a byte, the last dimension
+    halved); the 6-bit ``F6_E2M3`` and ``F6_E3M2``, which torch has no
+    type for, are an :class:`numapin.InputError` naming the file and the
+    tensor (load the others with ``names=``).
+
+    Every argument is checked before a file is opened: a wrong type is a
+    ``TypeError``, a value out of range an :class:`numapin.InputError`.
+    Bad files (truncated, a header that lies, an index naming files outside
+    its folder, a directory, a FIFO, a file changed since it was opened)
+    raise :class:`numapin.InputError` naming the file (and the tensor); a
+    GPU without room for the tensors a :class:`numapin.Error` before any is
+    allocated; nothing stays allocated or open.
     """
+    # Every argument is checked before a file is opened (the rest in _open).
+    if stats is not None and not isinstance(stats, dict):
+        raise TypeError(f"stats={stats!r} is not a dict\n  fix: pass a dict to fill, or None")
     if isinstance(shard, str) and shard == "replica":
         from numapin import _replica
 
@@ -192,38 +250,50 @@ def _open(path_or_index: Any, device: Any, names: Any, shard: Any, gpu: Any, nod
     import numapin
 
     gpu, node = numapin._gpu_node(gpu, node)
-    ck = _numapin.open_safetensors(_path(path_or_index))
+    wanted = _names(names)
     rank, world = _shard(shard)
-    sel = ck.select(_names(names), rank, world)
+    host = device is None or (isinstance(device, str) and device == "cpu")
+    dev = None if host else _cuda_device(device)
+    ck = _numapin.open_safetensors(_path(path_or_index))
+    sel = ck.select(wanted, rank, world)
+    # A tensor torch cannot hold is refused, naming its file, before
+    # anything is allocated.
+    ck.check_loadable(sel)
     infos = ck.tensors()
-    for i in sel:
-        if infos[i][1] is None:
-            raise InputError(
-                f"tensor {infos[i][0]!r} has dtype {infos[i][4]}, which numapin makes no tensors of\n"
-                "  fix: load the other tensors (names=...), or this one with safetensors"
-            )
-    if device is None or (isinstance(device, str) and device == "cpu"):
-        target = _default_gpu(gpu, node)
-
-        def read_host(part: list[int]) -> tuple[list[Any], dict[str, Any]]:
-            bufs, report = ck.load_to_host(part, gpu=target, node=node, **opts)
-            from numapin import _wrap
-
-            return [_wrap(b, "torch") for b in bufs], report
-
-        def alloc_host(i: int) -> Any:
-            return numapin.empty(infos[i][2], infos[i][1], gpu=target, node=node)
-
-        return ck, sel, infos, None, read_host, alloc_host
     import torch
 
-    dev = _cuda_device(device)
+    for i in sel:
+        if not hasattr(torch, str(infos[i][1])):
+            raise InputError(
+                f"{path_or_index}: tensor {infos[i][0]!r} is {infos[i][4]}, and this torch ({torch.__version__}) "
+                f"has no torch.{infos[i][1]}\n  fix: use a newer torch, or load the other tensors (names=...)"
+            )
+    target = _default_gpu(gpu, node) if dev is None else None
+
+    def view(i: int, t: Any) -> Any:
+        # F4 is handed out as bytes: NumPy and DLPack have no such type.
+        return t.view(torch.float4_e2m1fn_x2) if infos[i][4] == "F4" else t
+
+    def read_host(part: list[int]) -> tuple[list[Any], dict[str, Any]]:
+        bufs, report = ck.load_to_host(part, gpu=target, node=node, **opts)
+        from numapin import _wrap
+
+        return [view(i, _wrap(b, "torch")) for i, b in zip(part, bufs)], report
+
+    def alloc_host(i: int) -> Any:
+        if infos[i][4] == "F4":
+            return view(i, numapin.empty(infos[i][2], "uint8", gpu=target, node=node))
+        return numapin.empty(infos[i][2], infos[i][1], gpu=target, node=node)
+
+    if dev is None:
+        return ck, sel, infos, None, read_host, alloc_host
 
     def alloc(i: int) -> Any:
         return torch.empty(infos[i][2], dtype=getattr(torch, str(infos[i][1])), device=dev)
 
     def read(part: list[int]) -> tuple[list[Any], dict[str, Any]]:
-        tensors = [alloc(i) for i in part]
+        made = _device_tensors(torch, infos, part, dev, path_or_index)
+        tensors = [made[infos[i][0]] for i in part]
         stream = torch.cuda.current_stream(dev)
         ptrs = [t.data_ptr() for t in tensors]
         return tensors, ck.load_to_device(part, ptrs, dev.index, int(stream.cuda_stream), **opts)
@@ -261,6 +331,36 @@ def _fallback_device(device: Any) -> Any:
     return None
 
 
+def _device_tensors(torch: Any, infos: list[Any], sel: list[int], dev: Any, path: Any) -> dict[str, Any]:
+    """Empty tensors on ``dev`` for the tensors at ``sel`` (torch's caching
+    allocator, as ``load_file`` allocates); a GPU without room for them all
+    is a ``numapin.Error`` before any is made (or, when another allocation
+    takes the room meanwhile, after the ones made are given back)."""
+    from numapin._errors import Error
+
+    need = sum(infos[i][3] for i in sel)
+    free, _total = torch.cuda.mem_get_info(dev)
+    room = free + torch.cuda.memory_reserved(dev) - torch.cuda.memory_allocated(dev)
+
+    def short(what: str) -> Error:
+        return Error(
+            f"{os.fspath(path)}: the selected tensors are {need} bytes, and GPU {dev.index} {what}\n"
+            "  fix: free GPU memory, or load a part at a time (names=..., shard=...), or to pinned CPU memory (device=None)"
+        )
+
+    if need > room:
+        raise short(f"has {room} bytes free")
+    out: dict[str, Any] = {}
+    try:
+        for i in sel:
+            name, dtype, shape, _, _ = infos[i]
+            out[name] = torch.empty(shape, dtype=getattr(torch, dtype), device=dev)
+    except getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError):
+        out.clear()
+        raise short("ran out of memory allocating them") from None
+    return out
+
+
 def safetensors_shards(
     path_or_index: str | os.PathLike[str], world_size: int, names: Iterable[str] | None = None
 ) -> list[list[str]]:
@@ -269,9 +369,12 @@ def safetensors_shards(
     every (selected) tensor, each a contiguous run of the files."""
     import numapin
 
-    world = numapin._int(world_size, "world_size", lo=1, hi=2**32, fix="pass the number of ranks (1 or more)")
+    world = numapin._int(
+        world_size, "world_size", lo=1, hi=MAX_WORLD, fix=f"pass the number of ranks (1 to {MAX_WORLD})"
+    )
+    wanted = _names(names)
     ck = _numapin.open_safetensors(_path(path_or_index))
-    return ck.shards(world, _names(names))
+    return ck.shards(world, wanted)
 
 
 def read_to_device(
