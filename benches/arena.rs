@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use numapin::measure::arena as measure;
 use numapin::runtime::CacheLimits;
-use numapin::runtime::{Runtime, RuntimeConfig};
+use numapin::runtime::{Runtime, RuntimeConfig, Target};
 use numapin::topology::{ProbeOptions, Topology};
 
 const SIZE: usize = 64 << 10;
@@ -63,7 +63,7 @@ fn threads_at_once(rt: &Runtime, node: u32, threads: usize, iters: u64, cpu: boo
                     barrier.wait();
                     let t = clock();
                     for _ in 0..iters {
-                        black_box(rt.alloc_on_node(node, black_box(SIZE)).unwrap());
+                        black_box(rt.alloc(Target::HostNode(node), black_box(SIZE)).unwrap());
                     }
                     clock() - t
                 })
@@ -78,15 +78,15 @@ static START: std::sync::LazyLock<Instant> = std::sync::LazyLock::new(Instant::n
 fn alloc_free(c: &mut Criterion) {
     let rt = runtime();
     let node = node(&rt);
-    drop(rt.alloc_on_node(node, SIZE).unwrap());
+    drop(rt.alloc(Target::HostNode(node), SIZE).unwrap());
     // Same-run baseline: the arena with its thread caches off (every alloc
     // and free through the node's lock).
     let locked = runtime_with(RuntimeConfig::default().with_thread_cache(CacheLimits::off()));
-    drop(locked.alloc_on_node(node, SIZE).unwrap());
+    drop(locked.alloc(Target::HostNode(node), SIZE).unwrap());
     let mut g = c.benchmark_group("alloc_free_64KiB");
     for (name, rt) in [("arena", &rt), ("arena_nocache", &locked)] {
         g.bench_function(format!("{name}_1_thread"), |b| {
-            b.iter(|| black_box(rt.alloc_on_node(node, black_box(SIZE)).unwrap()))
+            b.iter(|| black_box(rt.alloc(Target::HostNode(node), black_box(SIZE)).unwrap()))
         });
     }
     g.bench_function("malloc_1_thread", |b| {
@@ -105,7 +105,7 @@ fn alloc_free(c: &mut Criterion) {
     }
     if numapin::gpu::available() && numapin::gpu::set_device(0).is_ok() {
         g.bench_function("cuMemAllocHost_1_thread", |b| {
-            b.iter(|| black_box(numapin::gpu::HostAlloc::new(SIZE).unwrap()))
+            b.iter(|| numapin::measure::copy::host_alloc_free(black_box(SIZE)).unwrap())
         });
     }
     g.finish();
@@ -151,7 +151,7 @@ fn region_create(c: &mut Criterion) {
             b.iter_custom(|iters| {
                 let t = Instant::now();
                 for _ in 0..iters {
-                    drop(numapin::gpu::HostAlloc::new(bytes).unwrap());
+                    numapin::measure::copy::host_alloc_free(bytes).unwrap();
                 }
                 t.elapsed()
             })

@@ -18,7 +18,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use numapin::storage::safetensors::{self, Checkpoint, Dtype, SaveOptions, SaveTensor};
-use numapin::storage::write::{self, Data};
+use numapin::storage::write::Data;
 use numapin::storage::DeviceMemory;
 use numapin::topology::ProbeOptions;
 use numapin::{CudaOrdinal, PinnedBuf, Runtime, RuntimeConfig, Target, Topology};
@@ -97,7 +97,8 @@ fn run() -> numapin::Result<()> {
         Model::Host(vec![0u8; WEIGHTS])
     };
     // Made once, on the GPU's node, counted in its budget.
-    let mut staging = Some(write::staging_buffer(&rt, target, WEIGHTS)?);
+    let opts = numapin::AllocOptions::default().with_staging(true);
+    let mut staging = Some(rt.alloc_with(target, WEIGHTS, &opts)?);
     std::thread::scope(|s| -> numapin::Result<()> {
         let mut writing: Option<
             std::thread::ScopedJoinHandle<'_, (PinnedBuf, numapin::Result<f64>)>,

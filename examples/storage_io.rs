@@ -415,10 +415,13 @@ impl Reader {
             rt.calling_thread_node()
         };
         let buf = rt
-            .alloc_on_node(node, total as usize)
+            .alloc(numapin::Target::HostNode(node), total as usize)
             .map_err(|x| e(x.into()))?;
         // The standard region the slots come from, made before any timing.
-        drop(rt.alloc_on_node(node, 4096).map_err(|x| e(x.into()))?);
+        drop(
+            rt.alloc(numapin::Target::HostNode(node), 4096)
+                .map_err(|x| e(x.into()))?,
+        );
         let src = numapin::storage::Source::open(&a.file).map_err(|x| e(x.into()))?;
         let dev = if numapin::gpu::available() {
             Some(

@@ -15,7 +15,7 @@
 
 use std::process::ExitCode;
 
-use numapin::affinity::{launcher, Mode};
+use numapin::affinity::launcher;
 use numapin::topology::ProbeOptions;
 use numapin::{CudaOrdinal, Loader, LoaderConfig, Runtime, RuntimeConfig, Target, Topology};
 
@@ -51,13 +51,18 @@ fn run() -> numapin::Result<()> {
     // 3. This process near its GPU: every thread and the memory policy
     //    (what `numapin exec` does for launchers that run a wrapper).
     if have_gpu {
-        let plan = rt.bind_current_process(gpu, Mode::Node)?;
+        let site = rt.bind_current_process(Target::Gpu(gpu))?;
+        let bus = site
+            .gpu
+            .and_then(|g| rt.topology().gpu(g))
+            .map_or("?", |g| g.pci_bus_id.as_str());
         println!(
-            "rank {rank}: GPU {gpu} ({}), CPUs {}, memory nodes {:?}",
-            plan.pci_bus_id.as_deref().unwrap_or("?"),
-            plan.cpus,
-            plan.mems
+            "rank {rank}: GPU {gpu} ({bus}), CPUs {}, memory node {}",
+            site.cpus, site.node
         );
+        for w in &site.warnings {
+            eprintln!("trainer: warning: {w}");
+        }
     } else {
         println!("rank {rank}: no CUDA device {gpu}: host-mode loader on this node");
     }

@@ -82,6 +82,12 @@ impl CpuList {
 
     /// Parses a Linux cpulist (`0-3,8-11`, `0-31:2/4`, whitespace and a trailing
     /// newline tolerated, empty string = empty set).
+    ///
+    /// # Errors
+    ///
+    /// [`CpuListError::BadElement`] for an element that is not a number or
+    /// range, [`CpuListError::Backwards`] for a range that runs backwards,
+    /// [`CpuListError::TooLarge`] for a number past [`MAX_CPU`].
     pub fn parse(text: &str) -> Result<Self, CpuListError> {
         let mut out = Vec::new();
         for e in elements(text) {
@@ -110,6 +116,10 @@ impl CpuList {
     /// How many numbers `text` lists, counting repeats, without building the
     /// set: what [`CpuList::parse`] would allocate at most. The same errors
     /// as `parse`.
+    ///
+    /// # Errors
+    ///
+    /// As [`CpuList::parse`].
     pub fn parse_len(text: &str) -> Result<u64, CpuListError> {
         let mut n = 0u64;
         for e in elements(text) {
@@ -124,6 +134,12 @@ impl CpuList {
     /// Parses a hexadecimal CPU mask: comma-separated 32-bit words, most
     /// significant first (`00000000,00ffffff`), as in sysfs `cpumap` and NCCL
     /// topology files. An optional `0x` prefix is accepted.
+    ///
+    /// # Errors
+    ///
+    /// [`CpuListError::BadMask`] for a word that is not at most eight
+    /// hexadecimal digits, [`CpuListError::TooLarge`] for a bit past
+    /// [`MAX_CPU`].
     pub fn parse_mask(text: &str) -> Result<Self, CpuListError> {
         let bad = || CpuListError::BadMask { text: clip(text) };
         let t = text.trim();

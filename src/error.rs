@@ -1,7 +1,12 @@
 //! Errors for code and for people.
 //!
-//! Each domain has its own error enum ([`TopologyError`], [`AffinityError`],
-//! [`ArenaError`], [`LoaderError`], [`StorageError`]). Every one of them:
+//! Each domain has its own error enum, named for the module that returns
+//! it ([`TopologyError`], [`AffinityError`], [`RuntimeError`],
+//! [`LoaderError`], [`StagedError`], [`StorageError`], [`SharedError`],
+//! [`ProcessError`]); the parts several of them share are written once
+//! here and wrapped ([`SystemError`]: a system or driver failure;
+//! [`EnvError`]: an environment variable that cannot be used). Every one
+//! of them:
 //!
 //! * says in its message what it read (a file, an environment variable, a
 //!   node, a GPU) and what is wrong with it;
@@ -14,13 +19,14 @@
 //!
 //! [`Error`] holds any of them, for callers that use `?` across domains.
 
-pub use crate::report::{with_causes, ErrorKind};
+pub use crate::report::{with_causes, BoxError, EnvError, ErrorKind, SystemError};
 
 pub use crate::affinity::AffinityError;
-pub use crate::arena::ArenaError;
 pub use crate::loader::LoaderError;
 pub use crate::procs::ProcessError;
+pub use crate::runtime::RuntimeError;
 pub use crate::shared::SharedError;
+pub use crate::staged::StagedError;
 pub use crate::storage::StorageError;
 pub use crate::topology::TopologyError;
 
@@ -34,12 +40,15 @@ pub enum Error {
     /// Planning or applying a binding failed.
     #[error(transparent)]
     Affinity(#[from] AffinityError),
-    /// A pinned arena failed.
+    /// The runtime failed: placing work, lending pinned memory, binding.
     #[error(transparent)]
-    Arena(#[from] ArenaError),
-    /// A loader or a staged copy failed.
+    Runtime(#[from] RuntimeError),
+    /// A loader failed.
     #[error(transparent)]
     Loader(#[from] LoaderError),
+    /// A staged copy or a pinned copy failed.
+    #[error(transparent)]
+    Staged(#[from] StagedError),
     /// Shared pinned memory ([`crate::shared`]).
     #[error(transparent)]
     Shared(#[from] SharedError),
@@ -60,8 +69,9 @@ impl Error {
         match self {
             Error::Topology(e) => e.kind(),
             Error::Affinity(e) => e.kind(),
-            Error::Arena(e) => e.kind(),
+            Error::Runtime(e) => e.kind(),
             Error::Loader(e) => e.kind(),
+            Error::Staged(e) => e.kind(),
             Error::Shared(e) => e.kind(),
             Error::Storage(e) => e.kind(),
             Error::Process(e) => e.kind(),
@@ -73,8 +83,9 @@ impl Error {
         match self {
             Error::Topology(e) => e.fix(),
             Error::Affinity(e) => e.fix(),
-            Error::Arena(e) => e.fix(),
+            Error::Runtime(e) => e.fix(),
             Error::Loader(e) => e.fix(),
+            Error::Staged(e) => e.fix(),
             Error::Shared(e) => e.fix(),
             Error::Storage(e) => e.fix(),
             Error::Process(e) => e.fix(),

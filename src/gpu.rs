@@ -14,9 +14,8 @@
 //!
 //! The CUDA driver API numapin itself uses is here too, in cudarc's three
 //! layers (raw handles, checked calls returning [`CudaError`], owning
-//! types): device memory ([`DeviceBuffer`]), driver-pinned host memory
-//! ([`HostAlloc`], the baseline numapin's arenas are measured against),
-//! streams and events ([`Stream`], [`Event`]) and the asynchronous copies
+//! types): device memory ([`DeviceBuffer`]; a free that fails on drop is
+//! counted in [`failed_frees`]), streams and events ([`Stream`], [`Event`]) and the asynchronous copies
 //! ([`memcpy_htod_async`], [`memcpy_dtoh_async`]), for programs and tests
 //! that move numapin's pinned buffers themselves. The driver is loaded at
 //! run time: without it every call returns [`CudaError`] (check with
@@ -30,10 +29,10 @@
 use serde::{Deserialize, Serialize};
 
 pub use crate::platform::cuda::{
-    available, device_count, driver_version, ensure_context, host_device_pointer, host_get_flags,
-    memcpy_dtoh, memcpy_dtoh_async, memcpy_htod, memcpy_htod_async, set_device, ContextGuard,
-    CudaError, CudaResult, DeviceBuffer, Event, HostAlloc, Stream, HOST_REGISTER_DEVICEMAP,
-    HOST_REGISTER_PORTABLE,
+    available, device_count, driver_version, ensure_context, failed_frees, host_device_pointer,
+    host_get_flags, memcpy_dtoh, memcpy_dtoh_async, memcpy_htod, memcpy_htod_async, set_device,
+    ContextGuard, CudaError, CudaResult, DeviceBuffer, Event, FailedFrees, Stream,
+    HOST_REGISTER_DEVICEMAP, HOST_REGISTER_PORTABLE,
 };
 pub use cudarc::driver::sys::{CUdeviceptr, CUevent, CUstream};
 

@@ -160,3 +160,16 @@ pub fn numa_maps_line(start: u64) -> Option<NumaMapsLine> {
         nodes: parsed.nodes,
     })
 }
+
+/// Test hook: gives the blocks the calling thread has cached for `node`'s
+/// arena back to it; returns how many there were (0 without an arena).
+pub fn flush_thread_cache(rt: &crate::runtime::Runtime, node: u32) -> usize {
+    rt.arena(node).map_or(0, |a| a.flush_thread_cache())
+}
+
+/// Test hook: how many file readers (hwloc in a child process) the calling
+/// thread has started; a file refused while it was counted, before hwloc
+/// read it, leaves this unchanged.
+pub fn hwloc_readers_started() -> u64 {
+    crate::platform::isolate::readers_started()
+}

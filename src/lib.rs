@@ -9,14 +9,16 @@
 //! GPU through the same node ([`storage`]).
 //!
 //! ```no_run
-//! use numapin::{CudaOrdinal, Runtime, RuntimeConfig, Topology};
+//! use numapin::{CudaOrdinal, Runtime, RuntimeConfig, Target, Topology};
 //! use numapin::topology::ProbeOptions;
 //!
 //! let topo = Topology::probe(&ProbeOptions::from_process())?;
 //! let rt = Runtime::new(topo, RuntimeConfig::default())?;
-//! let gpu = CudaOrdinal(0);
-//! rt.bind_current_thread(gpu)?;               // this thread onto GPU 0's CPUs
-//! let mut buf = rt.alloc_for_gpu(gpu, 64 << 20)?; // pinned, on GPU 0's node
+//! let gpu = Target::Gpu(CudaOrdinal(0));
+//! let site = rt.place(gpu)?;                  // GPU 0's CPUs and node, with any fallback
+//! rt.bind_current_thread(gpu)?;               // this thread onto those CPUs
+//! let mut buf = rt.alloc(gpu, 64 << 20)?;     // pinned, on that node
+//! assert_eq!(buf.node(), site.node);
 //! buf.fill(1);
 //! # Ok::<(), numapin::Error>(())
 //! ```
@@ -80,6 +82,6 @@ pub mod internals;
 pub use cpulist::CpuList;
 pub use error::{Error, ErrorKind, Result};
 pub use gpu::{CudaOrdinal, GpuIndex};
-pub use loader::{Batch, Loader, LoaderConfig, LoaderError, Target};
-pub use runtime::{PinnedBuf, Runtime, RuntimeConfig};
+pub use loader::{Batch, Loader, LoaderConfig, LoaderError};
+pub use runtime::{AllocOptions, PinnedBuf, Runtime, RuntimeConfig, Target};
 pub use topology::Topology;

@@ -11,9 +11,10 @@ mod common;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use numapin::affinity::{plan, Mode, PlanOptions};
+use numapin::internals::hwloc_readers_started;
 use numapin::topology::limits::{
     MAX_CPUS, MAX_GPUS, MAX_IO_DEVICES, MAX_NODES, MAX_PCI_DEPTH, MAX_XML_DEPTH,
 };
@@ -43,13 +44,11 @@ fn write(dir: &Path, name: &str, bytes: &[u8]) -> PathBuf {
 }
 
 /// Loads `v` as a JSON file: the error's text, which must be an input
-/// error, must come fast and name `want`.
+/// error, must name `want` (what the reader counted when it stopped).
 fn refused(v: &Value, want: &str) -> String {
     let dir = tempfile::tempdir().unwrap();
     let p = write(dir.path(), "t.json", v.to_string().as_bytes());
-    let start = Instant::now();
     let e = load(&p).expect_err(want);
-    assert!(start.elapsed() < Duration::from_secs(2), "slow: {e}");
     assert_eq!(e.kind(), ErrorKind::Input, "{e}");
     let text = numapin::error::with_causes(&e);
     assert!(text.contains(want), "wanted {want:?} in: {text}");
@@ -155,10 +154,13 @@ fn nccl_files_are_held_to_the_limits_while_parsed() {
     let xml = format!(
         "<system version=\"1\"><cpu numaid=\"0\" affinity=\"ffffffff\">{gpus}</cpu></system>"
     );
-    let start = Instant::now();
+    // Refused at the first GPU over the limit, not after reading 100,000.
     let e = load(&write(dir.path(), "many.xml", xml.as_bytes())).unwrap_err();
-    assert!(start.elapsed() < Duration::from_secs(2), "{e}");
-    assert!(e.to_string().contains("1024"), "{e}");
+    assert!(
+        e.to_string()
+            .contains("1025 GPUs, more than the limit of 1024"),
+        "{e}"
+    );
     let mask = format!("{}ffffffff", "ffffffff,".repeat(32_767));
     let xml = format!("<system version=\"1\"><cpu numaid=\"0\" affinity=\"{mask}\"/></system>");
     let e = load(&write(dir.path(), "mask.xml", xml.as_bytes())).unwrap_err();
@@ -181,7 +183,7 @@ fn nics_storage_and_pci_trees_beyond_the_limits_are_refused() {
 
     // NCCL: more NICs than the limit, refused while parsed.
     let dir = tempfile::tempdir().unwrap();
-    let nics: String = (0..=MAX_IO_DEVICES)
+    let nics: String = (0..2 * MAX_IO_DEVICES)
         .map(|i| {
             format!(
                 "<pci busid=\"0000:{:02x}:{:02x}.{}\" class=\"0x020000\"/>",
@@ -194,9 +196,8 @@ fn nics_storage_and_pci_trees_beyond_the_limits_are_refused() {
     let xml = format!(
         "<system version=\"1\"><cpu numaid=\"0\" affinity=\"ffffffff\">{nics}</cpu></system>"
     );
-    let start = Instant::now();
+    // Refused at the first NIC over the limit, not after reading 8,192.
     let e = load(&write(dir.path(), "nics.xml", xml.as_bytes())).unwrap_err();
-    assert!(start.elapsed() < Duration::from_secs(2), "{e}");
     assert_eq!(e.kind(), ErrorKind::Input, "{e}");
     assert!(e.to_string().contains("4097 NICs"), "{e}");
 
@@ -234,17 +235,18 @@ fn nics_storage_and_pci_trees_beyond_the_limits_are_refused() {
         ),
         1,
     );
-    for (what, xml, want) in [
-        ("many", many, "4097 NICs and storage devices"),
-        ("deep", deep, "64 bridges deep"),
-    ] {
-        let start = Instant::now();
-        let e = load(&write(dir.path(), "io.xml", xml.as_bytes())).unwrap_err();
-        let text = numapin::error::with_causes(&e);
-        assert!(start.elapsed() < Duration::from_secs(5), "{what}: {text}");
-        assert_eq!(e.kind(), ErrorKind::Input, "{what}: {text}");
-        assert!(text.contains(want), "{what}: {text}");
-    }
+    // Too many NICs: counted while read, refused before hwloc reads it.
+    let before = hwloc_readers_started();
+    let e = load(&write(dir.path(), "io.xml", many.as_bytes())).unwrap_err();
+    let text = numapin::error::with_causes(&e);
+    assert_eq!(hwloc_readers_started(), before, "hwloc read it: {text}");
+    assert_eq!(e.kind(), ErrorKind::Input, "{text}");
+    assert!(text.contains("4097 NICs and storage devices"), "{text}");
+    // Too deep a chain of bridges: refused once hwloc has built the tree.
+    let e = load(&write(dir.path(), "io.xml", deep.as_bytes())).unwrap_err();
+    let text = numapin::error::with_causes(&e);
+    assert_eq!(e.kind(), ErrorKind::Input, "deep: {text}");
+    assert!(text.contains("64 bridges deep"), "deep: {text}");
 }
 
 /// An hwloc XML export holding `body` in its Machine (the cloud VM's).
@@ -254,17 +256,19 @@ fn hwloc_xml_with(body: &str) -> String {
     format!("{}{body}{}", &src[..at], &src[at..])
 }
 
-/// Loads `xml` as a file: refused as an input error naming `want`, in
-/// about the time it takes to read it.
+/// Loads `xml` as a file: refused as an input error naming `want` while
+/// it was counted, before hwloc read it (which is what keeps a refusal
+/// about as fast as reading the file).
 fn refused_xml(what: &str, xml: &str, want: &str) {
     let dir = tempfile::tempdir().unwrap();
     let p = write(dir.path(), "hostile.xml", xml.as_bytes());
-    let start = Instant::now();
+    let before = hwloc_readers_started();
     let e = load(&p).expect_err(what);
     let text = numapin::error::with_causes(&e);
-    assert!(
-        start.elapsed() < Duration::from_secs(2),
-        "{what}: slow: {text}"
+    assert_eq!(
+        hwloc_readers_started(),
+        before,
+        "{what}: hwloc read it: {text}"
     );
     assert_eq!(e.kind(), ErrorKind::Input, "{what}: {text}");
     assert!(text.contains(want), "{what}: wanted {want:?} in: {text}");
@@ -383,10 +387,10 @@ fn captures_are_held_to_the_limits_before_hwloc_reads_them() {
         (nodes, "NUMA node 4096, beyond the limit of 1024 nodes"),
         (gpus, "1025 GPUs"),
     ] {
-        let start = Instant::now();
+        let before = hwloc_readers_started();
         let e = load(&root).expect_err(want);
         let text = numapin::error::with_causes(&e);
-        assert!(start.elapsed() < Duration::from_secs(5), "slow: {text}");
+        assert_eq!(hwloc_readers_started(), before, "hwloc read it: {text}");
         assert_eq!(e.kind(), ErrorKind::Input, "{text}");
         assert!(text.contains(want), "wanted {want:?} in: {text}");
     }
@@ -452,10 +456,8 @@ fn infinite_hwloc_bitmaps_are_refused_not_expanded() {
         ("machine nodeset", machine(&["nodeset", "complete_nodeset"])),
         ("every cpuset", src.replace("\"0x0000ffff\"", "\"0xf...f\"")),
     ] {
-        let start = Instant::now();
         let e = load(&write(dir.path(), "inf.xml", xml.as_bytes())).unwrap_err();
         let text = numapin::error::with_causes(&e);
-        assert!(start.elapsed() < Duration::from_secs(2), "{what}: {text}");
         assert_eq!(e.kind(), ErrorKind::Input, "{what}: {text}");
         assert!(!text.contains("crash"), "{what}: {text}");
     }
@@ -468,12 +470,8 @@ fn a_machine_at_the_limits_loads() {
     assert_eq!(t.all_cpus().len(), MAX_CPUS as usize);
     let dir = tempfile::tempdir().unwrap();
     let p = write(dir.path(), "big.json", t.to_json().as_bytes());
-    let start = Instant::now();
     let back = load(&p).unwrap();
-    assert!(start.elapsed() < Duration::from_secs(2));
     assert_eq!(back.all_cpus().len(), MAX_CPUS as usize);
-    // Class 9: plans on it stay near-linear.
-    let start = Instant::now();
     let ranks = vec![GpuIndex(0); 4096];
     let p = plan(
         &back,
@@ -485,13 +483,26 @@ fn a_machine_at_the_limits_loads() {
     assert_eq!(p.ranks.len(), 256);
     let p = plan(&back, &ranks[..512], Mode::Core, &PlanOptions::default()).unwrap();
     assert_eq!(p.ranks.len(), 512);
+    // Class 9: plans on it stay near-linear: 32 times the ranks take far
+    // less than 32 x 32 times as long (as a quadratic planner would), each
+    // the best of three runs in this process (a comparison within one run,
+    // not a time goal).
     let all: Vec<GpuIndex> = (0..8192).map(|r| GpuIndex(r % 8)).collect();
-    let p = plan(&back, &all, Mode::Node, &PlanOptions::default()).unwrap();
-    assert_eq!(p.ranks.len(), 8192);
+    let best = |ranks: &[GpuIndex]| {
+        (0..3)
+            .map(|_| {
+                let t = Instant::now();
+                let p = plan(&back, ranks, Mode::Node, &PlanOptions::default()).unwrap();
+                assert_eq!(p.ranks.len(), ranks.len());
+                t.elapsed()
+            })
+            .min()
+            .unwrap()
+    };
+    let (small, large) = (best(&all[..256]), best(&all));
     assert!(
-        start.elapsed() < Duration::from_secs(2),
-        "plans took {:?}",
-        start.elapsed()
+        large < small * 256,
+        "8192 ranks took {large:?}, 256 ranks {small:?}: more than linear"
     );
 }
 
@@ -502,12 +513,30 @@ fn special_files_are_refused_without_opening_them() {
     let dir = tempfile::tempdir().unwrap();
     let fifo = dir.path().join("fifo");
     nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).unwrap();
-    let start = Instant::now();
-    let e = load(&fifo).unwrap_err();
-    assert!(
-        start.elapsed() < Duration::from_secs(1),
-        "blocked on the FIFO"
-    );
+    // Loaded on a thread; meanwhile this one checks that nobody opened the
+    // FIFO for reading (a writer's non-blocking open then succeeds instead
+    // of failing with ENXIO), which is what would block the load.
+    let loading = {
+        let fifo = fifo.clone();
+        std::thread::spawn(move || load(&fifo))
+    };
+    while !loading.is_finished() {
+        use std::os::unix::fs::OpenOptionsExt;
+        let writer = std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(&fifo);
+        match writer {
+            // Closing the writer lets the blocked reader go on.
+            Ok(w) => {
+                drop(w);
+                panic!("the FIFO was opened for reading: the load would have blocked");
+            }
+            Err(e) => assert_eq!(e.raw_os_error(), Some(libc::ENXIO), "{e}"),
+        }
+        std::thread::yield_now();
+    }
+    let e = loading.join().unwrap().unwrap_err();
     assert!(e.to_string().contains("FIFO"), "{e}");
     assert_eq!(e.kind(), ErrorKind::Input);
     let e = load(Path::new("/dev/zero")).unwrap_err();
@@ -594,9 +623,9 @@ fn links_that_leave_a_capture_are_refused(dir: &Path) {
             root.clone(),
             write(dir, &format!("link{i}.tar.gz"), &common::tar_gz(&root)),
         ] {
-            let start = Instant::now();
+            let before = hwloc_readers_started();
             let e = load(&p).unwrap_err();
-            assert!(start.elapsed() < Duration::from_secs(2), "{e}");
+            assert_eq!(hwloc_readers_started(), before, "hwloc read it: {e}");
             assert!(e.to_string().contains(want), "{at} -> {target}: {e}");
         }
     }
@@ -668,10 +697,10 @@ fn an_archive_of_too_many_entries_is_refused_by_the_survey(dir: &Path) {
         "many.tar.gz",
         &b.into_inner().unwrap().finish().unwrap(),
     );
-    let start = Instant::now();
+    let before = hwloc_readers_started();
     let e = load(&p).unwrap_err();
     assert!(e.to_string().contains("entries"), "{e}");
-    assert!(start.elapsed() < Duration::from_secs(5), "{e}");
+    assert_eq!(hwloc_readers_started(), before, "hwloc read it: {e}");
 }
 
 // ---- Class 8: messages.

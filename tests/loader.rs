@@ -175,9 +175,16 @@ fn completion_order_does_not_wait_for_a_slow_batch() {
     scenario("completion order", || {
         let rt = runtime();
         let c = cfg(16 * KIB, 3, Some(30)).with_order(Order::Completion);
-        let loader = Loader::new(&rt, Target::Host, c, |i, s: &mut [u8]| {
+        // Batch 0 is held back until the consumer has had five others.
+        let release = Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new()));
+        let held = release.clone();
+        let loader = Loader::new(&rt, Target::Host, c, move |i, s: &mut [u8]| {
             if i == 0 {
-                std::thread::sleep(Duration::from_millis(400));
+                let (m, cv) = &*held;
+                let g = m.lock().unwrap();
+                // A loader that waited for batch 0 would never release it:
+                // the wait ends after 20 s so that the test fails, not hangs.
+                let _ = cv.wait_timeout_while(g, Duration::from_secs(20), |r| !*r);
             }
             Ok::<_, String>(marked(i, s))
         })
@@ -187,10 +194,16 @@ fn completion_order_does_not_wait_for_a_slow_batch() {
             let b = b.unwrap();
             check_marked(b.index(), b.host_bytes().unwrap(), 16 * KIB);
             seen.push(b.index());
+            if seen.len() == 5 {
+                *release.0.lock().unwrap() = true;
+                release.1.notify_all();
+            }
         }
-        assert_ne!(seen[0], 0, "batch 0 was slow, others came first: {seen:?}");
         let pos0 = seen.iter().position(|&i| i == 0).unwrap();
-        assert!(pos0 > 0);
+        assert!(
+            pos0 >= 5,
+            "batch 0 was held back, others came first: {seen:?}"
+        );
         let set: BTreeSet<u64> = seen.iter().copied().collect();
         assert_eq!(seen.len(), 30, "each once: {seen:?}");
         assert_eq!(set, (0..30).collect());
@@ -211,11 +224,12 @@ fn producers_block_when_every_slot_is_full() {
             Ok::<_, String>(marked(i, s))
         })
         .unwrap();
-        // Nobody consumes: the five slots fill, then all three workers wait.
+        // Nobody consumes: the five slots fill, then all three workers wait
+        // for a slot. With every worker waiting no call is in progress, so
+        // the count is final: a call without a slot would have come first.
         wait_until("every worker waits for a slot", || {
             loader.stats().workers_blocked == 3
         });
-        std::thread::sleep(Duration::from_millis(100));
         assert_eq!(
             calls.load(Ordering::SeqCst),
             5,
@@ -233,9 +247,12 @@ fn producers_block_when_every_slot_is_full() {
         let b = loader.next_batch().unwrap().unwrap();
         assert_eq!(b.index(), 0);
         drop(b);
-        wait_until("a sixth call", || calls.load(Ordering::SeqCst) == 6);
-        std::thread::sleep(Duration::from_millis(50));
-        assert_eq!(calls.load(Ordering::SeqCst), 6);
+        // Then every worker waits again, and the count is final once more.
+        wait_until("a sixth call, then every worker waiting", || {
+            calls.load(Ordering::SeqCst) >= 6 && loader.stats().workers_blocked == 3
+        });
+        assert_eq!(calls.load(Ordering::SeqCst), 6, "one call for one slot");
+        assert_eq!(loader.stats().slots_free, 0);
         // Holding every slot, asking for another is an error, not a hang.
         let held: Vec<_> = (0..5)
             .map(|_| loader.next_batch().unwrap().unwrap())
@@ -380,23 +397,38 @@ fn dropping_at_every_stage_joins_and_gives_everything_back() {
             assert_eq!(l.stats().held_by_consumer, 2);
         }
         assert_no_leak(&rt);
-        // While producers are in the middle of slow calls.
+        // While producers are in the middle of slow calls: drop waits for
+        // the calls in progress (every call started has ended when it
+        // returns) and starts no new one (at most one per worker that was
+        // between calls when the loader stopped).
+        let (started, ended) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+        let (s2, e2) = (started.clone(), ended.clone());
         let l = Loader::new(
             &rt,
             Target::Host,
             cfg(8 * KIB, 3, None),
-            |i, s: &mut [u8]| {
+            move |i, s: &mut [u8]| {
+                s2.fetch_add(1, Ordering::SeqCst);
                 std::thread::sleep(Duration::from_millis(150));
+                e2.fetch_add(1, Ordering::SeqCst);
                 Ok::<_, String>(marked(i, s))
             },
         )
         .unwrap();
-        std::thread::sleep(Duration::from_millis(30));
-        let t = Instant::now();
+        wait_until("every worker is in a call", || {
+            started.load(Ordering::SeqCst) - ended.load(Ordering::SeqCst) == 3
+        });
+        let before = started.load(Ordering::SeqCst);
         drop(l);
+        let after = started.load(Ordering::SeqCst);
+        assert_eq!(
+            ended.load(Ordering::SeqCst),
+            after,
+            "drop waited for every call"
+        );
         assert!(
-            t.elapsed() < Duration::from_secs(2),
-            "drop waits only for calls in progress"
+            after <= before + 3,
+            "{after} calls started, {before} before the drop"
         );
         assert_no_leak(&rt);
         // After an error.

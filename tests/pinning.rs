@@ -10,7 +10,9 @@ mod common;
 use std::sync::{Mutex, MutexGuard};
 
 use numapin::region::{Region, RegionOptions};
-use numapin::runtime::{ArenaError, Backend, Placement, Runtime, RuntimeConfig, VerifiedBy};
+use numapin::runtime::{
+    Backend, OffNode, Runtime, RuntimeConfig, RuntimeError, Target, VerifiedBy,
+};
 use numapin::topology::{CudaMode, ProbeOptions, Topology};
 
 const MIB: usize = 1 << 20;
@@ -40,7 +42,7 @@ fn options(node: u32, size: usize, backend: Backend) -> RegionOptions {
         cpus: numapin::CpuList::new(),
         populate_threads: 2,
         register: true,
-        placement: Placement::Strict,
+        off_node: OffNode::Strict,
         pin_by_registration: None,
         backend,
         huge_pages: numapin::runtime::HugePages::Transparent,
@@ -160,8 +162,8 @@ fn large_regions_are_released_in_the_background_and_never_outlive_the_runtime() 
     let before = locked_bytes();
     // Two dedicated 96 MiB regions; when both are empty, the one emptied
     // last is kept and the other released.
-    let a = rt.alloc_on_node(node, 96 * MIB).unwrap();
-    let b = rt.alloc_on_node(node, 96 * MIB).unwrap();
+    let a = rt.alloc(Target::HostNode(node), 96 * MIB).unwrap();
+    let b = rt.alloc(Target::HostNode(node), 96 * MIB).unwrap();
     let a_addr = a.as_ptr() as usize;
     assert_eq!(locked_bytes() - before, 192 * MIB as u64);
     let delay = std::time::Duration::from_millis(400);
@@ -176,7 +178,7 @@ fn large_regions_are_released_in_the_background_and_never_outlive_the_runtime() 
     assert!(numapin::internals::is_mapped(a_addr));
     // Growing waits for it: its budget, memory and locked bytes are free
     // by the time the next region is made.
-    let c = rt.alloc_on_node(node, 200 * MIB).unwrap();
+    let c = rt.alloc(Target::HostNode(node), 200 * MIB).unwrap();
     let s = stats(&rt);
     assert_eq!(s.bytes_releasing, 0, "{s:?}");
     assert_eq!(s.regions, 2, "the kept region and the new one: {s:?}");
@@ -186,7 +188,7 @@ fn large_regions_are_released_in_the_background_and_never_outlive_the_runtime() 
     );
     // Dropping the runtime waits for the release thread: nothing stays
     // locked or mapped afterwards.
-    let d = rt.alloc_on_node(node, 100 * MIB).unwrap();
+    let d = rt.alloc(Target::HostNode(node), 100 * MIB).unwrap();
     drop(c);
     drop(d);
     assert!(stats(&rt).bytes_releasing > 0);
@@ -236,8 +238,8 @@ fn child_driver_backend_without_a_driver() {
     let cfg = RuntimeConfig::default().with_backend(backend);
     let rt = Runtime::new(topology(CudaMode::Off), cfg).unwrap();
     let node = first_node(&rt);
-    let e = rt.alloc_on_node(node, MIB).unwrap_err();
-    assert!(matches!(e, ArenaError::Backend { .. }), "{e:?}");
+    let e = rt.alloc(Target::HostNode(node), MIB).unwrap_err();
+    assert!(matches!(e, RuntimeError::Backend { .. }), "{e:?}");
     let msg = e.to_string();
     assert!(msg.contains(&format!("node {node}")), "{msg}");
     let fix = e.fix().unwrap();
@@ -277,13 +279,13 @@ fn gpu_driver_backends_give_placed_memory_that_copies() {
     for backend in Backend::ALL {
         let rt = Runtime::new(t.clone(), RuntimeConfig::default().with_backend(backend)).unwrap();
         let n = 64 * MIB;
-        let mut src = rt.alloc_for_gpu(gpu, n).unwrap();
+        let mut src = rt.alloc(Target::Gpu(gpu), n).unwrap();
         let node = src.node();
         src.as_mut_slice_of::<u32>()
             .iter_mut()
             .enumerate()
             .for_each(|(i, x)| *x = (i as u32).wrapping_mul(2654435761));
-        let mut dst = rt.alloc_for_gpu(gpu, n).unwrap();
+        let mut dst = rt.alloc(Target::Gpu(gpu), n).unwrap();
         dst.fill(0);
         let dev = numapin::gpu::DeviceBuffer::new(n).unwrap();
         let stream = numapin::gpu::Stream::new().unwrap();
@@ -425,7 +427,9 @@ fn gpu_buffers_in_both_halves_of_a_region_in_parts_copy_both_ways() {
     let dev = cuda::DeviceBuffer::new(n).unwrap();
     let stream = cuda::Stream::new().unwrap();
     // Two buffers, one in each half (two registrations) of one region.
-    let mut bufs: Vec<_> = (0..2).map(|_| rt.alloc_for_gpu(gpu, n).unwrap()).collect();
+    let mut bufs: Vec<_> = (0..2)
+        .map(|_| rt.alloc(Target::Gpu(gpu), n).unwrap())
+        .collect();
     let s = rt.stats().into_iter().find(|s| s.regions > 0).unwrap();
     assert_eq!(s.regions, 1, "{s:?}");
     for (k, b) in bufs.iter_mut().enumerate() {
@@ -435,7 +439,7 @@ fn gpu_buffers_in_both_halves_of_a_region_in_parts_copy_both_ways() {
             .for_each(|(i, x)| *x = (i as u32).wrapping_mul(2654435761).wrapping_add(k as u32));
     }
     for (k, b) in bufs.iter().enumerate() {
-        let mut back = rt.alloc_for_gpu(gpu, n).unwrap();
+        let mut back = rt.alloc(Target::Gpu(gpu), n).unwrap();
         back.fill(0);
         // SAFETY: dev holds n bytes in the current context; neither host
         // buffer is touched before the stream is synchronised.

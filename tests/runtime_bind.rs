@@ -1,7 +1,10 @@
-//! `Runtime::bind_current_thread`: a thread lands on its GPU's node CPUs.
+//! `Runtime::bind_current_thread`: a thread lands on its GPU's node CPUs,
+//! `Runtime::place`'s answer.
 #![allow(clippy::unwrap_used)] // tests and examples fail loudly
 
-use numapin::runtime::{Runtime, RuntimeConfig};
+mod common;
+
+use numapin::runtime::{Runtime, RuntimeConfig, Target};
 use numapin::topology::{CudaMode, Gpu, Topology, VisibleEntry};
 
 /// This machine, with a stand-in GPU on node 0 visible as CUDA device 0.
@@ -41,8 +44,14 @@ fn thread_binds_to_its_gpus_node() {
     let rt = Runtime::new(t, RuntimeConfig::default()).unwrap();
     let got = std::thread::scope(|s| {
         s.spawn(|| {
-            let plan = rt.bind_current_thread(numapin::CudaOrdinal(0)).unwrap();
-            assert_eq!(plan.cpus, expect);
+            let site = rt
+                .bind_current_thread(Target::Gpu(numapin::CudaOrdinal(0)))
+                .unwrap();
+            assert_eq!(site.cpus, expect);
+            assert_eq!(
+                site,
+                rt.place(Target::Gpu(numapin::CudaOrdinal(0))).unwrap()
+            );
             numapin::internals::thread_cpus().unwrap()
         })
         .join()
@@ -54,7 +63,60 @@ fn thread_binds_to_its_gpus_node() {
 #[test]
 fn unknown_gpu_is_a_usage_error() {
     let rt = Runtime::new(with_gpu_on_node0(), RuntimeConfig::default()).unwrap();
-    let e = rt.bind_current_thread(numapin::CudaOrdinal(3)).unwrap_err();
+    let e = rt
+        .bind_current_thread(Target::Gpu(numapin::CudaOrdinal(3)))
+        .unwrap_err();
     assert_eq!(e.kind(), numapin::ErrorKind::Input, "{e}");
-    assert!(e.to_string().contains("CUDA device 3"), "{e}");
+    assert!(e.to_string().contains("GPU 3 (CUDA ordinal)"), "{e}");
+    // The same error as the placement's.
+    let p = rt.place(Target::Gpu(numapin::CudaOrdinal(3))).unwrap_err();
+    assert_eq!(e.to_string(), p.to_string());
+}
+
+/// `Runtime::bind_current_process`: every thread onto the placement's CPUs
+/// and the memory policy `MPOL_BIND` to its node (in a child process: the
+/// binding is the whole process's).
+#[test]
+fn process_binds_to_the_placements_cpus_and_node() {
+    let Some(out) = common::run_child("child_process_binding", &[], || Ok(())) else {
+        return;
+    };
+    common::assert_child_passed(&out);
+}
+
+#[test]
+#[ignore = "runs in a child process: started by process_binds_to_the_placements_cpus_and_node"]
+fn child_process_binding() {
+    use numapin::system::{PolicyMode, ThreadPolicy};
+    if !common::in_child("child_process_binding") {
+        return;
+    }
+    let rt = Runtime::new(with_gpu_on_node0(), RuntimeConfig::default()).unwrap();
+    let gpu = Target::Gpu(numapin::CudaOrdinal(0));
+    let want = rt.place(gpu).unwrap();
+    // A thread started before the binding, still on the old CPU set, moves too.
+    let (go, wait) = std::sync::mpsc::channel::<()>();
+    let (back, done) = std::sync::mpsc::channel();
+    let other = std::thread::spawn(move || {
+        wait.recv().unwrap();
+        back.send(numapin::internals::thread_cpus().unwrap())
+            .unwrap();
+    });
+    let site = rt.bind_current_process(gpu).unwrap();
+    go.send(()).unwrap();
+    assert_eq!((site.node, &site.cpus), (want.node, &want.cpus));
+    assert_eq!(numapin::internals::thread_cpus().unwrap(), want.cpus);
+    assert_eq!(done.recv().unwrap(), want.cpus);
+    other.join().unwrap();
+    match ThreadPolicy::read_under(std::path::Path::new("/")) {
+        Ok(p) if site.warnings.is_empty() => {
+            assert_eq!((p.mode, p.nodes), (PolicyMode::Bind, vec![want.node]));
+        }
+        // A seccomp profile refused set_mempolicy: the site says so.
+        _ => assert!(
+            site.warnings.iter().any(|w| w.contains("set_mempolicy")),
+            "{:?}",
+            site.warnings
+        ),
+    }
 }

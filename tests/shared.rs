@@ -55,7 +55,7 @@ fn another_process_attaches_by_name_and_sees_the_same_pages() {
     let mut r = SharedRegion::create(&rt, Target::Host, 3 * MIB + 5, &name).unwrap();
     assert_eq!(r.len(), 3 * MIB + 5);
     assert_eq!(r.name(), name);
-    assert!(rt.arena(r.node()).is_ok());
+    assert!(rt.arena_nodes().any(|n| n == r.node()));
     // Counted once, in whole 2 MiB, on its node.
     assert_eq!(shared_bytes(&rt), 4 * MIB as u64);
     r.as_mut_slice()[..4096].fill(7);
@@ -147,9 +147,12 @@ fn shared_memory_over_the_budget_is_refused_with_nothing_made() {
     // The budget is one for buffers and shared memory.
     let r = SharedRegion::create(&rt, Target::Host, 6 * MIB, &name).unwrap();
     let node = r.node();
-    assert!(rt.alloc_on_node(node, 4 * MIB).is_err(), "6 + 4 > 8 MiB");
+    assert!(
+        rt.alloc(Target::HostNode(node), 4 * MIB).is_err(),
+        "6 + 4 > 8 MiB"
+    );
     drop(r);
-    assert!(rt.alloc_on_node(node, 4 * MIB).is_ok());
+    assert!(rt.alloc(Target::HostNode(node), 4 * MIB).is_ok());
 }
 
 /// The publication `numapin ps` reads: this process's `numapin-stats`
@@ -208,7 +211,7 @@ fn publish_child_side() {
     assert_eq!(published_shared(&v), 0);
     let r = SharedRegion::create(&rt, Target::Host, 5 * MIB, &unique("published")).unwrap();
     assert_eq!(published_shared(&published()), 6 * MIB as u64);
-    let b = rt.alloc_on_node(r.node(), MIB).unwrap();
+    let b = rt.alloc(Target::HostNode(r.node()), MIB).unwrap();
     let nodes = &published()["runtimes"][0]["nodes"];
     let reserved: u64 = nodes
         .as_array()

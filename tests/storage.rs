@@ -180,7 +180,10 @@ fn ranges_of_a_file_arrive_in_host_memory_byte_for_byte() {
     }
     // Into arena memory, aligned like the file: the whole file at once.
     let mut buf = rt
-        .alloc_on_node(rt.calling_thread_node(), data.len())
+        .alloc(
+            numapin::Target::HostNode(rt.calling_thread_node()),
+            data.len(),
+        )
         .unwrap();
     storage::read_to_host(
         &rt,

@@ -1,6 +1,7 @@
 //! The command line's errors and exit codes: 2 for bad usage or input, 1
 //! for a system failure. Only this crate decides exit codes.
 
+use numapin::error::SystemError;
 use numapin::ErrorKind;
 
 /// A failure of a command.
@@ -18,16 +19,8 @@ pub(crate) enum CliError {
         fix: String,
     },
     /// The system failed for the command itself (writing output, timing).
-    #[error("{what}")]
-    System {
-        /// What was attempted.
-        what: String,
-        /// What to do.
-        fix: String,
-        /// What went wrong.
-        #[source]
-        source: Box<dyn std::error::Error + Send + Sync>,
-    },
+    #[error(transparent)]
+    System(SystemError),
 }
 
 macro_rules! from_domain {
@@ -42,8 +35,9 @@ macro_rules! from_domain {
 from_domain!(
     numapin::topology::TopologyError,
     numapin::affinity::AffinityError,
-    numapin::runtime::ArenaError,
+    numapin::runtime::RuntimeError,
     numapin::LoaderError,
+    numapin::staged::StagedError,
     numapin::procs::ProcessError
 );
 
@@ -56,11 +50,7 @@ impl CliError {
         fix: impl Into<String>,
         source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
     ) -> Self {
-        CliError::System {
-            what: what.into(),
-            fix: fix.into(),
-            source: source.into(),
-        }
+        CliError::System(SystemError::new(what, fix, source))
     }
 
     /// The process exit code: 2 for usage and input errors, 1 otherwise.
@@ -76,7 +66,8 @@ impl CliError {
     pub(crate) fn fix(&self) -> Option<String> {
         match self {
             CliError::Lib(e) => e.fix(),
-            CliError::Usage { fix, .. } | CliError::System { fix, .. } => Some(fix.clone()),
+            CliError::Usage { fix, .. } => Some(fix.clone()),
+            CliError::System(e) => Some(e.fix.clone()),
         }
     }
 }

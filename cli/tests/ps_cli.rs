@@ -528,7 +528,7 @@ fn arena_child() {
     let t = Topology::probe(&ProbeOptions::default().with_cuda(CudaMode::Off)).unwrap();
     let node = t.numa_nodes[0].os_index;
     let rt = Runtime::new(t, RuntimeConfig::default().with_region_bytes(32 << 20)).unwrap();
-    let mut b = rt.alloc_on_node(node, 1 << 20).unwrap();
+    let mut b = rt.alloc(numapin::Target::HostNode(node), 1 << 20).unwrap();
     b.fill(1);
     std::fs::write(ready, node.to_string()).unwrap();
     let mut line = String::new();

@@ -840,7 +840,7 @@ mod guest {
     /// over it refused with the figures.
     fn a_buffer_lands_on_its_node_within_its_budget(rt: &Runtime, node: u32, mem: u64) {
         const BUF: usize = 8 << 20;
-        let mut b = rt.alloc_on_node(node, BUF).unwrap();
+        let mut b = rt.alloc(numapin::Target::HostNode(node), BUF).unwrap();
         assert_eq!(b.node(), node);
         b.fill(7);
         let page = 4096;
@@ -876,8 +876,8 @@ mod guest {
             "node {node}: the default budget is half the node's memory: {st:?}"
         );
         // Over budget: the error names the node and the figures.
-        match rt.alloc_on_node(node, (mem / 2) as usize) {
-            Err(numapin::runtime::ArenaError::BudgetExceeded { node: n, limit, .. }) => {
+        match rt.alloc(numapin::Target::HostNode(node), (mem / 2) as usize) {
+            Err(numapin::runtime::RuntimeError::BudgetExceeded { node: n, limit, .. }) => {
                 assert_eq!((n, limit), (node, mem / 2));
             }
             other => panic!(
@@ -912,7 +912,7 @@ mod guest {
         for node in 0..4u32 {
             // Two 12 MiB buffers: one in each half of one region.
             let mut bufs: Vec<_> = (0..2)
-                .map(|_| rt.alloc_on_node(node, 12 << 20).unwrap())
+                .map(|_| rt.alloc(numapin::Target::HostNode(node), 12 << 20).unwrap())
                 .collect();
             for b in &mut bufs {
                 b.fill(9);
@@ -956,7 +956,7 @@ mod guest {
     /// The child of [`arena_under_a_seccomp_filter`]: regions on nodes 2
     /// and 3 are placed by first touch from each node's CPU and verified
     /// through numa_maps; a region for a node whose CPUs the populate
-    /// threads may not use lands elsewhere and the Placement rule judges
+    /// threads may not use lands elsewhere and the OffNode rule judges
     /// it; a memory cgroup's cap holds over all nodes together.
     #[test]
     #[ignore = "runs inside the emulated machine, in a child under a seccomp filter"]
@@ -989,7 +989,7 @@ mod guest {
     /// agrees over the buffer alone.
     fn a_filtered_region_is_placed_by_first_touch(rt: &Runtime, node: u32) {
         const BUF: usize = 8 << 20;
-        let mut b = rt.alloc_on_node(node, BUF).unwrap();
+        let mut b = rt.alloc(numapin::Target::HostNode(node), BUF).unwrap();
         b.fill(5);
         let s = stats_of(rt, node);
         assert_eq!(
@@ -1029,10 +1029,10 @@ mod guest {
 
     /// Node 2 with no CPU to touch from: the populate threads run where
     /// this thread does (CPU 0), the pages land on node 0, and the
-    /// Placement rule decides.
+    /// OffNode rule decides.
     fn a_node_without_cpus_is_left_to_the_placement_rule() {
         use numapin::region::{Region, RegionOptions};
-        use numapin::runtime::{ArenaError, Placement};
+        use numapin::runtime::{OffNode, RuntimeError};
         numapin::affinity::bind_current_thread(&CpuList::from_iter_unsorted([0])).unwrap();
         let o = RegionOptions {
             node: 2,
@@ -1040,7 +1040,7 @@ mod guest {
             cpus: CpuList::new(),
             populate_threads: 1,
             register: false,
-            placement: Placement::Strict,
+            off_node: OffNode::Strict,
             pin_by_registration: None,
             backend: numapin::runtime::Backend::Mapped,
             huge_pages: Default::default(),
@@ -1052,7 +1052,7 @@ mod guest {
         let e = Region::create(&o).unwrap_err();
         let msg = numapin::error::with_causes(&e);
         assert!(
-            matches!(&e, ArenaError::Placement { on_node: 0, elsewhere, .. } if elsewhere == &[(0, 1024)]),
+            matches!(&e, RuntimeError::OffNode { on_node: 0, elsewhere, .. } if elsewhere == &[(0, 1024)]),
             "{msg}"
         );
         assert!(
@@ -1061,7 +1061,7 @@ mod guest {
         );
         assert!(e.fix().unwrap().contains("SYS_NICE"));
         let r = Region::create(&RegionOptions {
-            placement: Placement::Warn,
+            off_node: OffNode::Warn,
             shared: None,
             ..o
         })
@@ -1077,14 +1077,14 @@ mod guest {
         t: numapin::topology::Topology,
         mut cfg: numapin::runtime::RuntimeConfig,
     ) {
-        use numapin::runtime::ArenaError;
+        use numapin::runtime::RuntimeError;
         let root = crate::common::cgroup_v2_root(64 << 20);
         numapin::internals::cgroup_root(&mut cfg, Some(root.path().to_path_buf()));
         let rt = Runtime::new(t, cfg).unwrap();
-        let a = rt.alloc_on_node(2, 16 << 20).unwrap();
-        let b = rt.alloc_on_node(3, 16 << 20).unwrap();
-        match rt.alloc_on_node(1, 2 << 20) {
-            Err(ArenaError::CgroupBudget { limit, in_use, .. }) => {
+        let a = rt.alloc(numapin::Target::HostNode(2), 16 << 20).unwrap();
+        let b = rt.alloc(numapin::Target::HostNode(3), 16 << 20).unwrap();
+        match rt.alloc(numapin::Target::HostNode(1), 2 << 20) {
+            Err(RuntimeError::CgroupBudget { limit, in_use, .. }) => {
                 assert_eq!((limit, in_use), (32 << 20, 32 << 20));
             }
             other => panic!(
@@ -1094,7 +1094,7 @@ mod guest {
         }
         drop(a);
         assert_eq!(rt.trim(), 16 << 20);
-        drop(rt.alloc_on_node(1, 2 << 20).unwrap());
+        drop(rt.alloc(numapin::Target::HostNode(1), 2 << 20).unwrap());
         drop(b);
     }
 
@@ -1289,9 +1289,9 @@ mod guest {
         explicit: &numapin::runtime::RuntimeConfig,
         pool: &crate::common::HugePool,
     ) {
-        use numapin::runtime::ArenaError;
+        use numapin::runtime::RuntimeError;
         let rt = Runtime::new(t.clone(), explicit.clone()).unwrap();
-        let mut b = rt.alloc_on_node(2, 3 * MIB).unwrap();
+        let mut b = rt.alloc(numapin::Target::HostNode(2), 3 * MIB).unwrap();
         b.fill(9);
         let pages: Vec<*mut libc::c_void> = (0..3 * MIB)
             .step_by(4096)
@@ -1311,8 +1311,8 @@ mod guest {
             "{s:?}"
         );
         assert_eq!(pool.free(), 4);
-        match rt.alloc_on_node(3, MIB) {
-            Err(ArenaError::HugePages {
+        match rt.alloc(numapin::Target::HostNode(3), MIB) {
+            Err(RuntimeError::HugePages {
                 node: 3,
                 needed: 4,
                 usable: Some(0),
@@ -1335,8 +1335,8 @@ mod guest {
     ) {
         let auto = numapin::runtime::RuntimeConfig::default().with_region_bytes(8 * MIB);
         let rt = Runtime::new(t.clone(), auto).unwrap();
-        let a = rt.alloc_on_node(2, MIB).unwrap();
-        let b = rt.alloc_on_node(3, MIB).unwrap();
+        let a = rt.alloc(numapin::Target::HostNode(2), MIB).unwrap();
+        let b = rt.alloc(numapin::Target::HostNode(3), MIB).unwrap();
         let (s2, s3) = (stats_of(&rt, 2), stats_of(&rt, 3));
         assert_eq!(s2.regions_hugetlb_2m, 1, "{s2:?}");
         assert_eq!(s3.regions_hugetlb_2m, 0, "{s3:?}");
@@ -1354,7 +1354,7 @@ mod guest {
         mut cfg: numapin::runtime::RuntimeConfig,
         pool: &crate::common::HugePool,
     ) {
-        use numapin::runtime::ArenaError;
+        use numapin::runtime::RuntimeError;
         let fake = tempfile::tempdir().unwrap();
         for (dir, files) in [
             (
@@ -1384,12 +1384,12 @@ mod guest {
         }
         numapin::internals::pool_root(&mut cfg, Some(fake.path().to_path_buf()));
         let rt = Runtime::new(t, cfg).unwrap();
-        let e = rt.alloc_on_node(3, MIB).unwrap_err();
+        let e = rt.alloc(numapin::Target::HostNode(3), MIB).unwrap_err();
         let msg = numapin::error::with_causes(&e);
         assert!(
             matches!(
                 &e,
-                ArenaError::HugePages {
+                RuntimeError::HugePages {
                     node: 3,
                     usable: None,
                     source: Some(_),

@@ -4,23 +4,19 @@
 //! whole by [`RuntimeConfig::check`], the library's one checker, before it
 //! is stored.
 
-use numapin::runtime::{Backend, HugePages, Placement, RuntimeConfig};
+use numapin::runtime::{Backend, HugePages, OffNode, RuntimeConfig};
 use pyo3::prelude::*;
 
 use crate::args::{self, Choice, Choices, Names};
 use crate::errors::{input_error, to_py};
 use crate::runtime::{store_config, NotStored};
 
-impl Choices for Placement {
+impl Choices for OffNode {
     const ARG: &'static str = "placement";
     const WHAT: &'static str = "a placement rule";
     const NAMES: Names<Self> = &[
-        (
-            "strict",
-            Placement::Strict,
-            "a page off its node is an error",
-        ),
-        ("warn", Placement::Warn, "counted in stats"),
+        ("strict", OffNode::Strict, "a page off its node is an error"),
+        ("warn", OffNode::Warn, "counted in stats"),
     ];
 }
 
@@ -132,7 +128,7 @@ pub(crate) fn configure(
     budget_fraction: Option<BudgetFraction>,
     region_bytes: Option<RegionBytes>,
     register: Option<Register>,
-    placement: Option<Choice<Placement>>,
+    placement: Option<Choice<OffNode>>,
     thread_cache_blocks: Option<ThreadCacheBlocks>,
     thread_cache_bytes: Option<ThreadCacheBytes>,
     populate_threads: Option<PopulateThreads>,
@@ -145,7 +141,7 @@ pub(crate) fn configure(
         set(&mut c.budget_fraction, budget_fraction.map(|f| f.0));
         set(&mut c.region_bytes, region_bytes.map(|r| r.0));
         set(&mut c.register, register.map(|r| r.0));
-        set(&mut c.placement, placement.map(|p| p.0));
+        set(&mut c.off_node, placement.map(|p| p.0));
         set(
             &mut c.thread_cache.max_blocks,
             thread_cache_blocks.map(|b| b.0),

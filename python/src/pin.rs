@@ -18,7 +18,7 @@ use crate::runtime::rt;
 /// Lends `len` bytes (exact; at least one byte is taken from the arena) on
 /// `target`'s node. Called with the GIL released.
 fn lend(rt: &Runtime, len: usize, target: Target) -> Result<Memory, numapin::Error> {
-    let buf = rt.alloc_on_node(place::node_of(rt, target)?, len.max(1))?;
+    let buf = rt.alloc(target, len.max(1))?;
     Ok(Memory::Pinned {
         buf: Owned::new(buf),
         len,
@@ -80,7 +80,7 @@ pub(crate) fn pin_address(
                 // stay live and unchanged for this call.
                 unsafe { std::slice::from_raw_parts(address as *const u8, nbytes) }
             };
-            let buf = numapin::staged::pin(&rt, src, target)?;
+            let buf = numapin::staged::pinned_copy(&rt, src, target)?;
             Ok::<_, numapin::Error>(Memory::Pinned {
                 buf: Owned::new(buf),
                 len: nbytes,

@@ -1,7 +1,7 @@
 //! `numapin.place`: the runtime's one placement ([`Runtime::place`]), for
 //! the Python package and its DataLoader.
 
-use numapin::runtime::{Runtime, Target};
+use numapin::runtime::Target;
 use numapin::CudaOrdinal;
 use pyo3::prelude::*;
 
@@ -37,10 +37,4 @@ pub(crate) fn place(py: Python<'_>, gpu: Option<u32>, node: Option<u32>) -> PyRe
         site.gpu.map(|g| g.0),
         site.warnings,
     ))
-}
-
-/// The node pinned memory for `target` comes from. Called with the GIL
-/// released.
-pub(crate) fn node_of(rt: &Runtime, target: Target) -> Result<u32, numapin::Error> {
-    Ok(rt.place(target)?.node)
 }

@@ -1,17 +1,17 @@
 //! Checkpoints saved from CUDA or CPU tensors, and the pinned buffers a
 //! checkpoint stager copies into: the Python face of
-//! `numapin::storage::safetensors::save` and
-//! `numapin::storage::write::staging_buffer` (`numapin/_save.py` and
-//! `numapin/_stager.py` wrap them).
+//! `numapin::storage::safetensors::save` and of
+//! `numapin::Runtime::alloc_with` with `AllocOptions::staging`
+//! (`numapin/_save.py` and `numapin/_stager.py` wrap them).
 
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use numapin::storage::safetensors::{self, Dtype, SaveOptions, SaveTensor};
-use numapin::storage::write::{self, Data, WriteOptions, WriteReport};
+use numapin::storage::write::{Data, WriteOptions, WriteReport};
 use numapin::storage::IoMode;
-use numapin::{CudaOrdinal, Target};
+use numapin::{AllocOptions, CudaOrdinal, Target};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyModule};
 
@@ -195,8 +195,11 @@ fn staging_buffers(
             })?;
     }
     let rt = rt(py)?;
+    // The Runtime's front door: counted in the node's budget, in a region
+    // of its own size when one must be made.
+    let staging = AllocOptions::default().with_staging(true);
     let buf = py
-        .detach(|| write::staging_buffer(&rt, target(gpu, node), total))
+        .detach(|| rt.alloc_with(target(gpu, node), total.max(1), &staging))
         .map_err(|e| to_py(py, &e.into()))?;
     let buf = Arc::new(Owned::new(buf));
     let mut out = Vec::with_capacity(parts.len());

@@ -84,15 +84,17 @@ pub fn probe_memory_binding(nodes: &[u32]) -> Binding {
 }
 
 fn affinity_error(who: &str, cpus: &CpuList, source: std::io::Error) -> Error {
-    Error::System {
-        what: format!("binding {who} to CPUs {cpus}: sched_setaffinity failed"),
-        fix: "bind only to CPUs this process may use (see `numapin topo`: a cpuset or taskset may exclude them)".into(),
-        source,
-    }
+    Error::system(format!("binding {who} to CPUs {cpus}: sched_setaffinity failed"), "bind only to CPUs this process may use (see `numapin topo`: a cpuset or taskset may exclude them)", source)
 }
 
 /// Restricts the calling thread to `cpus` (`sched_setaffinity(0)`); threads
 /// it starts afterwards inherit the set.
+///
+/// # Errors
+///
+/// [`AffinityError::System`](Error::System) when `sched_setaffinity` refuses
+/// `cpus` (none of them allowed by the cpuset, or beyond the machine's CPUs);
+/// its kind is `Permission` for `EPERM`.
 pub fn bind_current_thread(cpus: &CpuList) -> Result<()> {
     crate::platform::sys::sched_setaffinity(0, cpus)
         .map_err(|e| affinity_error("this thread", cpus, e))
@@ -109,13 +111,23 @@ pub fn bind_current_thread(cpus: &CpuList) -> Result<()> {
 /// default seccomp profile without CAP_SYS_NICE) the CPUs stay bound and
 /// the result is [`Binding::CpusOnly`], saying so; treat that as an error
 /// where memory placement is required. Other failures are errors.
+///
+/// # Errors
+///
+/// As [`bind_current_process_cpus`]; [`AffinityError::System`](Error::System)
+/// when `set_mempolicy` fails for another reason than a refusal (a node the
+/// cpuset does not allow: `EINVAL`).
 pub fn bind_current_process(plan: &RankPlan, policy: MemPolicy) -> Result<Binding> {
     bind_current_process_cpus(plan)?;
     match set_mempolicy(policy, &plan.mems) {
         Ok(()) => Ok(Binding::CpusAndMemory),
-        Err(Error::System { source, .. }) if crate::platform::numa::is_refusal(&source) => Ok(
-            Binding::refused(&crate::platform::numa::errno_name(&source), &plan.mems),
-        ),
+        Err(Error::System(e)) if e.io_error().is_some_and(crate::platform::numa::is_refusal) => {
+            let errno = e.io_error().map(crate::platform::numa::errno_name);
+            Ok(Binding::refused(
+                errno.as_deref().unwrap_or("refused"),
+                &plan.mems,
+            ))
+        }
         Err(e) => Err(e),
     }
 }
@@ -124,13 +136,20 @@ pub fn bind_current_process(plan: &RankPlan, policy: MemPolicy) -> Result<Bindin
 /// the calling thread's moves to the plan's CPUs; the memory policy is left
 /// as it is (memory then comes from the node of the CPU that first touches
 /// it, which the binding makes the plan's node).
+///
+/// # Errors
+///
+/// [`AffinityError::System`](Error::System) when the calling thread's CPU set
+/// cannot be read (`sched_getaffinity`) or set to the plan's CPUs
+/// (`sched_setaffinity`).
 pub fn bind_current_process_cpus(plan: &RankPlan) -> Result<()> {
-    let before =
-        crate::platform::sys::sched_getaffinity_self().map_err(|source| Error::System {
-            what: "reading this thread's CPU set: sched_getaffinity failed".into(),
-            fix: "check that /proc and the sched_* system calls are available".into(),
+    let before = crate::platform::sys::sched_getaffinity_self().map_err(|source| {
+        Error::system(
+            "reading this thread's CPU set: sched_getaffinity failed",
+            "check that /proc and the sched_* system calls are available",
             source,
-        })?;
+        )
+    })?;
     bind_current_thread(&plan.cpus)?;
     let me = nix::unistd::gettid().as_raw();
     if let Ok(tasks) = std::fs::read_dir("/proc/self/task") {
@@ -166,6 +185,12 @@ fn thread_affinity(tid: i32) -> Option<CpuList> {
 /// An empty node list leaves the policy as it is. `Preferred` over several
 /// nodes uses `MPOL_PREFERRED_MANY`, and on kernels before 5.15 (which lack
 /// it) prefers the first node.
+///
+/// # Errors
+///
+/// [`AffinityError::System`](Error::System) when `set_mempolicy` fails:
+/// `EINVAL` for nodes the machine or the cpuset does not have, `EPERM`/`ENOSYS`
+/// where a seccomp profile refuses it (kind `Permission`).
 pub fn set_mempolicy(policy: MemPolicy, nodes: &[u32]) -> Result<()> {
     use crate::platform::numa::{self, Policy};
     if nodes.is_empty() {
@@ -183,25 +208,26 @@ pub fn set_mempolicy(policy: MemPolicy, nodes: &[u32]) -> Result<()> {
     }
     r.map_err(|source| {
         let list = nodes.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
-        Error::System {
-            what: format!(
+        Error::system(format!(
                 "setting the memory policy to {} nodes {list}: set_mempolicy failed",
                 policy.as_str()
-            ),
-            fix: match source.raw_os_error() {
+            ), match source.raw_os_error() {
                 Some(libc::EINVAL) => "use nodes that exist on this machine and that the cpuset's mems allow (see `numapin topo`)",
                 Some(libc::ENOSYS) | Some(libc::EPERM) => "run where NUMA system calls are allowed (a seccomp profile may block set_mempolicy)",
                 _ if source.kind() == std::io::ErrorKind::InvalidInput => "check the topology description",
                 _ => "check the node list",
             }
-            .into(),
-            source,
-        }
+            , source)
     })
 }
 
 /// The calling thread's memory policy mode and nodes (`get_mempolicy(2)`),
 /// as `(mode, nodes)`; mode 0 is `MPOL_DEFAULT`, 1 preferred, 2 bind.
+///
+/// # Errors
+///
+/// The system's error from `get_mempolicy` (`EPERM` or `ENOSYS` where a seccomp
+/// profile refuses it).
 pub fn get_mempolicy() -> std::io::Result<(i32, Vec<u32>)> {
     crate::platform::numa::get_mempolicy()
 }
@@ -209,6 +235,12 @@ pub fn get_mempolicy() -> std::io::Result<(i32, Vec<u32>)> {
 /// Finds `program` the way `execvp` will: a name with a `/` is a path,
 /// otherwise each `PATH` entry is tried (glibc's default `/bin:/usr/bin`
 /// when `PATH` is unset). The error names the command and what is wrong.
+///
+/// # Errors
+///
+/// [`AffinityError::Request`](Error::Request) for an empty command, a path that
+/// does not exist, is not a file or is not executable, or a name no `PATH`
+/// entry holds.
 pub fn find_program(program: &OsStr) -> Result<PathBuf> {
     let shown = program.to_string_lossy();
     if program.is_empty() {
@@ -292,10 +324,12 @@ pub fn exec(argv: &[OsString], env: &[(OsString, OsString)]) -> Error {
             kv.push(v);
             envp.push(cstring(&kv, "an environment variable")?);
         }
-        crate::platform::cleanup::restore_for_exec().map_err(|source| Error::System {
-            what: "restoring the signal mask before running the command".into(),
-            fix: "report this as a bug".into(),
-            source,
+        crate::platform::cleanup::restore_for_exec().map_err(|source| {
+            Error::system(
+                "restoring the signal mask before running the command",
+                "report this as a bug",
+                source,
+            )
         })?;
         nix::unistd::execvpe(&file, &args, &envp).map_err(|e| Error::Request {
             problem: format!("cannot run `{}`: {e}", program.to_string_lossy()),

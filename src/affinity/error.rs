@@ -1,6 +1,6 @@
 //! [`AffinityError`]: what can go wrong planning or applying a binding.
 
-use crate::report::ErrorKind;
+use crate::report::{EnvError, ErrorKind, SystemError};
 
 /// Planning or applying a binding failed; `fix()` says what to do.
 #[derive(Debug, thiserror::Error)]
@@ -27,47 +27,31 @@ pub enum AffinityError {
         fix: String,
     },
     /// A launcher variable with a value that cannot be a local rank.
-    #[error("{variable}={}: {problem}", crate::report::quote(value))]
-    Env {
-        /// The variable's name.
-        variable: String,
-        /// Its value.
-        value: String,
-        /// What is wrong with it.
-        problem: String,
-        /// What to do.
-        fix: String,
-    },
+    #[error(transparent)]
+    Env(EnvError),
     /// A system call refused the binding (`sched_setaffinity`,
-    /// `set_mempolicy`, `execvp`).
-    #[error("{what}")]
-    System {
-        /// What was attempted.
-        what: String,
-        /// What to do.
-        fix: String,
-        /// The system's error.
-        #[source]
-        source: std::io::Error,
-    },
+    /// `set_mempolicy`, `execvp`); the cause is the system's
+    /// [`std::io::Error`].
+    #[error(transparent)]
+    System(SystemError),
 }
 
 impl AffinityError {
     /// What kind of failure this is.
     pub fn kind(&self) -> ErrorKind {
         match self {
-            AffinityError::Request { .. }
-            | AffinityError::Input { .. }
-            | AffinityError::Env { .. } => ErrorKind::Input,
-            AffinityError::System { source, .. }
+            AffinityError::Request { .. } | AffinityError::Input { .. } | AffinityError::Env(_) => {
+                ErrorKind::Input
+            }
+            AffinityError::System(e)
                 if matches!(
-                    source.raw_os_error(),
+                    e.io_error().and_then(std::io::Error::raw_os_error),
                     Some(libc::EPERM) | Some(libc::ENOSYS)
                 ) =>
             {
                 ErrorKind::Permission
             }
-            AffinityError::System { .. } => ErrorKind::System,
+            AffinityError::System(_) => ErrorKind::System,
         }
     }
 
@@ -76,9 +60,19 @@ impl AffinityError {
         match self {
             AffinityError::Request { fix, .. }
             | AffinityError::Input { fix, .. }
-            | AffinityError::Env { fix, .. }
-            | AffinityError::System { fix, .. } => Some(fix.clone()),
+            | AffinityError::Env(EnvError { fix, .. })
+            | AffinityError::System(SystemError { fix, .. }) => Some(fix.clone()),
         }
+    }
+
+    /// A system call's failure: `what` was attempted, `fix` says what to
+    /// do.
+    pub(crate) fn system(
+        what: impl Into<String>,
+        fix: impl Into<String>,
+        source: std::io::Error,
+    ) -> Self {
+        AffinityError::System(SystemError::new(what, fix, source))
     }
 
     pub(crate) fn request(problem: impl Into<String>, fix: impl Into<String>) -> Self {

@@ -38,6 +38,11 @@ pub struct LocalRank {
 
 /// Finds the local rank through `get` (a variable lookup, so tests need not
 /// touch the process environment). `Ok(None)` when no variable is set.
+///
+/// # Errors
+///
+/// [`AffinityError::Env`](Error::Env) naming the first launcher variable set to
+/// something that is not a local rank (an integer up to the limit).
 pub fn local_rank_with(get: impl Fn(&str) -> Option<OsString>) -> Result<Option<LocalRank>> {
     for var in LOCAL_RANK_VARS {
         let Some(raw) = get(var) else { continue };
@@ -50,18 +55,22 @@ pub fn local_rank_with(get: impl Fn(&str) -> Option<OsString>) -> Result<Option<
         };
         return match rank {
             Some(rank) if rank <= MAX_LOCAL_RANK => Ok(Some(LocalRank { rank, variable: var })),
-            _ => Err(Error::Env {
-                variable: var.into(),
-                value: text.into_owned(),
-                problem: format!("not a local rank (expected an integer from 0 to {MAX_LOCAL_RANK})"),
-                fix: format!("unset {var} or set it to this process's rank on its machine (the launcher normally does)"),
-            }),
+            _ => Err(Error::Env(crate::report::EnvError::new(
+                var,
+                text,
+                format!("not a local rank (expected an integer from 0 to {MAX_LOCAL_RANK})"),
+                format!("unset {var} or set it to this process's rank on its machine (the launcher normally does)"),
+            ))),
         };
     }
     Ok(None)
 }
 
 /// The local rank of this process, from its environment.
+///
+/// # Errors
+///
+/// As [`local_rank_with`].
 pub fn local_rank() -> Result<Option<LocalRank>> {
     local_rank_with(|k| std::env::var_os(k))
 }
@@ -75,9 +84,16 @@ pub fn one_visible_gpu(topo: &Topology) -> bool {
 
 /// The GPU this process sees as CUDA ordinal `ordinal`. `what` says where
 /// the ordinal came from, for errors.
+///
+/// # Errors
+///
+/// [`AffinityError::Request`](Error::Request) when this process sees no CUDA
+/// device `ordinal` (the message names `what`, the devices seen and
+/// `CUDA_VISIBLE_DEVICES`), or when that device cannot be matched to a PCI
+/// device without the driver.
 pub fn gpu_of_ordinal(topo: &Topology, ordinal: CudaOrdinal, what: &str) -> Result<GpuIndex> {
     let seen = topo.cuda.ordinals.len();
-    let Some(entry) = topo.cuda.ordinals.iter().find(|e| e.ordinal == ordinal) else {
+    let Some(entry) = topo.visible_entry(ordinal) else {
         let cvd = match &topo.cuda.visible_devices {
             Some(v) => format!(" (CUDA_VISIBLE_DEVICES={})", crate::report::quote(v)),
             None => String::new(),
@@ -110,6 +126,10 @@ pub fn gpu_of_ordinal(topo: &Topology, ordinal: CudaOrdinal, what: &str) -> Resu
 /// The rank slot in [`rank_gpus`] and the GPU of local rank `rank` (read
 /// from `variable`): the only visible GPU when the launcher gave this process
 /// one, otherwise CUDA ordinal `rank`.
+///
+/// # Errors
+///
+/// As [`gpu_of_ordinal`] for the rank's device.
 pub fn slot_for_rank(topo: &Topology, rank: u32, variable: &str) -> Result<(usize, GpuIndex)> {
     if one_visible_gpu(topo) {
         return slot_of_ordinal(topo, topo.cuda.ordinals[0].ordinal, "CUDA_VISIBLE_DEVICES");
@@ -122,6 +142,10 @@ pub fn slot_for_rank(topo: &Topology, rank: u32, variable: &str) -> Result<(usiz
 }
 
 /// The rank slot of CUDA ordinal `ordinal` in [`rank_gpus`], and its GPU.
+///
+/// # Errors
+///
+/// As [`gpu_of_ordinal`].
 pub fn slot_of_ordinal(
     topo: &Topology,
     ordinal: CudaOrdinal,

@@ -41,7 +41,9 @@ fn verbs(n: &IoDevice) -> Option<String> {
 
 /// The variable and its value that select `rank`'s NICs for `which`.
 ///
-/// Errors ([`AffinityError::Request`](Error::Request)): the rank has no
+/// # Errors
+///
+/// [`AffinityError::Request`](Error::Request): the rank has no
 /// NIC (a machine without one, a binding to a node), a NIC of the rank has
 /// no name in the description, or for [`NicEnv::Nccl`] a NIC without RDMA
 /// (NCCL reaches those through its socket transport, `NCCL_SOCKET_IFNAME`).

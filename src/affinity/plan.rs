@@ -473,9 +473,13 @@ fn join(v: &[u32]) -> String {
 /// Computes the binding of each local rank: rank `i` drives GPU `gpus[i]`
 /// (an index into [`Topology::gpus`]; a GPU may appear more than once).
 ///
-/// Errors: a GPU index that is not in the topology, no allowed CPUs at all,
-/// and in [`Mode::Exclusive`] and [`Mode::Core`] fewer physical cores in a
-/// home than ranks sharing it (the error names the node and the counts).
+/// # Errors
+///
+/// [`AffinityError::Request`](Error::Request) for a GPU index that is not
+/// in the topology, and in [`Mode::Exclusive`] and [`Mode::Core`] for fewer
+/// physical cores in a home than ranks sharing it (the error names the
+/// node and the counts); [`AffinityError::Input`](Error::Input) when the
+/// description leaves this process no allowed CPU at all.
 pub fn plan(topo: &Topology, gpus: &[GpuIndex], mode: Mode, opts: &PlanOptions) -> Result<Plan> {
     let view = View::new(topo)?;
     check_gpus(topo, gpus)?;
@@ -723,8 +727,12 @@ fn too_few_cores(home: &Home, cores: usize, ranks: usize, mode: Mode) -> Error {
 /// The binding to NUMA node `node` itself, for machines without GPUs: every
 /// allowed CPU of the node, memory on the node.
 ///
-/// Errors (usage, exit code 2): the node is not in the topology, holds no
-/// CPU this process may use, or may not be allocated on.
+/// # Errors
+///
+/// [`AffinityError::Request`](Error::Request) (usage, exit code 2): the
+/// node is not in the topology, holds no CPU this process may use, or may
+/// not be allocated on; [`AffinityError::Input`](Error::Input) when the
+/// description leaves this process no allowed CPU at all.
 pub fn plan_node(topo: &Topology, node: u32) -> Result<RankPlan> {
     let view = View::new(topo)?;
     let nodes: Vec<u32> = topo.numa_nodes.iter().map(|n| n.os_index).collect();

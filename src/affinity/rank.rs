@@ -44,6 +44,14 @@ with_setters!(RankChoice {
 /// `choice.local_rank` or the launcher's variables), or the only GPU in
 /// `CUDA_VISIBLE_DEVICES` when the launcher gave each process one. Without
 /// any of them, an error naming the variables read.
+///
+/// # Errors
+///
+/// [`AffinityError::Request`](Error::Request) when no GPU can be chosen
+/// (naming the variables read) or the chosen one is not seen, as
+/// [`launcher::gpu_of_ordinal`] says; [`AffinityError::Env`](Error::Env)
+/// for a launcher variable that is not a local rank; and [`plan`]'s
+/// errors.
 pub fn rank_plan(
     topo: &Topology,
     choice: RankChoice,

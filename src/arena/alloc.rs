@@ -383,6 +383,10 @@ impl Tlsf {
     /// Checks every invariant (slow; for tests): blocks tile each region
     /// in order, free neighbours are merged, free lists hold exactly the
     /// free blocks in the right class, and the byte counts add up.
+    ///
+    /// # Errors
+    ///
+    /// A sentence naming the first invariant that does not hold.
     pub fn check(&self) -> Result<(), String> {
         let mut used = 0;
         let mut total = 0;

@@ -1,27 +1,29 @@
 //! What may be pinned: the node's budget, the memory cgroup's budget over
-//! every node ([`SharedBudget`]) and the memlock limit, decided for each new
+//! every node ([`CgroupCap`]) and the memlock limit, decided for each new
 //! region before anything is mapped.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::{fmt_bytes, huge, Admitted, ArenaError, Backend, HugePages, NodeArena, Region};
+use super::{fmt_bytes, huge, Admitted, Backend, HugePages, NodeArena, Region, RuntimeError};
 
-/// A budget of pinned bytes shared by every node of a runtime: the share of
-/// the process's memory cgroup limit that may be pinned (pinned pages are
-/// charged to the cgroup whatever their node, and above `memory.max` the
-/// OOM killer ends the process).
+/// The cap on pinned bytes over every node of a runtime under the
+/// process's memory cgroup limit: the share of that limit that may be
+/// pinned (pinned pages are charged to the cgroup whatever their node, and
+/// above `memory.max` the OOM killer ends the process). Formerly
+/// `SharedBudget`: "shared" in numapin means memory other processes map
+/// ([`crate::shared`]).
 #[derive(Debug)]
-pub struct SharedBudget {
+pub(crate) struct CgroupCap {
     limit: u64,
     used: AtomicU64,
     source: String,
 }
 
-impl SharedBudget {
+impl CgroupCap {
     /// A budget of `limit` bytes; `source` says where it comes from (for
     /// messages: `half of memory.max = 2 GiB (sys/fs/cgroup/memory.max)`).
-    pub fn new(limit: u64, source: String) -> SharedBudget {
-        SharedBudget {
+    pub(crate) fn new(limit: u64, source: String) -> CgroupCap {
+        CgroupCap {
             limit,
             used: AtomicU64::new(0),
             source,
@@ -29,18 +31,13 @@ impl SharedBudget {
     }
 
     /// The limit in bytes.
-    pub fn limit(&self) -> u64 {
+    pub(crate) fn limit(&self) -> u64 {
         self.limit
     }
 
     /// Bytes charged now.
-    pub fn used(&self) -> u64 {
+    pub(crate) fn used(&self) -> u64 {
         self.used.load(Ordering::SeqCst)
-    }
-
-    /// Where the limit comes from.
-    pub fn source(&self) -> &str {
-        &self.source
     }
 
     /// Charges `bytes` if they fit; whether they did.
@@ -53,8 +50,8 @@ impl SharedBudget {
     }
 
     /// The error for `requested` bytes on `node` that do not fit.
-    pub(super) fn exceeded(&self, node: u32, requested: u64) -> ArenaError {
-        ArenaError::CgroupBudget {
+    pub(super) fn exceeded(&self, node: u32, requested: u64) -> RuntimeError {
+        RuntimeError::CgroupBudget {
             node,
             requested,
             in_use: self.used(),
@@ -82,7 +79,7 @@ impl NodeArena {
         bytes: u64,
         (size, fitted): (u64, u64),
         reserved: u64,
-    ) -> Result<Admitted, ArenaError> {
+    ) -> Result<Admitted, RuntimeError> {
         let mut size = size;
         let mut reserved = reserved;
         if reserved + size > self.cfg.budget {
@@ -93,15 +90,15 @@ impl NodeArena {
             }
             if reserved + size > self.cfg.budget {
                 // A budget the memory cgroup set says so, with its fix.
-                if let Some(shared) = self
+                if let Some(cap) = self
                     .cfg
-                    .shared
+                    .cgroup_cap
                     .as_ref()
                     .filter(|s| s.limit() == self.cfg.budget)
                 {
-                    return Err(shared.exceeded(self.node, bytes));
+                    return Err(cap.exceeded(self.node, bytes));
                 }
-                return Err(ArenaError::BudgetExceeded {
+                return Err(RuntimeError::BudgetExceeded {
                     node: self.node,
                     requested: bytes,
                     in_use: reserved,
@@ -126,7 +123,7 @@ impl NodeArena {
         &self,
         size: u64,
         fitted: u64,
-    ) -> Result<(u64, Option<String>), ArenaError> {
+    ) -> Result<(u64, Option<String>), RuntimeError> {
         if !self.cfg.memlock_applies
             || self.cfg.backend != Backend::Mapped
             || self.will_use_hugetlb(size)
@@ -147,7 +144,7 @@ impl NodeArena {
         // Without CUDA registration nothing else would pin the pages: then
         // the limit is an error, as before.
         if !(self.cfg.register && crate::platform::cuda::driver_version().is_ok()) {
-            return Err(ArenaError::lock_failed(self.node, size, None));
+            return Err(RuntimeError::lock_failed(self.node, size, None));
         }
         Ok((
             size,
@@ -167,22 +164,22 @@ impl NodeArena {
         bytes: u64,
         size: u64,
         fitted: u64,
-    ) -> Result<u64, ArenaError> {
-        let Some(shared) = &self.cfg.shared else {
+    ) -> Result<u64, RuntimeError> {
+        let Some(cap) = &self.cfg.cgroup_cap else {
             return Ok(size);
         };
-        if shared.try_reserve(size) {
+        if cap.try_reserve(size) {
             return Ok(size);
         }
         // Empty regions of this node make room (other nodes keep theirs
         // until their own trim).
         self.trim();
-        if size > fitted && shared.try_reserve(fitted) {
+        if size > fitted && cap.try_reserve(fitted) {
             Ok(fitted)
-        } else if shared.try_reserve(size) {
+        } else if cap.try_reserve(size) {
             Ok(size)
         } else {
-            Err(shared.exceeded(self.node, bytes))
+            Err(cap.exceeded(self.node, bytes))
         }
     }
 
@@ -191,19 +188,19 @@ impl NodeArena {
     /// reservation is given back.
     pub(super) fn charged(
         &self,
-        created: Result<Region, ArenaError>,
+        created: Result<Region, RuntimeError>,
         size: u64,
-    ) -> Result<Region, ArenaError> {
+    ) -> Result<Region, RuntimeError> {
         match created {
             Ok(mut region) => {
-                if let Some(shared) = &self.cfg.shared {
-                    region.charge(shared.clone(), size);
+                if let Some(cap) = &self.cfg.cgroup_cap {
+                    region.charge(cap.clone(), size);
                 }
                 Ok(region)
             }
             Err(e) => {
-                if let Some(shared) = &self.cfg.shared {
-                    shared.release(size);
+                if let Some(cap) = &self.cfg.cgroup_cap {
+                    cap.release(size);
                 }
                 Err(e)
             }

@@ -5,7 +5,7 @@ use std::ops::{Deref, DerefMut};
 use std::sync::{Arc, Mutex};
 
 use super::cache::Cached;
-use super::{lock, ArenaError, Lease, NodeArena};
+use super::{lock, Lease, NodeArena, RuntimeError};
 use crate::platform::cuda::{self, CUdeviceptr, CUstream, Event};
 
 /// A pinned host buffer on one NUMA node, lent by the
@@ -132,9 +132,9 @@ impl PinnedBuf {
         }
     }
 
-    fn copy_check(&self, what: &'static str, len: usize) -> Result<(), ArenaError> {
+    fn copy_check(&self, what: &'static str, len: usize) -> Result<(), RuntimeError> {
         if len > self.len {
-            return Err(ArenaError::BadRequest {
+            return Err(RuntimeError::BadRequest {
                 node: self.node(),
                 bytes: len as u64,
                 problem: format!("{what}: the buffer holds only {} bytes", self.len),
@@ -143,12 +143,12 @@ impl PinnedBuf {
         Ok(())
     }
 
-    fn copy_error(&self, what: &'static str) -> impl Fn(cuda::CudaError) -> ArenaError {
+    fn copy_error(&self, what: &'static str) -> impl Fn(cuda::CudaError) -> RuntimeError {
         let node = self.node();
-        move |source| ArenaError::Copy { node, what, source }
+        move |source| RuntimeError::Copy { node, what, source }
     }
 
-    fn record(&self, what: &'static str, stream: CUstream) -> Result<(), ArenaError> {
+    fn record(&self, what: &'static str, stream: CUstream) -> Result<(), RuntimeError> {
         let event = Event::new(false).map_err(self.copy_error(what))?;
         // SAFETY: the caller of the copy vouched for the stream.
         unsafe { event.record(stream) }.map_err(self.copy_error(what))?;
@@ -168,11 +168,15 @@ impl PinnedBuf {
     /// the stream's context, that context must be current on this thread,
     /// and the buffer must not be written until the copy has completed
     /// ([`wait_copies`](Self::wait_copies) or a stream synchronisation).
+    ///
+    /// # Errors
+    ///
+    /// [`RuntimeError::Copy`] when the copy or its event cannot be queued.
     pub unsafe fn copy_to_device_async(
         &self,
         dst: CUdeviceptr,
         stream: CUstream,
-    ) -> Result<(), ArenaError> {
+    ) -> Result<(), RuntimeError> {
         // SAFETY: the caller's guarantee for the whole buffer covers its
         // first len bytes.
         unsafe { self.copy_to_device_range_async(dst, self.len, stream) }
@@ -183,12 +187,17 @@ impl PinnedBuf {
     ///
     /// # Safety
     /// As for `copy_to_device_async`, with `len` bytes at `dst`.
+    ///
+    /// # Errors
+    ///
+    /// [`RuntimeError::BadRequest`] for `len` past the buffer,
+    /// [`RuntimeError::Copy`] when the copy or its event cannot be queued.
     pub unsafe fn copy_to_device_range_async(
         &self,
         dst: CUdeviceptr,
         len: usize,
         stream: CUstream,
-    ) -> Result<(), ArenaError> {
+    ) -> Result<(), RuntimeError> {
         const WHAT: &str = "cuMemcpyHtoDAsync";
         self.copy_check(WHAT, len)?;
         // SAFETY: the source is our block of at least len bytes, kept
@@ -208,11 +217,15 @@ impl PinnedBuf {
     /// context, that context must be current on this thread, and the
     /// buffer must be neither read nor written until the copy has
     /// completed.
+    ///
+    /// # Errors
+    ///
+    /// [`RuntimeError::Copy`] when the copy or its event cannot be queued.
     pub unsafe fn copy_from_device_async(
         &mut self,
         src: CUdeviceptr,
         stream: CUstream,
-    ) -> Result<(), ArenaError> {
+    ) -> Result<(), RuntimeError> {
         const WHAT: &str = "cuMemcpyDtoHAsync";
         // SAFETY: the destination is our block of len bytes, exclusively
         // borrowed and kept alive past the copy by the event; the caller
@@ -231,7 +244,12 @@ impl PinnedBuf {
     }
 
     /// Blocks until every copy issued through this buffer has completed.
-    pub fn wait_copies(&self) -> Result<(), ArenaError> {
+    ///
+    /// # Errors
+    ///
+    /// [`RuntimeError::Copy`] when waiting on a copy's event fails (a sticky
+    /// error of the context).
+    pub fn wait_copies(&self) -> Result<(), RuntimeError> {
         let mut events = lock(&self.events);
         for e in events.iter() {
             e.synchronize()

@@ -390,8 +390,9 @@ impl NodeArena {
     }
 
     /// Gives the blocks the calling thread has cached for this arena back
-    /// to it; returns how many there were.
-    pub fn flush_thread_cache(&self) -> usize {
+    /// to it; returns how many there were (a test hook).
+    #[cfg(feature = "internals")]
+    pub(crate) fn flush_thread_cache(&self) -> usize {
         let shelf = SHELVES
             .try_with(|t| t.try_borrow().ok()?.find(self.id).cloned())
             .ok()
@@ -402,7 +403,7 @@ impl NodeArena {
     /// Gives the blocks every thread has cached for this arena back to it
     /// (each thread's cache is locked briefly, one at a time); returns how
     /// many there were.
-    pub fn flush_all_caches(&self) -> usize {
+    pub(crate) fn flush_all_caches(&self) -> usize {
         self.live_shelves()
             .iter()
             .map(|s| self.drain_shelf(s, false))
@@ -413,7 +414,7 @@ impl NodeArena {
     /// that dropping the last handle of the arena frees its memory at once
     /// (the runtime does this when dropped). Allocation and free keep
     /// working, through the arena's lock.
-    pub fn close_thread_caches(&self) {
+    pub(crate) fn close_thread_caches(&self) {
         self.caching.store(false, Ordering::Relaxed);
         self.flush_all_caches();
     }

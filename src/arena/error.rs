@@ -1,4 +1,7 @@
-//! [`ArenaError`]: what can go wrong lending pinned memory.
+//! [`RuntimeError`]: what can go wrong placing work, lending pinned
+//! memory or making a region. Public as `numapin::runtime::RuntimeError`
+//! (the `Runtime` returns it); defined here, beside the arena that raises
+//! most of its variants, because the arena sits below the runtime.
 
 use crate::gpu::{CudaError, CudaOrdinal};
 
@@ -18,11 +21,13 @@ fn fmt_list<T: std::fmt::Display>(v: &[T]) -> String {
     format!("[{}]", items.join(", "))
 }
 
-/// An arena failure. Each message names the node and the size; `fix()`
-/// says what to do.
+/// A failure of the [`Runtime`](crate::runtime::Runtime) (placing work,
+/// lending pinned memory, binding) or of a region made by hand
+/// ([`crate::region`]). Each message names the node, GPU or setting and
+/// the size; `fix()` says what to do.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum ArenaError {
+pub enum RuntimeError {
     /// Pinned bytes would exceed the node's budget.
     #[error("node {node}: {} requested with {} already pinned on the node would exceed its budget of {}", fmt_bytes(*requested), fmt_bytes(*in_use), fmt_bytes(*limit))]
     BudgetExceeded {
@@ -103,9 +108,10 @@ pub enum ArenaError {
         /// Where the limit comes from (the cgroup file and the fraction).
         cgroup: String,
     },
-    /// Pages of a new region are not on its node.
+    /// Pages of a new region are not on its node (and
+    /// [`OffNode::Strict`](super::OffNode::Strict) says that is an error).
     #[error("node {node}: {} of {pages} pages of a new {} region are not on the node ({}{} not present); the region ({how}) was given back", pages - on_node, fmt_bytes(*size), fmt_elsewhere(elsewhere), if fmt_elsewhere(elsewhere).is_empty() { format!("{missing}") } else { format!(", {missing}") })]
-    Placement {
+    OffNode {
         /// The node.
         node: u32,
         /// Bytes of the region.
@@ -215,6 +221,11 @@ pub enum ArenaError {
         /// What is wrong.
         problem: String,
     },
+    /// Binding the calling thread or process to a placement's CPUs and
+    /// node failed (`Runtime::bind_current_thread`,
+    /// `Runtime::bind_current_process`).
+    #[error(transparent)]
+    Affinity(#[from] crate::affinity::AffinityError),
     /// A CUDA call for a copy failed.
     #[error("node {node}: {what} failed")]
     Copy {
@@ -228,24 +239,25 @@ pub enum ArenaError {
     },
 }
 
-impl ArenaError {
+impl RuntimeError {
     /// What kind of failure this is.
     pub fn kind(&self) -> ErrorKind {
         match self {
-            ArenaError::BudgetExceeded { .. }
-            | ArenaError::CgroupBudget { .. }
-            | ArenaError::HugePages {
+            RuntimeError::BudgetExceeded { .. }
+            | RuntimeError::CgroupBudget { .. }
+            | RuntimeError::HugePages {
                 usable: Some(_), ..
             } => ErrorKind::Budget,
-            ArenaError::Memlock { .. } => ErrorKind::Permission,
-            ArenaError::NoMemory {
+            RuntimeError::Memlock { .. } => ErrorKind::Permission,
+            RuntimeError::Affinity(e) => e.kind(),
+            RuntimeError::NoMemory {
                 source: Some(e), ..
             } if e.raw_os_error() == Some(libc::EPERM) => ErrorKind::Permission,
-            ArenaError::UnknownNode { .. }
-            | ArenaError::UnknownGpu { .. }
-            | ArenaError::UnknownGpuIndex { .. }
-            | ArenaError::Config { .. }
-            | ArenaError::BadRequest { .. } => ErrorKind::Input,
+            RuntimeError::UnknownNode { .. }
+            | RuntimeError::UnknownGpu { .. }
+            | RuntimeError::UnknownGpuIndex { .. }
+            | RuntimeError::Config { .. }
+            | RuntimeError::BadRequest { .. } => ErrorKind::Input,
             _ => ErrorKind::System,
         }
     }
@@ -253,17 +265,18 @@ impl ArenaError {
     /// What to do about it.
     pub fn fix(&self) -> Option<String> {
         Some(match self {
-            ArenaError::BudgetExceeded { .. } => "free buffers first, ask for less, or raise the budget (RuntimeConfig::budget_bytes / budget_fraction; default half the node's memory)".into(),
-            ArenaError::Memlock { .. } => "raise the memlock limit of the process: `ulimit -l unlimited` in the shell that starts it (or `memlock` in /etc/security/limits.conf), `LimitMEMLOCK=infinity` in its systemd unit, `docker run --ulimit memlock=-1` for a container; or run with CAP_IPC_LOCK".into(),
-            ArenaError::NoMemory { .. } => "use a node that has memory and is in this process's allowed memory nodes (`numapin topo`; cpuset.mems of the cgroup, `numactl --membind`)".into(),
-            ArenaError::Register { .. } => "check the driver with `nvidia-smi`; CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED means other code registered this memory; CUDA_ERROR_OUT_OF_MEMORY or CUDA_ERROR_NOT_PERMITTED, lower the arena budget or run with RuntimeConfig::register off".into(),
-            ArenaError::Backend { source, .. } if source.is_no_driver() => "this backend needs the CUDA driver and a GPU: use the default backend (RuntimeConfig::backend = Backend::Mapped), which works without one".into(),
-            ArenaError::Backend { .. } => "driver backends need a recent driver (cuMemCreate on a host NUMA node: CUDA 12.2 or later) and memory free on the node (`numastat -m`); the default backend (Backend::Mapped) needs neither".into(),
-            ArenaError::CgroupBudget { .. } => "raise the memory limit of the container or cgroup (`docker run --memory`, Kubernetes resources.limits.memory): by default numapin pins at most budget_fraction of it over all nodes, since pinned pages count against it and the OOM killer ends the process above it; or free buffers (Runtime::trim), or set RuntimeConfig::budget_bytes (the cgroup cap is then not applied)".into(),
-            ArenaError::Placement { how, .. } if how.contains("first touch") => "first touch put the pages elsewhere: the node's CPUs this process may use (cpuset) must exist and the memory policy must be the default (no `numactl --membind` around the container), and the node needs free memory (`numastat -m`); to bind with mbind instead, allow it (`docker run --cap-add SYS_NICE`, Kubernetes securityContext.capabilities.add [\"SYS_NICE\"]); RuntimeConfig::placement = Warn keeps such regions".into(),
-            ArenaError::Placement { .. } => "the node is short of free memory or the kernel moved pages (check `numastat -m`, free memory on the node, or lower the budget); RuntimeConfig::placement = Warn keeps such regions".into(),
-            ArenaError::System { .. } => "check free memory on the node (`numastat -m`) and the process's limits (`ulimit -a`)".into(),
-            ArenaError::HugePages {
+            RuntimeError::Affinity(e) => return e.fix(),
+            RuntimeError::BudgetExceeded { .. } => "free buffers first, ask for less, or raise the budget (RuntimeConfig::budget_bytes / budget_fraction; default half the node's memory)".into(),
+            RuntimeError::Memlock { .. } => "raise the memlock limit of the process: `ulimit -l unlimited` in the shell that starts it (or `memlock` in /etc/security/limits.conf), `LimitMEMLOCK=infinity` in its systemd unit, `docker run --ulimit memlock=-1` for a container; or run with CAP_IPC_LOCK".into(),
+            RuntimeError::NoMemory { .. } => "use a node that has memory and is in this process's allowed memory nodes (`numapin topo`; cpuset.mems of the cgroup, `numactl --membind`)".into(),
+            RuntimeError::Register { .. } => "check the driver with `nvidia-smi`; CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED means other code registered this memory; CUDA_ERROR_OUT_OF_MEMORY or CUDA_ERROR_NOT_PERMITTED, lower the arena budget or run with RuntimeConfig::register off".into(),
+            RuntimeError::Backend { source, .. } if source.is_no_driver() => "this backend needs the CUDA driver and a GPU: use the default backend (RuntimeConfig::backend = Backend::Mapped), which works without one".into(),
+            RuntimeError::Backend { .. } => "driver backends need a recent driver (cuMemCreate on a host NUMA node: CUDA 12.2 or later) and memory free on the node (`numastat -m`); the default backend (Backend::Mapped) needs neither".into(),
+            RuntimeError::CgroupBudget { .. } => "raise the memory limit of the container or cgroup (`docker run --memory`, Kubernetes resources.limits.memory): by default numapin pins at most budget_fraction of it over all nodes, since pinned pages count against it and the OOM killer ends the process above it; or free buffers (Runtime::trim), or set RuntimeConfig::budget_bytes (the cgroup cap is then not applied)".into(),
+            RuntimeError::OffNode { how, .. } if how.contains("first touch") => "first touch put the pages elsewhere: the node's CPUs this process may use (cpuset) must exist and the memory policy must be the default (no `numactl --membind` around the container), and the node needs free memory (`numastat -m`); to bind with mbind instead, allow it (`docker run --cap-add SYS_NICE`, Kubernetes securityContext.capabilities.add [\"SYS_NICE\"]); RuntimeConfig::off_node = OffNode::Warn (`placement=\"warn\"` in Python) keeps such regions".into(),
+            RuntimeError::OffNode { .. } => "the node is short of free memory or the kernel moved pages (check `numastat -m`, free memory on the node, or lower the budget); RuntimeConfig::off_node = OffNode::Warn (`placement=\"warn\"` in Python) keeps such regions".into(),
+            RuntimeError::System { .. } => "check free memory on the node (`numastat -m`) and the process's limits (`ulimit -a`)".into(),
+            RuntimeError::HugePages {
                 node,
                 page_bytes,
                 needed,
@@ -288,19 +301,19 @@ impl ArenaError {
                     if *page_bytes >= 1 << 30 { "1G" } else { "2M" },
                 )
             }
-            ArenaError::UnknownNode { .. } => "pick one of the listed nodes (`numapin topo`)".into(),
-            ArenaError::UnknownGpu { .. } => "pick one of the listed ordinals (`numapin topo`; CUDA_VISIBLE_DEVICES changes them)".into(),
-            ArenaError::UnknownGpuIndex { .. } => "pick an index listed by `numapin topo` (indexes follow PCI order, not CUDA ordinals)".into(),
-            ArenaError::Config { fix, .. } => fix.clone(),
-            ArenaError::BadRequest { .. } => "ask for at least one byte and at most the node's budget".into(),
-            ArenaError::Copy { .. } => "make the stream's context current on this thread and check the device pointer and length".into(),
+            RuntimeError::UnknownNode { .. } => "pick one of the listed nodes (`numapin topo`)".into(),
+            RuntimeError::UnknownGpu { .. } => "pick one of the listed ordinals (`numapin topo`; CUDA_VISIBLE_DEVICES changes them)".into(),
+            RuntimeError::UnknownGpuIndex { .. } => "pick an index listed by `numapin topo` (indexes follow PCI order, not CUDA ordinals)".into(),
+            RuntimeError::Config { fix, .. } => fix.clone(),
+            RuntimeError::BadRequest { .. } => "ask for at least one byte and at most the node's budget".into(),
+            RuntimeError::Copy { .. } => "make the stream's context current on this thread and check the device pointer and length".into(),
         })
     }
 
     /// A Memlock error for `size` bytes on `node`, with the limit and the
     /// locked bytes read now.
     pub(crate) fn lock_failed(node: u32, size: u64, source: Option<std::io::Error>) -> Self {
-        ArenaError::Memlock {
+        RuntimeError::Memlock {
             node,
             size,
             limit: crate::platform::sys::memlock_limit().map_or(0, |(soft, _)| soft),

@@ -14,7 +14,7 @@
 use std::path::Path;
 use std::sync::OnceLock;
 
-use super::{fmt_bytes, ArenaError};
+use super::{fmt_bytes, RuntimeError};
 use crate::platform::hugetlb::{self, PoolError, SIZE_1G, SIZE_2M};
 use crate::platform::numa;
 
@@ -56,11 +56,11 @@ pub enum HugePages {
     Transparent,
     /// 2 MiB hugetlb pages from the node's pool; region sizes are multiples
     /// of 2 MiB. A node whose pool lacks the pages is an error
-    /// ([`ArenaError::HugePages`]).
+    /// ([`RuntimeError::HugePages`]).
     Hugetlb2M,
     /// 1 GiB hugetlb pages from the node's pool; region sizes (and so the
     /// configured region size) are rounded up to 1 GiB. A node whose pool
-    /// lacks the pages is an error ([`ArenaError::HugePages`]).
+    /// lacks the pages is an error ([`RuntimeError::HugePages`]).
     Hugetlb1G,
     /// 4 KiB pages only (`madvise(MADV_NOHUGEPAGE)`, even with THP in
     /// `always` mode).
@@ -216,7 +216,7 @@ fn transparent() -> PageKind {
     }
 }
 
-/// A pool file error as the `io::Error` an [`ArenaError`] keeps.
+/// A pool file error as the `io::Error` an [`RuntimeError`] keeps.
 fn io_error(e: PoolError) -> std::io::Error {
     let kind = match &e {
         PoolError::Missing { .. } => std::io::ErrorKind::NotFound,
@@ -235,7 +235,7 @@ pub(crate) fn choose(
     node: u32,
     size: usize,
     root: &Path,
-) -> Result<Choice, ArenaError> {
+) -> Result<Choice, RuntimeError> {
     let plain = |kind| Choice { kind, note: None };
     match want {
         HugePages::Transparent => Ok(plain(transparent())),
@@ -246,11 +246,11 @@ pub(crate) fn choose(
     }
 }
 
-fn explicit(kind: PageKind, node: u32, size: usize, root: &Path) -> Result<Choice, ArenaError> {
+fn explicit(kind: PageKind, node: u32, size: usize, root: &Path) -> Result<Choice, RuntimeError> {
     let page = kind.granule();
     let len = size.div_ceil(page).max(1) * page;
     let needed = (len / page) as u64;
-    let err = |problem: String, usable, pool, source| ArenaError::HugePages {
+    let err = |problem: String, usable, pool, source| RuntimeError::HugePages {
         node,
         size: len as u64,
         page_bytes: page as u64,
@@ -408,7 +408,7 @@ mod tests {
         assert!(
             matches!(
                 e,
-                ArenaError::HugePages {
+                RuntimeError::HugePages {
                     needed: 60,
                     usable: Some(52),
                     ..
@@ -431,7 +431,7 @@ mod tests {
         assert!(
             matches!(
                 e,
-                ArenaError::HugePages {
+                RuntimeError::HugePages {
                     usable: Some(0),
                     ..
                 }

@@ -1,18 +1,23 @@
 //! How a region was made: where its pages were placed ([`PlacedBy`]),
 //! what pins them ([`PinnedBy`]), how their placement was checked
 //! ([`VerifiedBy`]), which backend made it ([`Backend`]) and what a page
-//! off its node means ([`Placement`]).
+//! off its node means ([`OffNode`]).
 
 use super::huge::PageKind;
 
-/// What a page found off its node at region creation means.
+/// What a page found off its node at region creation means
+/// ([`RuntimeConfig::off_node`](crate::runtime::RuntimeConfig::off_node);
+/// `placement` in Python's `configure`). Formerly `Placement`: "place" in
+/// numapin is [`Runtime::place`](crate::runtime::Runtime::place)'s answer
+/// to "where do threads and memory for this target go"; this setting only
+/// says what a page the kernel put elsewhere means.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
-pub enum Placement {
-    /// An error: the region is torn down ([`ArenaError::Placement`]).
+pub enum OffNode {
+    /// An error: the region is torn down ([`RuntimeError::OffNode`](super::RuntimeError::OffNode)).
     #[default]
     Strict,
-    /// Counted in [`NodeStats::pages_off_node`], the region kept.
+    /// Counted in [`NodeStats::pages_off_node`](super::NodeStats::pages_off_node), the region kept.
     Warn,
 }
 
@@ -158,7 +163,7 @@ impl VerifiedBy {
 /// it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
 pub struct RegionMethods {
-    /// Placement.
+    /// How the pages were put on the node.
     pub placed: PlacedBy,
     /// What keeps the pages resident.
     pub pinned: PinnedBy,

@@ -47,12 +47,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
-pub(crate) use budget::SharedBudget;
+pub(crate) use budget::CgroupCap;
 pub use buf::PinnedBuf;
 pub use cache::CacheLimits;
-pub use error::ArenaError;
+pub use error::RuntimeError;
 pub use huge::{HugePages, PageKind, ParseHugePagesError};
-pub use methods::{Backend, PinnedBy, PlacedBy, Placement, RegionMethods, VerifiedBy};
+pub use methods::{Backend, OffNode, PinnedBy, PlacedBy, RegionMethods, VerifiedBy};
 pub(crate) use region::{Region, RegionOptions, Registration, SharedFile, Step};
 pub(crate) use shared::SharedPart;
 pub use stats::NodeStats;
@@ -70,7 +70,8 @@ pub const DEFAULT_REGION_BYTES: usize = 256 << 20;
 /// Default (and smallest) block alignment: 4 KiB.
 pub const DEFAULT_ALIGNMENT: usize = 4096;
 /// Most bytes per registered part of a standard region made in parts
-/// ([`ArenaConfig::register_in_parts`]): parts of 128 MiB to 1 GiB made
+/// ([`RuntimeConfig::register_in_parts`](crate::runtime::RuntimeConfig::register_in_parts)):
+/// parts of 128 MiB to 1 GiB made
 /// 4 GiB regions in 33-44 ms per GiB against 49 in one piece, and a 16 GiB
 /// region in 256 MiB parts took 30 (`numapin bench --only cold-pinning`,
 /// H100 VM; docs/BENCHMARKS.md, "cold pinning").
@@ -103,7 +104,7 @@ pub fn fmt_bytes(b: u64) -> String {
 
 /// How one node's arena behaves.
 #[derive(Debug, Clone)]
-pub struct ArenaConfig {
+pub(crate) struct ArenaConfig {
     /// Standard region size in bytes (a multiple of 2 MiB, of 1 GiB with
     /// [`HugePages::Hugetlb1G`]).
     pub region_bytes: u64,
@@ -118,14 +119,14 @@ pub struct ArenaConfig {
     /// Whether to register regions with CUDA.
     pub register: bool,
     /// What a page off the node means.
-    pub placement: Placement,
+    pub off_node: OffNode,
     /// Where regions' memory comes from.
     pub backend: Backend,
     /// Whether RLIMIT_MEMLOCK applies (false with CAP_IPC_LOCK).
     pub memlock_applies: bool,
-    /// A budget over every node of the runtime (the memory cgroup's
+    /// The cap over every node of the runtime (under the memory cgroup's
     /// limit), charged by each region as well as the node's own budget.
-    pub shared: Option<Arc<SharedBudget>>,
+    pub cgroup_cap: Option<Arc<CgroupCap>>,
     /// Bounds of each thread's cache of freed blocks.
     pub cache: CacheLimits,
     /// Which pages regions ask for.
@@ -221,7 +222,7 @@ struct Slow {
 }
 
 /// The pinned memory of one NUMA node (see the module docs).
-pub struct NodeArena {
+pub(crate) struct NodeArena {
     // Read on every alloc and free, written rarely (waiters: only while a
     // thread waits for the budget).
     node: u32,
@@ -263,7 +264,7 @@ fn all_done(events: &[Event]) -> bool {
 impl NodeArena {
     /// An arena for `node`; no memory is touched until the first
     /// allocation.
-    pub fn new(node: u32, cfg: ArenaConfig) -> Arc<NodeArena> {
+    pub(crate) fn new(node: u32, cfg: ArenaConfig) -> Arc<NodeArena> {
         static NEXT_ID: AtomicU64 = AtomicU64::new(0);
         Arc::new(NodeArena {
             node,
@@ -293,17 +294,18 @@ impl NodeArena {
     }
 
     /// The node.
-    pub fn node(&self) -> u32 {
+    pub(crate) fn node(&self) -> u32 {
         self.node
     }
 
-    /// The configuration.
-    pub fn config(&self) -> &ArenaConfig {
+    /// The configuration (the measurements make regions as it would).
+    #[cfg(feature = "measure")]
+    pub(crate) fn config(&self) -> &ArenaConfig {
         &self.cfg
     }
 
     /// Lends a buffer of `bytes`; over budget, an error at once.
-    pub fn alloc(self: &Arc<Self>, bytes: usize) -> Result<PinnedBuf, ArenaError> {
+    pub(crate) fn alloc(self: &Arc<Self>, bytes: usize) -> Result<PinnedBuf, RuntimeError> {
         let r = self.alloc_inner(bytes, false);
         if r.is_err() {
             lock(&self.state).counters.failures += 1;
@@ -316,7 +318,7 @@ impl NodeArena {
     /// to 2 MiB) rather than a standard region: for staging buffers that
     /// must not pin more than they hold. Such a region is kept for reuse
     /// until [`trim`](Self::trim), as other regions are.
-    pub fn alloc_fitted(self: &Arc<Self>, bytes: usize) -> Result<PinnedBuf, ArenaError> {
+    pub(crate) fn alloc_fitted(self: &Arc<Self>, bytes: usize) -> Result<PinnedBuf, RuntimeError> {
         let r = self.alloc_inner(bytes, true);
         if r.is_err() {
             lock(&self.state).counters.failures += 1;
@@ -324,17 +326,19 @@ impl NodeArena {
         r
     }
 
-    /// Lends a buffer of `bytes`; over budget, waits up to `timeout` for
-    /// other buffers to be freed, then fails with the budget error.
-    pub fn alloc_timeout(
+    /// Lends a buffer of `bytes` (a [`fitted`](Self::alloc_fitted) one
+    /// with `fitted`); over budget, waits up to `timeout` for other
+    /// buffers to be freed, then fails with the budget error.
+    pub(crate) fn alloc_waiting(
         self: &Arc<Self>,
         bytes: usize,
+        fitted: bool,
         timeout: Duration,
-    ) -> Result<PinnedBuf, ArenaError> {
+    ) -> Result<PinnedBuf, RuntimeError> {
         let deadline = Instant::now() + timeout;
         loop {
-            match self.alloc_inner(bytes, false) {
-                Err(ArenaError::BudgetExceeded { .. }) if Instant::now() < deadline => {
+            match self.alloc_inner(bytes, fitted) {
+                Err(RuntimeError::BudgetExceeded { .. }) if Instant::now() < deadline => {
                     // While a thread waits, frees bypass the threads' caches
                     // and wake it.
                     self.waiters.fetch_add(1, Ordering::SeqCst);
@@ -359,8 +363,12 @@ impl NodeArena {
     }
 
     #[inline]
-    fn alloc_inner(self: &Arc<Self>, bytes: usize, fitted: bool) -> Result<PinnedBuf, ArenaError> {
-        let bad = |problem: &str| ArenaError::BadRequest {
+    fn alloc_inner(
+        self: &Arc<Self>,
+        bytes: usize,
+        fitted: bool,
+    ) -> Result<PinnedBuf, RuntimeError> {
+        let bad = |problem: &str| RuntimeError::BadRequest {
             node: self.node,
             bytes: bytes as u64,
             problem: problem.into(),
@@ -454,7 +462,7 @@ impl NodeArena {
             cpus: self.cfg.cpus.clone(),
             populate_threads: self.cfg.populate_threads,
             register: self.cfg.register,
-            placement: self.cfg.placement,
+            off_node: self.cfg.off_node,
             pin_by_registration: admitted.pin_by_registration.clone(),
             backend: self.cfg.backend,
             huge_pages: self.cfg.huge_pages,
@@ -473,7 +481,7 @@ impl NodeArena {
     /// A standard region in parts serves only requests that fit in a part
     /// (the bookkeeping never places a block across two); a larger request
     /// gets a standard region in one piece, or a region of its own.
-    pub fn part_bytes_for(&self, size: u64, bytes: u64) -> usize {
+    pub(crate) fn part_bytes_for(&self, size: u64, bytes: u64) -> usize {
         let part = (self.cfg.region_bytes / 2).min(MAX_PART_BYTES);
         if self.cfg.register_in_parts && size == self.cfg.region_bytes && bytes <= part {
             part as usize
@@ -599,7 +607,7 @@ impl NodeArena {
 
     /// Takes back the buffers whose copies have completed; returns how many
     /// are still waiting.
-    pub fn reclaim(&self) -> usize {
+    pub(crate) fn reclaim(&self) -> usize {
         let (released, left) = {
             let mut st = lock(&self.state);
             let r = Self::reclaim_locked(&mut st);
@@ -614,7 +622,7 @@ impl NodeArena {
 
     /// Gives the blocks in threads' caches back, then empty regions back to
     /// the system; returns the bytes still reserved.
-    pub fn trim(&self) -> u64 {
+    pub(crate) fn trim(&self) -> u64 {
         self.flush_all_caches();
         self.releasing.wait();
         let (released, left) = {

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use super::{alloc, lock, publish, region, ArenaError, NodeArena, Region};
+use super::{alloc, lock, publish, region, NodeArena, Region, RuntimeError};
 
 impl NodeArena {
     /// A region of `bytes` (rounded up to 2 MiB) over `file` (a shared
@@ -18,15 +18,15 @@ impl NodeArena {
     ///
     /// # Errors
     ///
-    /// As an allocation that makes a region: [`ArenaError::BudgetExceeded`]
-    /// (or [`ArenaError::CgroupBudget`]), [`ArenaError::Memlock`] and any
+    /// As an allocation that makes a region: [`RuntimeError::BudgetExceeded`]
+    /// (or [`RuntimeError::CgroupBudget`]), [`RuntimeError::Memlock`] and any
     /// error of [`Region::create`].
     pub(crate) fn shared_region(
         self: &Arc<Self>,
         file: region::SharedFile,
         bytes: usize,
         register: bool,
-    ) -> Result<SharedPart, ArenaError> {
+    ) -> Result<SharedPart, RuntimeError> {
         let size = alloc::round_up(bytes.max(1) as u64, region::HUGE_PAGE as u64);
         let _grow = lock(&self.slow.grow);
         self.releasing.wait();

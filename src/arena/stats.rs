@@ -50,7 +50,7 @@ pub struct NodeStats {
     /// page counts as the 4 KiB pages it holds: 512 for 2 MiB).
     pub pages_on_node: u64,
     /// 4 KiB pages of the current regions found elsewhere or not present
-    /// (only with [`Placement::Warn`]).
+    /// (only with [`OffNode::Warn`](super::OffNode::Warn)).
     pub pages_off_node: u64,
     /// `"registered"`, `"skipped: <why>"`, or `"none"` before any region.
     pub registration: String,
@@ -78,7 +78,8 @@ pub struct NodeStats {
     /// Their bytes (in the budget beside `bytes_reserved`).
     pub bytes_shared: u64,
     /// Of the current regions, those a driver backend allocated
-    /// ([`Backend::DriverNuma`], [`Backend::HostAllocBound`]).
+    /// ([`Backend::DriverNuma`](super::Backend::DriverNuma),
+    /// [`Backend::HostAllocBound`](super::Backend::HostAllocBound)).
     pub regions_driver: u64,
     /// Of the current regions, those whose placement could not be checked
     /// (a driver backend's mapping hides its pages).
@@ -91,7 +92,7 @@ pub struct NodeStats {
     /// (`MADV_HUGEPAGE`).
     pub regions_thp: u64,
     /// Of the current regions, those of 4 KiB pages (THP mode `never`, or
-    /// [`HugePages::None`]).
+    /// [`HugePages::None`](super::HugePages::None)).
     pub regions_base_pages: u64,
     /// Why methods other than the usual ones were used, for the latest
     /// region (`mbind refused (EPERM): placed by first touch from CPUs
@@ -198,7 +199,7 @@ impl NodeStats {
 
 impl NodeArena {
     /// The node's counters.
-    pub fn stats(&self) -> NodeStats {
+    pub(crate) fn stats(&self) -> NodeStats {
         // Every shelf locked, then the state: one consistent snapshot (a
         // block moves between a shelf and the bookkeeping only under both
         // locks).

@@ -25,7 +25,7 @@ use crate::arena::region::{Region, RegionOptions, Registration};
 use crate::platform::sys;
 use crate::report::with_causes;
 use crate::runtime::{
-    ArenaError, Backend, PinnedBy, PlacedBy, Placement, RegionMethods, RuntimeConfig, Step,
+    Backend, OffNode, PinnedBy, PlacedBy, RegionMethods, RuntimeConfig, RuntimeError, Step,
 };
 use crate::topology::{NumaNode, Topology};
 
@@ -104,7 +104,7 @@ pub(crate) fn probe_node(t: &Topology, n: &NumaNode, bytes: usize, cuda: bool) -
     judge(n.os_index, run(t, n, bytes, cuda))
 }
 
-fn run(t: &Topology, n: &NumaNode, bytes: usize, cuda: bool) -> Result<ProbeOutcome, ArenaError> {
+fn run(t: &Topology, n: &NumaNode, bytes: usize, cuda: bool) -> Result<ProbeOutcome, RuntimeError> {
     let node = n.os_index;
     let region = Region::create(&RegionOptions {
         node,
@@ -112,7 +112,7 @@ fn run(t: &Topology, n: &NumaNode, bytes: usize, cuda: bool) -> Result<ProbeOutc
         cpus: n.cpus.intersection(&t.allowed.cpus),
         populate_threads: 1,
         register: cuda,
-        placement: Placement::Warn,
+        off_node: OffNode::Warn,
         pin_by_registration: memlock_too_low(bytes),
         backend: Backend::Mapped,
         huge_pages: RuntimeConfig::default().huge_pages,
@@ -137,12 +137,14 @@ fn run(t: &Topology, n: &NumaNode, bytes: usize, cuda: bool) -> Result<ProbeOutc
         notes: region.notes().to_vec(),
     };
     for read in 1..=READS {
-        let c = region.count_pages().map_err(|source| ArenaError::System {
-            node,
-            size: region.len() as u64,
-            step: Step::Verify,
-            source,
-        })?;
+        let c = region
+            .count_pages()
+            .map_err(|source| RuntimeError::System {
+                node,
+                size: region.len() as u64,
+                step: Step::Verify,
+                source,
+            })?;
         outcome.pages = c.pages;
         outcome.on_node = c.on(node);
         outcome.errors = c.missing;
@@ -180,7 +182,7 @@ fn memlock_too_low(bytes: usize) -> Option<String> {
 /// The verdict on a probe: `ok` when every page is on the node; `fail` when
 /// the region could not be made (the arena's error and fix) or a page is
 /// elsewhere or unreadable.
-pub(crate) fn judge(node: u32, r: Result<ProbeOutcome, ArenaError>) -> Check {
+pub(crate) fn judge(node: u32, r: Result<ProbeOutcome, RuntimeError>) -> Check {
     let o = match r {
         Ok(o) => o,
         Err(e) => {

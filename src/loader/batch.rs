@@ -114,6 +114,12 @@ impl Batch<'_> {
     /// # Safety
     /// `stream` must be a stream of the loader's GPU (or null, the legacy
     /// default stream) that stays alive until the batch is dropped.
+    ///
+    /// # Errors
+    ///
+    /// [`LoaderError::Cuda`] when `cuStreamWaitEvent` fails,
+    /// [`LoaderError::TooManyStreams`] for a stream past the loader's limit of
+    /// streams per batch.
     pub unsafe fn wait_on(&mut self, stream: CUstream) -> Result<(), LoaderError> {
         let Some(entry) = self.entry() else {
             return Ok(());
@@ -142,6 +148,11 @@ impl Batch<'_> {
     /// Blocks the calling thread until the batch's copy has completed (for
     /// CPU-side checks; a GPU consumer uses [`wait_on`](Self::wait_on)).
     /// Returns at once in host mode.
+    ///
+    /// # Errors
+    ///
+    /// [`LoaderError::Cuda`] when `cuEventSynchronize` fails (a sticky error of
+    /// the context).
     pub fn synchronize(&self) -> Result<(), LoaderError> {
         let Some(entry) = self.entry() else {
             return Ok(());

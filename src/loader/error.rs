@@ -1,16 +1,16 @@
-//! [`LoaderError`]: what can go wrong in a loader or a staged copy.
+//! [`LoaderError`]: what can go wrong in a loader.
 
 use crate::affinity::AffinityError;
-use crate::arena::ArenaError;
+use crate::arena::RuntimeError;
 use crate::gpu::{CudaError, CudaOrdinal};
-use crate::report::ErrorKind;
+use crate::report::{ErrorKind, SystemError};
 
 use super::MAX_CONSUMER_STREAMS;
 
 /// A producer's error, boxed.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+pub use crate::report::BoxError;
 
-/// A loader or staged-copy failure, at a batch's position or at set-up;
+/// A loader failure, at a batch's position or at set-up;
 /// `fix()` says what to do.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -86,30 +86,13 @@ pub enum LoaderError {
         /// What to do.
         fix: String,
     },
-    /// A staged copy asked for something that cannot be done (a pointer
-    /// that is not device memory of that GPU, a range past its end).
-    #[error("{problem}")]
-    Request {
-        /// What is wrong.
-        problem: String,
-        /// What to do.
-        fix: String,
-    },
-    /// Setting up (threads, the GPU's stream and ring) or a staged copy
-    /// failed in the system or the driver.
-    #[error("{what}")]
-    Setup {
-        /// What was attempted.
-        what: String,
-        /// What to do.
-        fix: String,
-        /// The system's or the driver's error.
-        #[source]
-        source: BoxError,
-    },
+    /// Setting up (threads, the GPU's stream and ring) failed in the
+    /// system or the driver.
+    #[error(transparent)]
+    Setup(SystemError),
     /// The pinned slots could not be had.
     #[error(transparent)]
-    Arena(#[from] ArenaError),
+    Runtime(#[from] RuntimeError),
     /// The threads could not be placed, or the GPU is not in the topology.
     #[error(transparent)]
     Affinity(#[from] AffinityError),
@@ -131,8 +114,8 @@ impl LoaderError {
     /// What kind of failure this is.
     pub fn kind(&self) -> ErrorKind {
         match self {
-            LoaderError::Config { .. } | LoaderError::Request { .. } => ErrorKind::Input,
-            LoaderError::Arena(e) => e.kind(),
+            LoaderError::Config { .. } => ErrorKind::Input,
+            LoaderError::Runtime(e) => e.kind(),
             LoaderError::Affinity(e) => e.kind(),
             _ => ErrorKind::System,
         }
@@ -147,9 +130,8 @@ impl LoaderError {
             LoaderError::ConsumerHoldsAll { setting, .. } => Some(format!("drop batches before asking for more, or raise LoaderConfig::{setting}")),
             LoaderError::TooManyStreams { .. } => Some("make one stream wait on the batch and order the others after it with events".into()),
             LoaderError::Config { fix, .. }
-            | LoaderError::Request { fix, .. }
-            | LoaderError::Setup { fix, .. } => Some(fix.clone()),
-            LoaderError::Arena(e) => e.fix(),
+            | LoaderError::Setup(SystemError { fix, .. }) => Some(fix.clone()),
+            LoaderError::Runtime(e) => e.fix(),
             LoaderError::Affinity(e) => e.fix(),
         }
     }
@@ -173,11 +155,7 @@ impl LoaderError {
         fix: impl Into<String>,
         source: impl Into<BoxError>,
     ) -> Self {
-        LoaderError::Setup {
-            what: what.into(),
-            fix: fix.into(),
-            source: source.into(),
-        }
+        LoaderError::Setup(SystemError::new(what, fix, source))
     }
 
     /// A CUDA failure while setting up work on GPU `gpu`.

@@ -226,6 +226,16 @@ impl Loader {
     /// `producer(batch_index, slot)`, which returns the bytes it wrote (at
     /// most `slot.len()`). The slots are taken now, so an arena budget
     /// error comes from here; the workers start producing at once.
+    ///
+    /// # Errors
+    ///
+    /// [`LoaderError::Config`] for a setting out of range;
+    /// [`LoaderError::Runtime`] for a target
+    /// [`Runtime::place`](crate::runtime::Runtime::place) refuses or slots over
+    /// the node's budget (or the memlock limit); [`LoaderError::Setup`] when
+    /// the GPU side (context, stream, device ring) or the threads cannot be set
+    /// up; [`LoaderError::Affinity`] when a worker cannot be bound to the
+    /// target's CPUs.
     pub fn new<P, E>(
         rt: &Runtime,
         target: Target,
@@ -247,7 +257,7 @@ impl Loader {
         let cfg = config::resolve_config(config, place.cpus.len() / sharing)?;
         let mut slots = Vec::with_capacity(cfg.depth);
         for _ in 0..cfg.depth {
-            slots.push(rt.alloc_on_node(place.node, cfg.batch_bytes)?);
+            slots.push(rt.alloc(Target::HostNode(place.node), cfg.batch_bytes)?);
         }
         let slot_bytes = slots.first().map_or(0, |s| s.capacity() as u64);
         let mut warnings = place.warnings.clone();

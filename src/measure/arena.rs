@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use crate::arena::alloc::{region_size_for, Tlsf};
 use crate::arena::region::{self, Region, RegionOptions};
-use crate::arena::{ArenaError, Placement, RegionMethods};
-use crate::runtime::Runtime;
+use crate::arena::{OffNode, RegionMethods, RuntimeError};
+use crate::runtime::{Runtime, Target};
 
 /// Summary of repeated measurements.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
@@ -58,10 +58,15 @@ fn per_op_ns(d: Duration) -> f64 {
     d.as_nanos() as f64 / f64::from(BATCH)
 }
 
-/// Nanoseconds per `alloc_on_node(node, bytes)` + drop, once the node has
+/// Nanoseconds per `alloc(Target::HostNode(node), bytes)` + drop, once the node has
 /// a region: `reps` samples of 64 pairs each.
+///
+/// # Errors
+///
+/// [`Error::Runtime`](crate::Error::Runtime) when the arena cannot lend the
+/// buffers (an unknown node, the budget, the memlock limit).
 pub fn alloc_free_ns(rt: &Runtime, node: u32, bytes: usize, reps: usize) -> crate::Result<Stats> {
-    drop(rt.alloc_on_node(node, bytes)?);
+    drop(rt.alloc(Target::HostNode(node), bytes)?);
     Ok(Stats::of(alloc_free_samples(rt, node, bytes, reps)?))
 }
 
@@ -76,7 +81,7 @@ fn alloc_free_samples(
     for _ in 0..reps {
         let t = Instant::now();
         for _ in 0..BATCH {
-            black_box(rt.alloc_on_node(node, bytes)?);
+            black_box(rt.alloc(Target::HostNode(node), bytes)?);
         }
         samples.push(per_op_ns(t.elapsed()));
     }
@@ -91,6 +96,10 @@ const ROUND: u32 = 1024;
 /// round in which the threads, started together, each do a fixed number of pairs;
 /// the sample is the slowest thread's time per pair (per-pair latency per
 /// thread, waits for the lock and for a CPU included).
+///
+/// # Errors
+///
+/// As [`alloc_free_ns`].
 pub fn alloc_free_ns_threads(
     rt: &Runtime,
     node: u32,
@@ -98,7 +107,7 @@ pub fn alloc_free_ns_threads(
     threads: usize,
     reps: usize,
 ) -> crate::Result<Stats> {
-    drop(rt.alloc_on_node(node, bytes)?);
+    drop(rt.alloc(Target::HostNode(node), bytes)?);
     let threads = threads.max(1);
     let barrier = std::sync::Barrier::new(threads);
     let per_thread: Vec<crate::Result<Vec<Duration>>> = std::thread::scope(|s| {
@@ -116,7 +125,7 @@ pub fn alloc_free_ns_threads(
                         }
                         let t = Instant::now();
                         for _ in 0..ROUND {
-                            match rt.alloc_on_node(node, bytes) {
+                            match rt.alloc(Target::HostNode(node), bytes) {
                                 Ok(b) => drop(black_box(b)),
                                 Err(e) => {
                                     failed = Some(e);
@@ -174,6 +183,14 @@ pub fn malloc_free_ns(bytes: usize, reps: usize) -> Stats {
 /// runtime's pages ([`crate::runtime::HugePages`]); with how the last
 /// region was placed, pinned and verified, and its pages (first touch and
 /// numa_maps where a seccomp profile refuses mbind and move_pages).
+///
+/// # Errors
+///
+/// [`Error::Runtime`](crate::Error::Runtime) for a node without an arena, and
+/// the region's errors
+/// ([`RuntimeError::System`] naming the
+/// step, [`RuntimeError::Memlock`],
+/// ...).
 pub fn region_create_ms_per_gib(
     rt: &Runtime,
     node: u32,
@@ -194,7 +211,7 @@ pub fn region_create_ms_per_gib(
             threads
         },
         register: cfg.register,
-        placement: Placement::Strict,
+        off_node: OffNode::Strict,
         pin_by_registration: None,
         backend: cfg.backend,
         huge_pages: cfg.huge_pages,
@@ -219,10 +236,16 @@ pub fn region_create_ms_per_gib(
 
 /// Baseline: milliseconds per GiB for a plain `mmap` + `mlock` (the
 /// kernel populating serially, no binding, no check) of `bytes`.
+///
+/// # Errors
+///
+/// [`Error::Runtime`](crate::Error::Runtime)
+/// ([`RuntimeError::System`]) when `mmap`
+/// or `mlock` fails.
 pub fn mmap_mlock_ms_per_gib(bytes: usize, reps: usize) -> crate::Result<Stats> {
     let mut samples = Vec::with_capacity(reps);
     for _ in 0..reps {
-        let d = region::mmap_mlock_baseline(bytes).map_err(|source| ArenaError::System {
+        let d = region::mmap_mlock_baseline(bytes).map_err(|source| RuntimeError::System {
             node: 0,
             size: bytes as u64,
             step: region::Step::Lock,

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use super::arena::Stats;
 use crate::arena::region::{Region, RegionOptions, StepTimes};
-use crate::arena::{ArenaError, Backend, HugePages};
+use crate::arena::{Backend, HugePages, RuntimeError};
 use crate::platform::{cuda, numa};
 use crate::runtime::Runtime;
 
@@ -151,6 +151,12 @@ fn options(rt: &Runtime, node: u32, bytes: usize) -> crate::Result<RegionOptions
 /// first faults do not all land on one setting); one region made first and
 /// dropped, untimed. A setting that fails (a hugetlb pool too small) is
 /// reported with its error and left out of later rounds.
+///
+/// # Errors
+///
+/// [`Error::Runtime`](crate::Error::Runtime) for a node without an arena,
+/// or when the untimed first region cannot be made (its step's
+/// [`RuntimeError::System`], [`RuntimeError::Memlock`], ...).
 pub fn region_create_cold(
     rt: &Runtime,
     node: u32,
@@ -229,6 +235,12 @@ pub fn region_create_cold(
 /// `MAP_POPULATE` of the same size on one thread under a bind policy for
 /// `node` (the kernel faults it in inside `mmap`, before any `madvise`, so
 /// with THP in `madvise` mode its pages are 4 KiB).
+///
+/// # Errors
+///
+/// [`Error::Runtime`](crate::Error::Runtime): a node without an arena,
+/// and [`RuntimeError::System`] naming the step (`mmap`, binding,
+/// faulting in) that failed.
 pub fn populate_methods(
     rt: &Runtime,
     node: u32,
@@ -251,7 +263,7 @@ pub fn populate_methods(
             samples[i].push(per_gib(r.times().populate, r.len()));
         }
         samples[ways.len()].push(map_populate_ms_per_gib(node, bytes).map_err(|e| {
-            crate::Error::from(ArenaError::System {
+            crate::Error::from(RuntimeError::System {
                 node,
                 size: bytes as u64,
                 step: crate::arena::Step::Populate,
@@ -310,6 +322,12 @@ fn map_populate_ms_per_gib(node: u32, bytes: usize) -> std::io::Result<f64> {
 /// `cuMemHostRegister` of one faulted-in region of `bytes` on `node` with
 /// each flag set, in turn in each of `reps` rounds, ms per GiB (the
 /// unregistering is not timed).
+///
+/// # Errors
+///
+/// [`Error::Runtime`](crate::Error::Runtime): a node without an arena, the
+/// region's errors, and [`RuntimeError::Register`] when
+/// `cuMemHostRegister` fails (no driver, a flag the driver refuses).
 pub fn register_flags(
     rt: &Runtime,
     node: u32,
@@ -329,7 +347,7 @@ pub fn register_flags(
         ("devicemap", cuda::HOST_REGISTER_DEVICEMAP),
     ];
     let fail = |source| {
-        crate::Error::from(ArenaError::Register {
+        crate::Error::from(RuntimeError::Register {
             node,
             size: r.len() as u64,
             source,

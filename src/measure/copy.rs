@@ -12,7 +12,7 @@ use crate::platform::cuda::{
     ensure_context, memcpy_dtoh_async, memcpy_htod_async, set_device, CudaError, DeviceBuffer,
     Event, HostAlloc, Stream,
 };
-use crate::runtime::{PinnedBuf, Runtime};
+use crate::runtime::{PinnedBuf, Runtime, Target};
 
 /// Where a copy reads from (host to device) or writes to.
 #[derive(Debug, Clone, Copy)]
@@ -51,7 +51,7 @@ fn host_mem(rt: &Runtime, src: Source, bytes: usize) -> Result<HostMem> {
         Source::DriverPinned => {
             HostMem::Driver(HostAlloc::new(bytes).map_err(|e| cuda_err("cuMemAllocHost", e))?)
         }
-        Source::Arena(n) => HostMem::Arena(rt.alloc_on_node(n, bytes)?),
+        Source::Arena(n) => HostMem::Arena(rt.alloc(Target::HostNode(n), bytes)?),
     };
     // Never time on zeros or untouched pages: fill with a pattern.
     // SAFETY: ptr() points at `bytes` bytes this function owns.
@@ -63,6 +63,13 @@ fn host_mem(rt: &Runtime, src: Source, bytes: usize) -> Result<HostMem> {
 }
 
 /// Host-to-device and device-to-host GB/s of `bytes` from/to `src`.
+///
+/// # Errors
+///
+/// [`Error::Loader`] ([`LoaderError::Setup`]) naming the driver call that
+/// failed (no driver, no such GPU, out of memory), and
+/// [`Error::Runtime`] when the arena buffer cannot be
+/// had.
 pub fn copy_gbps_from(
     rt: &Runtime,
     gpu: CudaOrdinal,
@@ -114,6 +121,10 @@ pub fn copy_gbps_from(
 
 /// Aggregate host-to-device GB/s with every GPU copying at once from an
 /// arena buffer on its own node (one thread per GPU).
+///
+/// # Errors
+///
+/// As [`copy_gbps_from`], for any of the GPUs.
 pub fn all_gpus_gbps(
     rt: &Runtime,
     ordinals: &[CudaOrdinal],
@@ -188,6 +199,11 @@ pub fn all_gpus_gbps(
 
 /// `cuMemAllocHost` + first touch + `cuMemFreeHost` per GiB, the driver's
 /// own way to get pinned memory (the baseline for region creation).
+///
+/// # Errors
+///
+/// [`Error::Loader`] ([`LoaderError::Setup`]) naming the driver call that
+/// failed.
 pub fn host_alloc_ms_per_gib(bytes: usize, reps: usize) -> Result<Stats> {
     ensure_context().map_err(|e| cuda_err("CUDA context", e))?;
     let mut samples = Vec::new();
@@ -196,8 +212,22 @@ pub fn host_alloc_ms_per_gib(bytes: usize, reps: usize) -> Result<Stats> {
         let h = HostAlloc::new(bytes).map_err(|e| cuda_err("cuMemAllocHost", e))?;
         // SAFETY: h holds `bytes` bytes.
         unsafe { std::ptr::write_bytes(h.ptr().cast::<u8>(), 1, bytes) };
-        drop(h);
+        h.free().map_err(|e| cuda_err("cuMemFreeHost", e))?;
         samples.push(t0.elapsed().as_secs_f64() * 1e3 * (f64::from(1u32 << 30) / bytes as f64));
     }
     Ok(Stats::of(samples))
+}
+
+/// One `cuMemAllocHost` + `cuMemFreeHost` pair of `bytes` in the current
+/// context, the free checked: the driver's own pinned memory, no NUMA
+/// placement and no budget (the baseline of the arena's alloc+free and
+/// region benchmarks).
+///
+/// # Errors
+///
+/// [`LoaderError::Setup`] (in [`Error::Loader`]) naming the driver call
+/// that failed, with the driver's error.
+pub fn host_alloc_free(bytes: usize) -> Result<()> {
+    let h = HostAlloc::new(bytes).map_err(|e| cuda_err("cuMemAllocHost", e))?;
+    h.free().map_err(|e| cuda_err("cuMemFreeHost", e))
 }

@@ -100,6 +100,12 @@ pub struct Kernels {
 
 impl Kernels {
     /// Loads the kernels on GPU `ordinal`.
+    ///
+    /// # Errors
+    ///
+    /// [`CudaError::NoDriver`](crate::gpu::CudaError::NoDriver) without a usable driver (or with
+    /// `NUMAPIN_NO_CUDA` set), [`CudaError::Call`](crate::gpu::CudaError::Call) naming the driver call that
+    /// failed, with its `CUresult`.
     pub fn load(ordinal: CudaOrdinal) -> CudaResult<Kernels> {
         let module = Module::load_ptx(ordinal.0, PTX)?;
         let checksum = module.function("numapin_checksum")?;
@@ -130,6 +136,10 @@ impl Kernels {
     /// `data` must hold `words * 4` readable bytes and `out` one `u64` of
     /// device memory of this GPU, both valid until the kernel completes;
     /// `stream` must be a live stream of this GPU.
+    ///
+    /// # Errors
+    ///
+    /// [`CudaError::Call`](crate::gpu::CudaError::Call) when the launch fails.
     pub unsafe fn checksum_async(
         &self,
         data: CUdeviceptr,
@@ -156,6 +166,10 @@ impl Kernels {
     ///
     /// # Safety
     /// `stream` must be a live stream of this GPU.
+    ///
+    /// # Errors
+    ///
+    /// [`CudaError::Call`](crate::gpu::CudaError::Call) when the launch fails.
     pub unsafe fn spin_async(&self, ms: f64, sm_fraction: f64, stream: CUstream) -> CudaResult<()> {
         let mut cycles = (ms * f64::from(self.clock_khz)) as u64;
         let mut params = [(&mut cycles as *mut u64).cast()];

@@ -389,6 +389,12 @@ fn figure(mode: Mode, runs: &[Run], spin: bool) -> LoaderFigure {
 
 /// Delivered GB/s of a loader (see the module docs): `b.reps` runs of a
 /// fresh loader, each timed over `b.batches` batches after `b.warmup`.
+///
+/// # Errors
+///
+/// [`Error::Loader`] when a loader cannot start or fails (its set-up, the
+/// driver, the kernels), [`Error::Runtime`] when its
+/// slots cannot be had.
 pub fn loader_gbps(rt: &Runtime, mode: Mode, b: &LoaderBench) -> Result<LoaderFigure> {
     let mut runs = Vec::with_capacity(b.reps);
     match mode {
@@ -413,6 +419,10 @@ pub fn loader_gbps(rt: &Runtime, mode: Mode, b: &LoaderBench) -> Result<LoaderFi
 
 /// One loader per GPU in `gpus`, all at once, each consumed by its own
 /// thread (see [`AggregateFigure`]).
+///
+/// # Errors
+///
+/// As [`loader_gbps`], for any of the GPUs.
 pub fn loader_gbps_all(
     rt: &Runtime,
     gpus: &[CudaOrdinal],
@@ -507,6 +517,12 @@ pub const PINNED_COPIES: u32 = 8;
 /// GB/s of a bare loop of `cuMemcpyHtoDAsync` of `bytes` from an arena
 /// buffer on the GPU's node to one device buffer: [`PINNED_COPIES`]
 /// copies per repetition, timed with events.
+///
+/// # Errors
+///
+/// [`Error::Loader`] ([`LoaderError::Setup`]) naming the driver call that
+/// failed, [`Error::Runtime`] when the arena buffer
+/// cannot be had.
 pub fn pinned_copy_gbps(
     rt: &Runtime,
     gpu: CudaOrdinal,
@@ -515,7 +531,7 @@ pub fn pinned_copy_gbps(
 ) -> Result<Stats> {
     let err = |what| cuda_err(gpu, what);
     let _ctx = ContextGuard::push(gpu.0).map_err(err("context"))?;
-    let mut src = rt.alloc_for_gpu(gpu, bytes)?;
+    let mut src = rt.alloc(Target::Gpu(gpu), bytes)?;
     fill_pattern(1, &mut src);
     let dev = DeviceBuffer::new(bytes).map_err(err("cuMemAlloc"))?;
     let stream = Stream::new().map_err(err("stream"))?;
@@ -551,6 +567,11 @@ pub fn pinned_copy_gbps(
 /// `target_gbps` between them (0: as fast as they can). Returns the copy rate and the writers'
 /// own rate, GB/s: how much a producer's writes slow the DMA engine's
 /// reads of the same memory.
+///
+/// # Errors
+///
+/// As [`pinned_copy_gbps`]; [`Error::Loader`] when a writer thread cannot be
+/// started.
 pub fn pinned_copy_under_writes(
     rt: &Runtime,
     gpu: CudaOrdinal,
@@ -610,6 +631,11 @@ pub fn pinned_copy_under_writes(
 /// Milliseconds of one busy-wait kernel launch ([`SPIN_MS`] on
 /// [`SPIN_SM_FRACTION`] of the SMs) with nothing else running, `reps`
 /// launches.
+///
+/// # Errors
+///
+/// [`Error::Loader`] ([`LoaderError::Setup`]) naming the driver call that
+/// failed (loading the kernels, a stream, an event).
 pub fn spin_kernel_ms(gpu: CudaOrdinal, reps: usize) -> Result<Stats> {
     let err = |what| cuda_err(gpu, what);
     let kernels = Kernels::load(gpu).map_err(err("loading the PTX kernels"))?;
@@ -661,6 +687,12 @@ fn copy_figure(
 
 /// GB/s of [`copy_to_device_with`](crate::staged::copy_to_device_with) (or `copy_from_device_with`)
 /// of `bytes` between a plain `Vec` and device memory.
+///
+/// # Errors
+///
+/// [`Error::Staged`] from the staged copies,
+/// [`Error::Loader`] ([`LoaderError::Setup`]) naming the driver call that
+/// failed.
 pub fn staged_gbps(
     rt: &Runtime,
     gpu: CudaOrdinal,
@@ -697,6 +729,11 @@ pub fn staged_gbps(
 
 /// Baseline: GB/s of the driver's own pageable copy (`cuMemcpyHtoD` /
 /// `cuMemcpyDtoH` of a plain `Vec`).
+///
+/// # Errors
+///
+/// [`Error::Loader`] ([`LoaderError::Setup`]) naming the driver call that
+/// failed.
 pub fn pageable_gbps(
     gpu: CudaOrdinal,
     bytes: usize,

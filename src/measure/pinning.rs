@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use super::arena::Stats;
 use crate::arena::region::{Region, RegionOptions, StepTimes};
-use crate::arena::{ArenaError, Backend, Placement, RegionMethods};
+use crate::arena::{Backend, OffNode, RegionMethods, RuntimeError};
 use crate::platform::cuda;
 use crate::runtime::Runtime;
 
@@ -51,7 +51,7 @@ pub(super) fn options(
         cpus: cfg.cpus,
         populate_threads: cfg.populate_threads,
         register: cfg.register,
-        placement: Placement::Strict,
+        off_node: OffNode::Strict,
         pin_by_registration: None,
         backend,
         huge_pages: cfg.huge_pages,
@@ -63,8 +63,26 @@ pub(super) fn options(
     })
 }
 
+/// The threads the runtime's arena on `node` populates a region with
+/// (what the figures compare other settings against).
+///
+/// # Errors
+///
+/// [`Error::Runtime`](crate::Error::Runtime) for a node without an arena
+/// ([`RuntimeError::UnknownNode`], [`RuntimeError::NoMemory`]).
+pub fn populate_threads(rt: &Runtime, node: u32) -> crate::Result<usize> {
+    Ok(rt.arena(node)?.config().populate_threads)
+}
+
 /// Creates and drops `reps` regions of `bytes` on `node` with `backend`
 /// (the runtime's other settings), timing every step and the release.
+///
+/// # Errors
+///
+/// [`Error::Runtime`](crate::Error::Runtime): a node without an arena, and the
+/// region's errors ([`RuntimeError::System`] naming the step,
+/// [`RuntimeError::Memlock`], [`RuntimeError::Backend`] for a driver backend,
+/// ...).
 pub fn region_create(
     rt: &Runtime,
     node: u32,
@@ -119,6 +137,10 @@ pub fn region_create(
 /// (`None` when it is refused, as under Docker's default seccomp
 /// profile), and the region's `numa_maps` counts (whose cost also grows
 /// with the memory of every mapping below the region).
+///
+/// # Errors
+///
+/// As [`region_create`].
 pub fn verify_costs(
     rt: &Runtime,
     node: u32,
@@ -129,7 +151,7 @@ pub fn verify_costs(
     opts.register = false;
     let r = Region::create(&opts)?;
     let io = |source| {
-        crate::Error::from(ArenaError::System {
+        crate::Error::from(RuntimeError::System {
             node,
             size: r.len() as u64,
             step: crate::arena::Step::Verify,
@@ -204,6 +226,10 @@ fn in_turn<S: Copy>(
 /// Region creation (the arena's settings) with the `move_pages` check on
 /// each of `threads` threads, in turn in each repetition: ms per GiB of the
 /// whole creation and of the check (which runs beside the registration).
+///
+/// # Errors
+///
+/// As [`region_create`].
 pub fn region_create_verify_threads(
     rt: &Runtime,
     node: u32,
@@ -240,6 +266,11 @@ pub fn region_create_verify_threads(
 /// `node` in `parts` equal parts, each registered by its own thread at
 /// once, ms per GiB for the whole (unregistering is not timed). One part
 /// is a single call on the whole region.
+///
+/// # Errors
+///
+/// As [`region_create`]; [`RuntimeError::Register`] when `cuMemHostRegister`
+/// fails.
 pub fn register_parts(
     rt: &Runtime,
     node: u32,
@@ -255,7 +286,7 @@ pub fn register_parts(
     let base = r.ptr() as usize;
     let len = r.len();
     let fail = |source| {
-        crate::Error::from(ArenaError::Register {
+        crate::Error::from(RuntimeError::Register {
             node,
             size: len as u64,
             source,
@@ -316,6 +347,10 @@ pub fn register_parts(
 /// Region creation with registration in parts of each of `part_bytes` (0:
 /// one registration after populating), ms per GiB, the settings in turn in
 /// each repetition.
+///
+/// # Errors
+///
+/// As [`region_create`].
 pub fn region_create_parts(
     rt: &Runtime,
     node: u32,
@@ -357,6 +392,12 @@ pub struct SpanCopy {
 /// Copies from a region registered in parts of `part` bytes: a range inside
 /// the first part against one straddling the first two (synchronous
 /// `cuMemcpyHtoD` of `part` bytes to GPU `gpu`).
+///
+/// # Errors
+///
+/// As [`region_create`]; [`Error::Loader`](crate::Error::Loader) naming the
+/// driver call that failed (a copy across two registrations is not an error: it
+/// is the figure's `across`).
 pub fn span_copy(
     rt: &Runtime,
     node: u32,
@@ -365,7 +406,7 @@ pub fn span_copy(
     reps: usize,
 ) -> crate::Result<SpanCopy> {
     let cuda_err = |e: crate::gpu::CudaError| {
-        crate::Error::from(ArenaError::Register {
+        crate::Error::from(RuntimeError::Register {
             node,
             size: part as u64,
             source: e,

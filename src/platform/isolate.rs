@@ -29,12 +29,25 @@ pub(crate) struct ChildError {
     pub system: bool,
 }
 
+thread_local! {
+    /// Readers this thread started ([`in_child`]), for tests that check a
+    /// file was refused before hwloc saw it.
+    static STARTED: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// How many file readers (children) the calling thread has started.
+#[cfg(feature = "internals")]
+pub(crate) fn readers_started() -> u64 {
+    STARTED.with(std::cell::Cell::get)
+}
+
 /// Runs `f` in a forked child and returns what it returned. `input` names
 /// the file for the error when the child crashes.
 pub(crate) fn in_child<T: Serialize + DeserializeOwned + Send>(
     input: &str,
     f: impl FnOnce() -> Result<T, ChildError> + Send,
 ) -> Result<T, ChildError> {
+    STARTED.with(|s| s.set(s.get() + 1));
     in_child_with_deadline(input, READ_DEADLINE, f)
 }
 

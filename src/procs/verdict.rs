@@ -107,7 +107,7 @@ fn numapin(s: &ProcessSnapshot, e: Option<&Expected>) -> Option<Check> {
             Check::warn(
                 "numapin",
                 format!("{held}; its GPU is on {nodes}"),
-                "allocate for the GPU (`Runtime::alloc_for_gpu`, `numapin.empty(..., gpu=N)`): buffers then come from its node's arena",
+                "allocate for the GPU (`Runtime::alloc(Target::Gpu(N), ..)`, `numapin.empty(..., gpu=N)`): buffers then come from its node's arena",
             )
             .for_process(s.pid),
         );

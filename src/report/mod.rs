@@ -1,8 +1,12 @@
-//! How things are reported to people: errors' [`ErrorKind`] and
+//! How things are reported to people: errors' [`ErrorKind`], the error
+//! parts the domains share ([`SystemError`], [`EnvError`]) and
 //! [`with_causes`], and plain-text tables ([`table`]). A leaf module: every
 //! domain uses it, and it uses none of them.
 
+mod parts;
 pub(crate) mod table;
+
+pub use parts::{BoxError, EnvError, SystemError};
 use std::fmt::Write as _;
 
 /// What kind of failure an error is.

@@ -2,7 +2,7 @@
 //! a [`Topology`], lending [`PinnedBuf`]s by node or by GPU.
 //!
 //! ```no_run
-//! use numapin::runtime::{Runtime, RuntimeConfig};
+//! use numapin::runtime::{Runtime, RuntimeConfig, Target};
 //! use numapin::topology::{ProbeOptions, Topology};
 //! use numapin::CudaOrdinal;
 //!
@@ -10,7 +10,7 @@
 //! let mut config = RuntimeConfig::default();
 //! config.budget_bytes = Some(8 << 30);
 //! let rt = std::sync::Arc::new(Runtime::new(topo, config)?);
-//! let mut buf = rt.alloc_for_gpu(CudaOrdinal(0), 64 << 20)?; // on GPU 0's node
+//! let mut buf = rt.alloc(Target::Gpu(CudaOrdinal(0)), 64 << 20)?; // on GPU 0's node
 //! buf.as_mut_slice_of::<f32>().fill(1.0);
 //! # Ok::<(), numapin::Error>(())
 //! ```
@@ -21,7 +21,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::affinity::{AffinityError, Mode, RankPlan};
 use crate::arena::{self, ArenaConfig, NodeArena};
 use crate::gpu::CudaOrdinal;
 use crate::topology::{NodeKind, Topology};
@@ -31,8 +30,8 @@ pub use place::{Site, Target};
 
 pub use crate::arena::region::Step;
 pub use crate::arena::{
-    ArenaError, Backend, CacheLimits, HugePages, NodeStats, PageKind, ParseHugePagesError,
-    PinnedBuf, PinnedBy, PlacedBy, Placement, RegionMethods, VerifiedBy, DEFAULT_ALIGNMENT,
+    Backend, CacheLimits, HugePages, NodeStats, OffNode, PageKind, ParseHugePagesError, PinnedBuf,
+    PinnedBy, PlacedBy, RegionMethods, RuntimeError, VerifiedBy, DEFAULT_ALIGNMENT,
     DEFAULT_BUDGET_FRACTION, DEFAULT_REGION_BYTES, MAX_ALIGNMENT, MAX_PART_BYTES,
 };
 
@@ -88,7 +87,7 @@ pub struct RuntimeConfig {
     /// (default true).
     pub register: bool,
     /// What a page found off its node means (default an error).
-    pub placement: Placement,
+    pub off_node: OffNode,
     /// Where regions' memory comes from (default [`Backend::Mapped`],
     /// numapin's own mmap + mbind + mlock + `cuMemHostRegister`; the
     /// driver backends are measured against it by `numapin bench --only
@@ -98,8 +97,9 @@ pub struct RuntimeConfig {
     /// 64 blocks, 16 MiB, blocks up to 4 MiB; [`arena::CacheLimits::off`]
     /// turns caching off).
     pub thread_cache: arena::CacheLimits,
-    /// How long [`Runtime::alloc_on_node`] and [`Runtime::alloc_for_gpu`]
-    /// wait for frees when over budget (default `None`: fail at once).
+    /// How long [`Runtime::alloc`] waits for frees when over budget
+    /// (default `None`: fail at once; [`AllocOptions::wait`] overrides it
+    /// for one allocation).
     pub budget_wait: Option<Duration>,
     /// Which pages back the regions (default [`HugePages::Auto`]: hugetlb
     /// pages when the node's pool has enough free pages for a region,
@@ -134,7 +134,7 @@ impl Default for RuntimeConfig {
             budget_bytes: None,
             populate_threads: 0,
             register: true,
-            placement: Placement::Strict,
+            off_node: OffNode::Strict,
             backend: Backend::Mapped,
             thread_cache: arena::CacheLimits::default(),
             budget_wait: None,
@@ -152,12 +152,35 @@ with_setters!(RuntimeConfig {
     with_budget_bytes => budget_bytes: Option<u64>,
     with_populate_threads => populate_threads: usize,
     with_register => register: bool,
-    with_placement => placement: Placement,
+    with_off_node => off_node: OffNode,
     with_backend => backend: Backend,
     with_thread_cache => thread_cache: CacheLimits,
     with_budget_wait => budget_wait: Option<Duration>,
     with_huge_pages => huge_pages: HugePages,
     with_register_in_parts => register_in_parts: bool,
+});
+
+/// How [`Runtime::alloc_with`] lends a buffer. Start from
+/// `AllocOptions::default()` (what [`Runtime::alloc`] does) and set what
+/// you need.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct AllocOptions {
+    /// How long to wait for other buffers to be freed when the node's
+    /// budget is spent: `None` (the default) for
+    /// [`RuntimeConfig::budget_wait`], `Some(Duration::ZERO)` to fail at
+    /// once whatever the configuration says.
+    pub wait: Option<Duration>,
+    /// A staging slot (a buffer a reader or a copy reuses for a while):
+    /// when a region must be made for it, the region is of the buffer's
+    /// own size, rounded up to 2 MiB, instead of a standard region, so
+    /// that slots pin no more than they hold (default false).
+    pub staging: bool,
+}
+
+with_setters!(AllocOptions {
+    with_wait => wait: Option<Duration>,
+    with_staging => staging: bool,
 });
 
 /// One arena per NUMA node with memory (see the module docs). `Send +
@@ -169,8 +192,8 @@ pub struct Runtime {
     arenas: Vec<Arc<NodeArena>>,
 }
 
-fn config_error(setting: &'static str, value: String, problem: &str, fix: &str) -> ArenaError {
-    ArenaError::Config {
+fn config_error(setting: &'static str, value: String, problem: &str, fix: &str) -> RuntimeError {
+    RuntimeError::Config {
         setting,
         value,
         problem: problem.into(),
@@ -180,7 +203,7 @@ fn config_error(setting: &'static str, value: String, problem: &str, fix: &str) 
 
 /// The budget over all nodes under the process's memory cgroup limit:
 /// `budget_fraction` of the tightest limit, or `None` without one.
-fn cgroup_budget(config: &RuntimeConfig) -> Option<Arc<arena::SharedBudget>> {
+fn cgroup_cap(config: &RuntimeConfig) -> Option<Arc<arena::CgroupCap>> {
     let limits = match &config.hooks.cgroup_root {
         Some(root) => crate::platform::cgroup::read_limits(root),
         None => crate::platform::cgroup::read_self(),
@@ -188,7 +211,7 @@ fn cgroup_budget(config: &RuntimeConfig) -> Option<Arc<arena::SharedBudget>> {
     let l = limits.tightest()?;
     let f = config.budget_fraction;
     let cap = (l.bytes as f64 * f) as u64;
-    Some(Arc::new(arena::SharedBudget::new(
+    Some(Arc::new(arena::CgroupCap::new(
         cap,
         format!(
             "budget_fraction {f} of {} = {}, in /{}",
@@ -206,15 +229,15 @@ impl RuntimeConfig {
     ///
     /// # Errors
     ///
-    /// [`ArenaError::Config`] naming the first setting out of range, its
+    /// [`RuntimeError::Config`] naming the first setting out of range, its
     /// value and what to use.
-    pub fn check(&self) -> Result<(), ArenaError> {
+    pub fn check(&self) -> Result<(), RuntimeError> {
         check_config(self)
     }
 }
 
 /// Refuses a configuration setting out of range.
-fn check_config(config: &RuntimeConfig) -> Result<(), ArenaError> {
+fn check_config(config: &RuntimeConfig) -> Result<(), RuntimeError> {
     let a = config.alignment;
     if !a.is_power_of_two() || !(arena::DEFAULT_ALIGNMENT..=arena::MAX_ALIGNMENT).contains(&a) {
         return Err(config_error(
@@ -262,13 +285,13 @@ fn check_config(config: &RuntimeConfig) -> Result<(), ArenaError> {
 }
 
 /// One arena per node of `topology` that can hold pinned memory, each with
-/// its budget (the node's share, capped by the cgroup's `shared` budget),
+/// its budget (the node's share, capped by the cgroup's `cap`),
 /// its allowed CPUs and its populate threads.
 fn make_arenas(
     topology: &Topology,
     config: &RuntimeConfig,
     region_bytes: u64,
-    shared: Option<Arc<arena::SharedBudget>>,
+    cap: Option<Arc<arena::CgroupCap>>,
 ) -> Vec<Arc<NodeArena>> {
     let (a, f) = (config.alignment, config.budget_fraction);
     let memlock_applies =
@@ -289,7 +312,7 @@ fn make_arenas(
             let mut budget = config
                 .budget_bytes
                 .unwrap_or((n.memory_bytes as f64 * f) as u64);
-            if let Some(s) = &shared {
+            if let Some(s) = &cap {
                 budget = budget.min(s.limit());
             }
             let allowed = &topology.allowed.cpus;
@@ -307,11 +330,11 @@ fn make_arenas(
                     populate_threads: threads.min(cpus.len().max(1)),
                     cpus,
                     register: config.register,
-                    placement: config.placement,
+                    off_node: config.off_node,
                     backend: config.backend,
                     cache: config.thread_cache,
                     memlock_applies,
-                    shared: shared.clone(),
+                    cgroup_cap: cap.clone(),
                     huge_pages: config.huge_pages,
                     register_in_parts: config.register_in_parts,
                     pool_root: config.hooks.pool_root.clone(),
@@ -330,19 +353,19 @@ impl Runtime {
     ///
     /// # Errors
     ///
-    /// [`ArenaError::Config`] for a setting out of range (alignment,
+    /// [`RuntimeError::Config`] for a setting out of range (alignment,
     /// region size, budget fraction, hugetlb pages with a driver backend).
-    pub fn new(topology: Topology, config: RuntimeConfig) -> Result<Runtime, ArenaError> {
+    pub fn new(topology: Topology, config: RuntimeConfig) -> Result<Runtime, RuntimeError> {
         check_config(&config)?;
         let region_bytes = arena::alloc::round_up(
             config.region_bytes as u64,
             config.huge_pages.granule() as u64,
         );
-        let shared = match config.budget_bytes {
+        let cap = match config.budget_bytes {
             Some(_) => None,
-            None => cgroup_budget(&config),
+            None => cgroup_cap(&config),
         };
-        let arenas = make_arenas(&topology, &config, region_bytes, shared);
+        let arenas = make_arenas(&topology, &config, region_bytes, cap);
         arena::publish::register(&arenas);
         Ok(Runtime {
             topology,
@@ -362,12 +385,12 @@ impl Runtime {
     }
 
     /// The arena of `node`.
-    pub fn arena(&self, node: u32) -> Result<&Arc<NodeArena>, ArenaError> {
+    pub(crate) fn arena(&self, node: u32) -> Result<&Arc<NodeArena>, RuntimeError> {
         if let Some(a) = self.arenas.iter().find(|a| a.node() == node) {
             return Ok(a);
         }
         match self.topology.node(node) {
-            None => Err(ArenaError::UnknownNode {
+            None => Err(RuntimeError::UnknownNode {
                 node,
                 known: self
                     .topology
@@ -376,7 +399,7 @@ impl Runtime {
                     .map(|n| n.os_index)
                     .collect(),
             }),
-            Some(n) => Err(ArenaError::NoMemory {
+            Some(n) => Err(RuntimeError::NoMemory {
                 node,
                 size: 0,
                 reason: if n.kind == NodeKind::GpuMemory {
@@ -389,37 +412,66 @@ impl Runtime {
         }
     }
 
-    /// Lends `bytes` of pinned memory on `node` (waiting for frees up to
-    /// [`RuntimeConfig::budget_wait`] when over budget).
-    pub fn alloc_on_node(&self, node: u32, bytes: usize) -> Result<PinnedBuf, ArenaError> {
-        let a = self.arena(node)?;
-        match self.config.budget_wait {
-            Some(t) => a.alloc_timeout(bytes, t),
+    /// Lends `bytes` of pinned memory for `target`: on a node
+    /// ([`Target::HostNode`]), on the node of a GPU ([`Target::Gpu`],
+    /// [`Target::HostForGpu`]: [`Runtime::place`]'s node) or on the
+    /// calling thread's node ([`Target::Host`]), counted in that node's
+    /// budget. Over budget, it waits for frees up to
+    /// [`RuntimeConfig::budget_wait`] (by default not at all).
+    ///
+    /// The way in to pinned memory for one process; [`Runtime::alloc_with`]
+    /// says how (waiting, staging), [`crate::shared`] makes memory other
+    /// processes map.
+    ///
+    /// # Errors
+    ///
+    /// [`RuntimeError::UnknownNode`] or [`RuntimeError::NoMemory`] for a node
+    /// this process cannot pin memory on, [`RuntimeError::UnknownGpu`] or
+    /// [`RuntimeError::UnknownGpuIndex`] for a GPU the topology does not
+    /// have, [`RuntimeError::BadRequest`] for 0 bytes or a size past any
+    /// address space, [`RuntimeError::BudgetExceeded`] or
+    /// [`RuntimeError::CgroupBudget`] over a budget, and when a region must
+    /// be made, its errors ([`RuntimeError::Memlock`],
+    /// [`RuntimeError::System`], [`RuntimeError::OffNode`],
+    /// [`RuntimeError::HugePages`], ...).
+    #[inline]
+    pub fn alloc(&self, target: Target, bytes: usize) -> Result<PinnedBuf, RuntimeError> {
+        self.alloc_with(target, bytes, &AllocOptions::default())
+    }
+
+    /// [`Runtime::alloc`] with options: how long to wait for frees over
+    /// budget, and whether the buffer is a staging slot (see
+    /// [`AllocOptions`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`Runtime::alloc`]; with [`AllocOptions::wait`], the budget
+    /// errors come only once the wait is over.
+    #[inline]
+    pub fn alloc_with(
+        &self,
+        target: Target,
+        bytes: usize,
+        opts: &AllocOptions,
+    ) -> Result<PinnedBuf, RuntimeError> {
+        let a = self.arena(self.node_for(target)?)?;
+        match opts.wait.or(self.config.budget_wait) {
+            Some(t) => a.alloc_waiting(bytes, opts.staging, t),
+            None if opts.staging => a.alloc_fitted(bytes),
             None => a.alloc(bytes),
         }
     }
 
-    /// Lends `bytes` on `node` for staging (slots a reader or a copy reuses
-    /// for a while): when a region must be made for the buffer, it is made
-    /// of the buffer's own size, rounded up to 2 MiB, instead of a standard
-    /// region, so that the slots pin no more than they hold.
-    ///
-    /// # Errors
-    ///
-    /// As [`Runtime::alloc_on_node`] (no waiting for frees).
-    pub fn alloc_staging(&self, node: u32, bytes: usize) -> Result<PinnedBuf, ArenaError> {
-        self.arena(node)?.alloc_fitted(bytes)
-    }
-
-    /// Lends `bytes` on `node`, waiting up to `timeout` for other buffers to
-    /// be freed when the node's budget is spent.
-    pub fn alloc_on_node_timeout(
-        &self,
-        node: u32,
-        bytes: usize,
-        timeout: Duration,
-    ) -> Result<PinnedBuf, ArenaError> {
-        self.arena(node)?.alloc_timeout(bytes, timeout)
+    /// The node pinned memory for `target` comes from: the node itself for
+    /// [`Target::HostNode`] (without working out CPUs: the allocation fast
+    /// path), else [`Runtime::place`]'s.
+    #[inline]
+    fn node_for(&self, target: Target) -> Result<u32, RuntimeError> {
+        match target {
+            Target::HostNode(node) => Ok(node),
+            Target::Host => Ok(self.calling_thread_node()),
+            _ => Ok(self.place(target)?.node),
+        }
     }
 
     /// The node buffers for CUDA device `gpu` go on
@@ -427,8 +479,8 @@ impl Runtime {
     ///
     /// # Errors
     ///
-    /// [`ArenaError::UnknownGpu`] when the topology has no such device.
-    pub fn node_for_gpu(&self, gpu: CudaOrdinal) -> Result<u32, ArenaError> {
+    /// [`RuntimeError::UnknownGpu`] when the topology has no such device.
+    pub fn node_for_gpu(&self, gpu: CudaOrdinal) -> Result<u32, RuntimeError> {
         Ok(self.place(Target::Gpu(gpu))?.node)
     }
 
@@ -449,17 +501,6 @@ impl Runtime {
             .unwrap_or(here)
     }
 
-    /// Lends `bytes` on the node of CUDA device `gpu` (see
-    /// [`Runtime::place`]).
-    ///
-    /// # Errors
-    ///
-    /// As [`Runtime::place`] and [`Runtime::alloc_on_node`].
-    pub fn alloc_for_gpu(&self, gpu: CudaOrdinal, bytes: usize) -> Result<PinnedBuf, ArenaError> {
-        let node = self.node_for_gpu(gpu)?;
-        self.alloc_on_node(node, bytes)
-    }
-
     /// Counters per node with memory, by node number.
     pub fn stats(&self) -> Vec<NodeStats> {
         self.arenas.iter().map(|a| a.stats()).collect()
@@ -478,39 +519,59 @@ impl Runtime {
         self.arenas.iter().map(|a| a.trim()).sum()
     }
 
-    /// Binds the calling thread to the CPUs near CUDA device `gpu` (its
-    /// node's allowed CPUs; with unknown locality, the allowed CPUs, with a
-    /// warning in the returned plan). Loader workers call this.
-    pub fn bind_current_thread(&self, gpu: CudaOrdinal) -> Result<RankPlan, AffinityError> {
-        let plan = self.gpu_plan(gpu, Mode::Node)?;
-        crate::affinity::bind_current_thread(&plan.cpus)?;
-        Ok(plan)
+    /// Binds the calling thread to [`Runtime::place`]'s CPUs for `target`
+    /// (for a GPU, its node's allowed CPUs; with unknown locality, the
+    /// allowed CPUs, with a warning in the returned site). Threads it
+    /// starts afterwards inherit the binding.
+    ///
+    /// # Errors
+    ///
+    /// [`Runtime::place`]'s errors for `target`, and
+    /// [`RuntimeError::Affinity`] when `sched_setaffinity` refuses the CPUs.
+    pub fn bind_current_thread(&self, target: Target) -> Result<Site, RuntimeError> {
+        let site = self.place(target)?;
+        crate::affinity::bind_current_thread(&site.cpus)?;
+        Ok(site)
     }
 
-    /// Binds the whole process (CPUs and memory policy, `MPOL_BIND`) near
-    /// CUDA device `gpu` as `mode` plans it, the way `numapin exec` does.
-    /// When `set_mempolicy` is refused (a seccomp profile), only the CPUs
-    /// are bound and the returned plan's warnings say so.
-    pub fn bind_current_process(
-        &self,
-        gpu: CudaOrdinal,
-        mode: Mode,
-    ) -> Result<RankPlan, AffinityError> {
-        let mut plan = self.gpu_plan(gpu, mode)?;
-        let b = crate::affinity::bind_current_process(&plan, crate::affinity::MemPolicy::Bind)?;
-        if let crate::affinity::Binding::CpusOnly { reason } = b {
-            plan.warnings.push(reason);
+    /// Binds the whole process to [`Runtime::place`]'s answer for
+    /// `target`: every thread still on the calling thread's CPU set moves
+    /// to the site's CPUs, and the calling thread's memory policy becomes
+    /// `MPOL_BIND` to the site's node (the node its pinned memory comes
+    /// from), as `numapin exec` does for one rank. Call it early, before
+    /// starting workers (a memory policy is per thread). When
+    /// `set_mempolicy` is refused (a seccomp profile), only the CPUs are
+    /// bound and the returned site's warnings say so. For a rank plan in
+    /// another [`Mode`](crate::affinity::Mode) (socket, exclusive cores,
+    /// ...), plan with [`crate::affinity::plan`] and apply it with
+    /// [`crate::affinity::bind_current_process`].
+    ///
+    /// # Errors
+    ///
+    /// [`Runtime::place`]'s errors for `target`, and
+    /// [`RuntimeError::Affinity`] when the CPUs or the memory policy cannot
+    /// be set (other than a refused `set_mempolicy`).
+    pub fn bind_current_process(&self, target: Target) -> Result<Site, RuntimeError> {
+        use crate::affinity::{Binding, MemPolicy, RankPlan};
+        let mut site = self.place(target)?;
+        let plan = RankPlan {
+            local_rank: 0,
+            gpu: site.gpu,
+            pci_bus_id: site
+                .gpu
+                .and_then(|g| self.topology.gpu(g))
+                .map(|g| g.pci_bus_id.clone()),
+            cpus: site.cpus.clone(),
+            mems: vec![site.node],
+            warnings: Vec::new(),
+            nics: Vec::new(),
+        };
+        if let Binding::CpusOnly { reason } =
+            crate::affinity::bind_current_process(&plan, MemPolicy::Bind)?
+        {
+            site.warnings.push(reason);
         }
-        Ok(plan)
-    }
-
-    /// The plan for CUDA device `gpu` alone, as `numapin affinity` computes it.
-    pub fn gpu_plan(&self, gpu: CudaOrdinal, mode: Mode) -> Result<RankPlan, AffinityError> {
-        let t = self.topology();
-        let index = crate::affinity::launcher::gpu_of_ordinal(t, gpu, "the runtime")?;
-        let mut p =
-            crate::affinity::plan(t, &[index], mode, &crate::affinity::PlanOptions::default())?;
-        Ok(p.ranks.remove(0))
+        Ok(site)
     }
 }
 

@@ -1,5 +1,5 @@
 //! [`Runtime::place`]: the one answer to "which node and which CPUs for
-//! this GPU". Allocations for a GPU ([`Runtime::alloc_for_gpu`]), loaders,
+//! this GPU". Allocations for a GPU ([`Runtime::alloc`]), loaders,
 //! staged copies, the storage reader, the Python package and its
 //! DataLoader all ask it, so that memory and threads for one GPU always
 //! land in the same place, with the same warnings.
@@ -14,10 +14,9 @@
 //! one NUMA node there is nothing to choose and nothing to warn about.
 
 use crate::affinity::{Mode, PlanOptions};
-use crate::arena::ArenaError;
+use crate::arena::RuntimeError;
 use crate::cpulist::CpuList;
 use crate::gpu::{CudaOrdinal, GpuIndex};
-use crate::topology::Topology;
 
 use super::Runtime;
 
@@ -57,7 +56,8 @@ pub struct Site {
     /// The node pinned memory for the target comes from (a node with an
     /// arena).
     pub node: u32,
-    /// The GPU (position in [`Topology::gpus`]) for GPU targets.
+    /// The GPU (position in [`Topology::gpus`](crate::Topology::gpus)) for
+    /// GPU targets.
     pub gpu: Option<GpuIndex>,
     /// What a person should know about how the site was chosen (each
     /// fallback, in a sentence).
@@ -81,23 +81,26 @@ impl Runtime {
     ///
     /// # Errors
     ///
-    /// [`ArenaError::UnknownGpu`] for an ordinal the topology does not
-    /// have, [`ArenaError::UnknownGpuIndex`] for an index past its GPUs,
-    /// and [`ArenaError::UnknownNode`] or [`ArenaError::NoMemory`] for a
+    /// [`RuntimeError::UnknownGpu`] for an ordinal the topology does not
+    /// have, [`RuntimeError::UnknownGpuIndex`] for an index past its GPUs,
+    /// and [`RuntimeError::UnknownNode`] or [`RuntimeError::NoMemory`] for a
     /// [`Target::HostNode`] this process cannot pin memory on.
-    pub fn place(&self, target: Target) -> Result<Site, ArenaError> {
+    pub fn place(&self, target: Target) -> Result<Site, RuntimeError> {
         let topo = self.topology();
         match target {
             Target::Gpu(ordinal) => {
-                let index = gpu_index(topo, ordinal).ok_or_else(|| ArenaError::UnknownGpu {
-                    gpu: ordinal,
-                    known: topo.gpus.iter().filter_map(|g| g.cuda_ordinal).collect(),
-                })?;
+                let index = topo
+                    .gpu_by_ordinal(ordinal)
+                    .map(|g| g.index)
+                    .ok_or_else(|| RuntimeError::UnknownGpu {
+                        gpu: ordinal,
+                        known: topo.gpus.iter().filter_map(|g| g.cuda_ordinal).collect(),
+                    })?;
                 Ok(self.near_gpu(target, index))
             }
             Target::HostForGpu(index) => {
                 if topo.gpu(index).is_none() {
-                    return Err(ArenaError::UnknownGpuIndex {
+                    return Err(RuntimeError::UnknownGpuIndex {
                         index,
                         count: topo.gpus.len(),
                     });
@@ -126,7 +129,7 @@ impl Runtime {
             .unwrap_or_else(|_| self.topology().all_cpus())
     }
 
-    fn on_node(&self, node: u32) -> Result<Site, ArenaError> {
+    fn on_node(&self, node: u32) -> Result<Site, RuntimeError> {
         self.arena(node)?;
         let allowed = self.allowed_cpus();
         let node_cpus = self
@@ -249,14 +252,4 @@ impl Runtime {
             .min()
             .map(|(_, n)| n)
     }
-}
-
-/// `topo`'s GPU for CUDA device `ordinal`, if it has one (for callers
-/// that only need the topology, not a runtime).
-pub(crate) fn gpu_index(topo: &Topology, ordinal: CudaOrdinal) -> Option<GpuIndex> {
-    topo.cuda
-        .ordinals
-        .iter()
-        .find(|o| o.ordinal == ordinal)
-        .and_then(|o| o.gpu)
 }

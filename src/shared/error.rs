@@ -1,7 +1,7 @@
 //! [`SharedError`]: what can go wrong making, finding or attaching shared
 //! pinned memory.
 
-use crate::arena::ArenaError;
+use crate::arena::RuntimeError;
 use crate::report::ErrorKind;
 
 /// An error of [`SharedRegion`](super::SharedRegion),
@@ -13,7 +13,7 @@ pub enum SharedError {
     /// Making the pinned memory failed (budget, memlock limit, placement,
     /// registration).
     #[error(transparent)]
-    Arena(#[from] ArenaError),
+    Runtime(#[from] RuntimeError),
     /// A name that cannot be used.
     #[error("shared memory name {name:?}: {problem}")]
     Name {
@@ -62,7 +62,7 @@ impl SharedError {
     /// What kind of failure this is.
     pub fn kind(&self) -> ErrorKind {
         match self {
-            SharedError::Arena(e) => e.kind(),
+            SharedError::Runtime(e) => e.kind(),
             SharedError::Attach {
                 source: Some(e), ..
             } if e.kind() == std::io::ErrorKind::PermissionDenied => ErrorKind::Permission,
@@ -77,7 +77,7 @@ impl SharedError {
     /// What to do about it.
     pub fn fix(&self) -> Option<String> {
         Some(match self {
-            SharedError::Arena(e) => return e.fix(),
+            SharedError::Runtime(e) => return e.fix(),
             SharedError::Name { .. } => {
                 "use 1 to 64 letters, digits, '.', '_' or '-', not a name already in use".into()
             }

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use super::SharedError;
-use crate::arena::{ArenaError, SharedFile, SharedPart};
+use crate::arena::{RuntimeError, SharedFile, SharedPart};
 use crate::platform::{cuda, numa, shm};
 use crate::runtime::{Runtime, Target};
 
@@ -76,7 +76,7 @@ impl SharedRegion {
     /// # Errors
     ///
     /// [`SharedError::Name`] for a bad name or one in use by a process
-    /// this one can see; the placement's errors; [`SharedError::Arena`]
+    /// this one can see; the placement's errors; [`SharedError::Runtime`]
     /// when the pages cannot be made (budget, memlock limit, placement,
     /// registration); [`SharedError::System`] when the memfd cannot be
     /// made or sized.
@@ -97,7 +97,7 @@ impl SharedRegion {
         let site = rt.place(target)?;
         let arena = rt.arena(site.node)?;
         if bytes == 0 || bytes > isize::MAX as usize / 2 {
-            return Err(ArenaError::BadRequest {
+            return Err(RuntimeError::BadRequest {
                 node: site.node,
                 bytes: bytes as u64,
                 problem: "shared memory holds 1 byte to the address space".into(),
@@ -223,7 +223,7 @@ impl AttachedRegion {
     /// when none appeared in time, [`SharedError::Attach`] for a path that
     /// is not numapin shared memory or cannot be opened,
     /// [`SharedError::System`] when it cannot be mapped, and
-    /// [`SharedError::Arena`] ([`ArenaError::Register`]) when CUDA refuses
+    /// [`SharedError::Runtime`] ([`RuntimeError::Register`]) when CUDA refuses
     /// to register it.
     pub fn attach(name: &str, wait: Duration) -> Result<AttachedRegion, SharedError> {
         let deadline = Instant::now() + wait;
@@ -296,7 +296,7 @@ impl AttachedRegion {
         let flags = cuda::HOST_REGISTER_PORTABLE | cuda::HOST_REGISTER_DEVICEMAP;
         // SAFETY: the mapping lives until Drop, which unregisters it first.
         unsafe { cuda::host_register(self.ptr.cast(), self.mapped, flags) }.map_err(|source| {
-            ArenaError::Register {
+            RuntimeError::Register {
                 node: self.node,
                 size: self.mapped as u64,
                 source,

@@ -18,21 +18,22 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
-mod pin;
+mod error;
+mod pinned_copy;
 mod stream_copy;
 
-pub use pin::{copy_host, pin};
+pub use error::StagedError;
+pub use pinned_copy::{copy_host, pinned_copy};
 
 use crate::cpulist::CpuList;
 use crate::gpu::{CudaError, CudaOrdinal};
-use crate::loader::LoaderError;
 use crate::platform::cuda::{self, CUdeviceptr, CUstream, Event, Stream};
 use crate::runtime::Target;
 use crate::runtime::{PinnedBuf, Runtime};
 
-use LoaderError as Error;
+use StagedError as Error;
 
-type Result<T, E = LoaderError> = std::result::Result<T, E>;
+type Result<T, E = StagedError> = std::result::Result<T, E>;
 
 /// Most threads a staged copy starts by default (the node's allowed CPUs,
 /// at most this many): memcpy from pageable memory is its bottleneck.
@@ -110,12 +111,26 @@ enum Direction {
 /// `dst..dst + src.len()` must lie inside one device allocation of that GPU
 /// (checked with `cuPointerGetAttribute`; an error otherwise). The calling
 /// thread's CUDA context is left as it was.
+///
+/// # Errors
+///
+/// [`StagedError::Runtime`] for a GPU the topology does not have
+/// ([`RuntimeError::UnknownGpu`](crate::runtime::RuntimeError::UnknownGpu)) or
+/// staging slots over the node's budget; [`StagedError::Request`] for a `dst`
+/// that is not device memory of `gpu` or too short; [`StagedError::Setup`] when
+/// the driver fails (no driver, a stream, a copy) or a copy thread cannot
+/// start; [`StagedError::Affinity`] when a copy thread cannot be bound to the
+/// GPU's CPUs.
 pub fn copy_to_device(rt: &Runtime, src: &[u8], dst: CUdeviceptr, gpu: CudaOrdinal) -> Result<()> {
     copy_to_device_with(rt, src, dst, gpu, &StagedOptions::default())
 }
 
 /// Copies device memory at `src` on CUDA device `gpu` into `dst`, staged
 /// like [`copy_to_device`].
+///
+/// # Errors
+///
+/// As [`copy_to_device`], for the source `src`.
 pub fn copy_from_device(
     rt: &Runtime,
     src: CUdeviceptr,
@@ -126,6 +141,11 @@ pub fn copy_from_device(
 }
 
 /// [`copy_to_device`] with options.
+///
+/// # Errors
+///
+/// As [`copy_to_device`]; [`StagedError::Request`] also for options out of
+/// range (`chunk_bytes` or `slots_per_thread` of 0).
 pub fn copy_to_device_with(
     rt: &Runtime,
     src: &[u8],
@@ -147,6 +167,11 @@ pub fn copy_to_device_with(
 /// # Safety
 /// `stream` must be a live stream of `gpu`'s primary context (or null, the
 /// legacy default stream) for the whole call.
+///
+/// # Errors
+///
+/// As [`copy_to_device_with`]; [`StagedError::Setup`] when the event on
+/// `stream` cannot be recorded.
 pub unsafe fn copy_to_device_on(
     rt: &Runtime,
     src: &[u8],
@@ -165,6 +190,10 @@ pub unsafe fn copy_to_device_on(
 ///
 /// # Safety
 /// As for [`copy_to_device_on`].
+///
+/// # Errors
+///
+/// As [`copy_to_device_on`].
 pub unsafe fn copy_from_device_on(
     rt: &Runtime,
     src: CUdeviceptr,
@@ -206,6 +235,10 @@ unsafe fn copy_to_device_after(
 }
 
 /// [`copy_from_device`] with options.
+///
+/// # Errors
+///
+/// As [`copy_to_device_with`].
 pub fn copy_from_device_with(
     rt: &Runtime,
     src: CUdeviceptr,
@@ -288,12 +321,13 @@ fn prepare(
     dir: Direction,
 ) -> Result<Option<Plan>> {
     if opts.chunk_bytes == 0 || opts.slots_per_thread == 0 {
-        return Err(Error::config(
-            "chunk_bytes/slots_per_thread",
-            format!("{}/{}", opts.chunk_bytes, opts.slots_per_thread),
-            "both must be at least 1",
-            "use StagedOptions::default() (4 MiB chunks, 2 slots per thread)",
-        ));
+        return Err(Error::Request {
+            problem: format!(
+                "staged copy option chunk_bytes/slots_per_thread = {}/{}: both must be at least 1",
+                opts.chunk_bytes, opts.slots_per_thread
+            ),
+            fix: "use StagedOptions::default() (4 MiB chunks, 2 slots per thread)".into(),
+        });
     }
     let place = rt.place(Target::Gpu(gpu))?;
     if len == 0 {
@@ -305,7 +339,7 @@ fn prepare(
     for _ in 0..threads {
         let mut group = Vec::with_capacity(per_thread);
         for _ in 0..per_thread {
-            group.push(rt.alloc_on_node(place.node, chunk)?);
+            group.push(rt.alloc(Target::HostNode(place.node), chunk)?);
         }
         slots.push(group);
     }
@@ -344,6 +378,10 @@ fn sizing(cpus: usize, len: usize, opts: &StagedOptions) -> (usize, usize, usize
 /// what [`SlotWrites::Auto`] comes to on this machine (the slots' total
 /// size against the last-level caches of the GPU's CPUs), or the explicit
 /// choice.
+///
+/// # Errors
+///
+/// [`StagedError::Runtime`] for a GPU the topology does not have.
 pub fn slot_writes_for(
     rt: &Runtime,
     gpu: CudaOrdinal,

@@ -6,9 +6,8 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use crate::gpu::{CUdeviceptr, CUstream, CudaError, CudaOrdinal};
-use crate::loader::Target;
 use crate::platform::cuda::{self, DeviceBuffer, Event, Stream};
-use crate::runtime::Runtime;
+use crate::runtime::{AllocOptions, Runtime, Target};
 
 use super::plan::{self, Plan, Req};
 use super::{io, DeviceRange, ReadOptions, ReadReport, Result, Source, StorageError};
@@ -243,8 +242,15 @@ unsafe fn read(
         .min(plan.pieces.len().div_ceil(threads))
         .max(1);
     // One staging buffer, in a region of its own size when one is made:
-    // the slots pin no more than they hold.
-    let mut staging = rt.alloc_staging(place.node, threads * per_thread * slot)?;
+    // the slots pin no more than they hold. No waiting over budget: the
+    // caller gets the budget error at once.
+    let mut staging = rt.alloc_with(
+        Target::HostNode(place.node),
+        threads * per_thread * slot,
+        &AllocOptions::default()
+            .with_staging(true)
+            .with_wait(Some(std::time::Duration::ZERO)),
+    )?;
     let registered = staging.is_registered();
     let mut chunks = staging.chunks_mut(slot);
     let groups: Vec<Vec<&mut [u8]>> = (0..threads)

@@ -3,10 +3,9 @@
 
 use std::path::PathBuf;
 
-use crate::arena::ArenaError;
+use crate::arena::RuntimeError;
 use crate::gpu::{CudaError, CudaOrdinal};
-use crate::loader::BoxError;
-use crate::report::ErrorKind;
+use crate::report::{BoxError, ErrorKind, SystemError};
 
 /// A failure of the storage reader or of a checkpoint loader; `fix()` says
 /// what to do, `kind()` what kind of failure it is.
@@ -95,19 +94,11 @@ pub enum StorageError {
         source: CudaError,
     },
     /// Threads could not be started or placed.
-    #[error("{what}")]
-    Setup {
-        /// What was attempted.
-        what: String,
-        /// What to do.
-        fix: String,
-        /// The cause.
-        #[source]
-        source: BoxError,
-    },
+    #[error(transparent)]
+    Setup(SystemError),
     /// The pinned slots (or pinned tensors) could not be had.
     #[error(transparent)]
-    Arena(#[from] ArenaError),
+    Runtime(#[from] RuntimeError),
     /// The pinned memory for one tensor of a checkpoint could not be had
     /// (the node's budget is short, or the file claims more than it can
     /// hold).
@@ -119,9 +110,9 @@ pub enum StorageError {
         tensor: String,
         /// Its bytes.
         len: usize,
-        /// The arena's error.
+        /// The runtime's error.
         #[source]
-        source: Box<ArenaError>,
+        source: Box<RuntimeError>,
     },
 }
 
@@ -132,10 +123,10 @@ impl StorageError {
             StorageError::Input { .. }
             | StorageError::Truncated { .. }
             | StorageError::Request { .. } => ErrorKind::Input,
-            StorageError::Arena(e) => e.kind(),
+            StorageError::Runtime(e) => e.kind(),
             StorageError::Write { source, .. } => write_kind(source),
             StorageError::TensorMemory { source, .. } => source.kind(),
-            StorageError::Read { .. } | StorageError::Cuda { .. } | StorageError::Setup { .. } => {
+            StorageError::Read { .. } | StorageError::Cuda { .. } | StorageError::Setup(_) => {
                 ErrorKind::System
             }
         }
@@ -146,7 +137,7 @@ impl StorageError {
         match self {
             StorageError::Input { fix, .. }
             | StorageError::Request { fix, .. }
-            | StorageError::Setup { fix, .. } => Some(fix.clone()),
+            | StorageError::Setup(SystemError { fix, .. }) => Some(fix.clone()),
             StorageError::Read { source, .. } => Some(read_fix(source).into()),
             StorageError::Write { path, source, .. } => Some(write_fix(path, source)),
             StorageError::Truncated { .. } => Some(
@@ -157,7 +148,7 @@ impl StorageError {
             } else {
                 "check the GPU (`nvidia-smi`) and its free memory".into()
             }),
-            StorageError::Arena(e) => e.fix(),
+            StorageError::Runtime(e) => e.fix(),
             StorageError::TensorMemory { source, .. } => source.fix(),
         }
     }
@@ -204,11 +195,7 @@ impl StorageError {
         fix: impl Into<String>,
         source: impl Into<BoxError>,
     ) -> Self {
-        StorageError::Setup {
-            what: what.into(),
-            fix: fix.into(),
-            source: source.into(),
-        }
+        StorageError::Setup(SystemError::new(what, fix, source))
     }
 }
 

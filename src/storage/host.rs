@@ -5,8 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
-use crate::loader::Target;
-use crate::runtime::Runtime;
+use crate::runtime::{Runtime, Target};
 
 use super::plan::host_pieces;
 use super::{io, HostRange, ReadOptions, ReadReport, Result, Source};
@@ -53,7 +52,7 @@ pub(super) fn read(
     // One aligned block per worker for the unaligned ends of direct reads.
     let mut bounces = Vec::with_capacity(threads);
     for _ in 0..threads {
-        bounces.push(rt.alloc_on_node(place.node, bounce_len)?);
+        bounces.push(rt.alloc(Target::HostNode(place.node), bounce_len)?);
     }
     let bounces = Mutex::new(bounces);
     let queue = Mutex::new(items.into_iter());

@@ -249,7 +249,7 @@ pub struct HostRange<'a> {
 /// that is not device memory of `gpu` large enough; [`StorageError::Read`]
 /// (file and offset named) or [`StorageError::Truncated`] when reading
 /// fails; [`StorageError::Cuda`] without a driver or when a copy fails;
-/// [`StorageError::Arena`] when the slots cannot be had.
+/// [`StorageError::Runtime`] when the slots cannot be had.
 pub fn read_to_device(
     rt: &Runtime,
     src: &Source,

@@ -1,9 +1,9 @@
 //! [`TopologyError`]: what can go wrong reading a machine's topology.
 
-use crate::report::ErrorKind;
+use crate::report::{EnvError, ErrorKind, SystemError};
 
 /// A cause kept by a [`TopologyError`]: an I/O error, hwloc's own error, ...
-pub type Cause = Box<dyn std::error::Error + Send + Sync + 'static>;
+pub type Cause = crate::report::BoxError;
 
 /// Reading a machine's topology failed. The message names the input (a
 /// file, a variable); `fix()` says what to do.
@@ -24,36 +24,19 @@ pub enum TopologyError {
         source: Option<Cause>,
     },
     /// An environment variable with a value numapin cannot use.
-    #[error("{variable}={}: {problem}", crate::report::quote(value))]
-    Env {
-        /// The variable's name.
-        variable: String,
-        /// Its value.
-        value: String,
-        /// What is wrong with it.
-        problem: String,
-        /// What to do.
-        fix: String,
-    },
+    #[error(transparent)]
+    Env(EnvError),
     /// The system failed (hwloc, a system call, a temporary folder).
-    #[error("{what}")]
-    System {
-        /// What was attempted.
-        what: String,
-        /// What to do.
-        fix: String,
-        /// What went wrong.
-        #[source]
-        source: Cause,
-    },
+    #[error(transparent)]
+    System(SystemError),
 }
 
 impl TopologyError {
     /// What kind of failure this is.
     pub fn kind(&self) -> ErrorKind {
         match self {
-            TopologyError::Input { .. } | TopologyError::Env { .. } => ErrorKind::Input,
-            TopologyError::System { .. } => ErrorKind::System,
+            TopologyError::Input { .. } | TopologyError::Env(_) => ErrorKind::Input,
+            TopologyError::System(_) => ErrorKind::System,
         }
     }
 
@@ -61,8 +44,8 @@ impl TopologyError {
     pub fn fix(&self) -> Option<String> {
         match self {
             TopologyError::Input { fix, .. }
-            | TopologyError::Env { fix, .. }
-            | TopologyError::System { fix, .. } => Some(fix.clone()),
+            | TopologyError::Env(EnvError { fix, .. })
+            | TopologyError::System(SystemError { fix, .. }) => Some(fix.clone()),
         }
     }
 
@@ -97,11 +80,11 @@ impl TopologyError {
     /// `what` saying what was attempted; classified as [`Self::io_input`] says.
     pub(crate) fn io_named(input: &str, what: &str, e: std::io::Error) -> Self {
         if is_system_io(&e) {
-            return TopologyError::System {
-                what: format!("{input}: {what}"),
-                fix: crate::platform::sys::fix_for_io(&e).into(),
-                source: e.into(),
-            };
+            return TopologyError::system(
+                format!("{input}: {what}"),
+                crate::platform::sys::fix_for_io(&e),
+                e,
+            );
         }
         let fix = match e.kind() {
             std::io::ErrorKind::NotFound => "check the path",
@@ -116,17 +99,24 @@ impl TopologyError {
         }
     }
 
+    /// An environment variable `variable` set to `value` that cannot be
+    /// used.
+    pub(crate) fn env(
+        variable: impl Into<String>,
+        value: impl Into<String>,
+        problem: impl Into<String>,
+        fix: impl Into<String>,
+    ) -> Self {
+        TopologyError::Env(EnvError::new(variable, value, problem, fix))
+    }
+
     /// A system failure with its cause.
     pub(crate) fn system(
         what: impl Into<String>,
         fix: impl Into<String>,
         source: impl Into<Cause>,
     ) -> Self {
-        TopologyError::System {
-            what: what.into(),
-            fix: fix.into(),
-            source: source.into(),
-        }
+        TopologyError::System(SystemError::new(what, fix, source))
     }
 }
 

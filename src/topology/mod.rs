@@ -297,6 +297,11 @@ pub struct PciId {
 impl PciId {
     /// Parses `VENDOR` or `VENDOR:DEVICE` (hexadecimal, `0x` optional), as
     /// `lspci -n` prints them.
+    ///
+    /// # Errors
+    ///
+    /// A sentence naming `text` when it is not a hexadecimal vendor id,
+    /// optionally with a device id.
     pub fn parse(text: &str) -> std::result::Result<Self, String> {
         let hex = |s: &str| {
             let s = s.trim();
@@ -394,6 +399,14 @@ pub enum InputFormat {
 
 impl Topology {
     /// Probes this machine.
+    ///
+    /// # Errors
+    ///
+    /// [`TopologyError::Env`] for a `HWLOC_*` variable that would describe
+    /// something else than this machine, or a
+    /// `CUDA_VISIBLE_DEVICES`/`CUDA_DEVICE_ORDER` numapin cannot read;
+    /// [`TopologyError::System`] when hwloc cannot discover the machine;
+    /// [`TopologyError::Input`] when what it finds is over the [`limits`].
     pub fn probe(opts: &ProbeOptions) -> Result<Self> {
         let raw = hwloc::discover_live(opts)?;
         let cuda = if opts.cuda == CudaMode::Auto {
@@ -407,6 +420,14 @@ impl Topology {
     /// Describes a saved machine: the format is detected by content. `path`
     /// is a regular file, a folder (a captured root) or `-` for standard
     /// input (read once); every input is held to the bounds of [`limits`].
+    ///
+    /// # Errors
+    ///
+    /// [`TopologyError::Input`] naming the file for one that cannot be read, is
+    /// of no known format, does not parse, is over the [`limits`] or
+    /// contradicts itself; [`TopologyError::System`] when this process or
+    /// machine fails reading it (too many open files, no memory, an I/O error
+    /// of the device, hwloc's reader process).
     pub fn load(path: &Path, opts: &ProbeOptions) -> Result<Self> {
         let source = input::shown(path);
         let data = match input::read(path)? {
@@ -446,6 +467,11 @@ impl Topology {
 
     /// A numapin JSON description, checked as [`Topology::load`] checks a
     /// file (`source` names it in errors and becomes [`Topology::source`]).
+    ///
+    /// # Errors
+    ///
+    /// [`TopologyError::Input`] naming `source` for JSON that does not parse as
+    /// a numapin description, goes over the [`limits`] or contradicts itself.
     pub fn from_json_str(text: &str, source: &str) -> Result<Self> {
         let parsed = crate::cpulist::with_budget(limits::MAX_LISTED_CPUS, || {
             serde_json::from_str::<Topology>(text)
@@ -491,10 +517,21 @@ impl Topology {
         self.gpus.get(index.as_usize())
     }
 
-    /// The GPU this process sees as CUDA ordinal `ordinal`.
+    /// What this process sees as CUDA ordinal `ordinal`: the
+    /// `CUDA_VISIBLE_DEVICES` entry and the GPU it is
+    /// ([`VisibleEntry::gpu`], `None` when it cannot be matched to a PCI
+    /// device without the driver); `None` when this process sees no such
+    /// device. The one lookup from a CUDA ordinal to a GPU: everything
+    /// else ([`Topology::gpu_by_ordinal`], `Runtime::place`, the launcher
+    /// helpers) asks it.
+    pub fn visible_entry(&self, ordinal: CudaOrdinal) -> Option<&VisibleEntry> {
+        self.cuda.ordinals.iter().find(|e| e.ordinal == ordinal)
+    }
+
+    /// The GPU this process sees as CUDA ordinal `ordinal` (see
+    /// [`Topology::visible_entry`]).
     pub fn gpu_by_ordinal(&self, ordinal: CudaOrdinal) -> Option<&Gpu> {
-        let entry = self.cuda.ordinals.iter().find(|e| e.ordinal == ordinal)?;
-        self.gpu(entry.gpu?)
+        self.gpu(self.visible_entry(ordinal)?.gpu?)
     }
 
     /// The CUDA ordinal this process sees GPU `index` as, `None` when it is
@@ -612,6 +649,11 @@ fn utf8<'a>(data: &'a [u8], source: &str) -> Result<&'a str> {
 
 /// Works out what kind of description a path holds (reading it as
 /// [`Topology::load`] does).
+///
+/// # Errors
+///
+/// As [`Topology::load`] reading the file, and [`TopologyError::Input`] when it
+/// is of no known format.
 pub fn detect_format(path: &Path) -> Result<InputFormat> {
     match input::read(path)? {
         input::Input::Folder(_) => Ok(InputFormat::FsRoot),

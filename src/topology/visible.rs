@@ -31,16 +31,21 @@ pub enum DeviceOrder {
 
 impl DeviceOrder {
     /// Reads `CUDA_DEVICE_ORDER` (unset = `FASTEST_FIRST`).
+    ///
+    /// # Errors
+    ///
+    /// [`TopologyError::Env`](Error::Env) for a value other than
+    /// `FASTEST_FIRST` or `PCI_BUS_ID`.
     pub fn from_env(value: Option<&str>) -> Result<Self, Error> {
         match value.map(str::trim) {
             None | Some("") | Some("FASTEST_FIRST") => Ok(Self::FastestFirst),
             Some("PCI_BUS_ID") => Ok(Self::PciBusId),
-            Some(other) => Err(Error::Env {
-                variable: "CUDA_DEVICE_ORDER".into(),
-                value: other.into(),
-                problem: "not a CUDA device order".into(),
-                fix: "set it to FASTEST_FIRST (CUDA's default) or PCI_BUS_ID, or unset it".into(),
-            }),
+            Some(other) => Err(Error::env(
+                "CUDA_DEVICE_ORDER",
+                other,
+                "not a CUDA device order",
+                "set it to FASTEST_FIRST (CUDA's default) or PCI_BUS_ID, or unset it",
+            )),
         }
     }
 
@@ -99,12 +104,12 @@ pub struct VisibleEntry {
 }
 
 fn env_err(value: &str, problem: String) -> Error {
-    Error::Env {
-        variable: "CUDA_VISIBLE_DEVICES".into(),
-        value: value.into(),
+    Error::env(
+        "CUDA_VISIBLE_DEVICES",
+        value,
         problem,
-        fix: "use comma-separated GPU indices (0,1), GPU-<uuid> or MIG-<uuid> as `nvidia-smi -L` prints them, or unset the variable".into(),
-    }
+        "use comma-separated GPU indices (0,1), GPU-<uuid> or MIG-<uuid> as `nvidia-smi -L` prints them, or unset the variable",
+    )
 }
 
 fn is_uuid_text(s: &str) -> bool {
@@ -113,6 +118,11 @@ fn is_uuid_text(s: &str) -> bool {
 
 impl VisibleDevices {
     /// Parses the variable's value.
+    ///
+    /// # Errors
+    ///
+    /// [`TopologyError::Env`](Error::Env) naming `CUDA_VISIBLE_DEVICES` for an
+    /// entry that is not an index, `GPU-`/`MIG-` UUID or prefix.
     pub fn parse(value: &str) -> Result<Self, Error> {
         let mut tokens = Vec::new();
         let trimmed = value.trim();
@@ -200,6 +210,11 @@ impl VisibleDevices {
     /// Maps each entry to a GPU. `order` lists [`super::Gpu::index`] values in
     /// CUDA's enumeration order; `uuids` gives each GPU's UUID (by GPU index,
     /// `GPU-...` form) when known. Returns the entries and notes for warnings.
+    ///
+    /// # Errors
+    ///
+    /// [`TopologyError::Env`](Error::Env) naming `CUDA_VISIBLE_DEVICES` for an
+    /// entry that names no GPU of the machine, or one matching several.
     pub fn resolve(
         &self,
         order: &[u32],

@@ -15,7 +15,7 @@ use numapin::measure::copy::{all_gpus_gbps, copy_gbps_from, host_alloc_ms_per_gi
 
 use super::report::{machine, node_methods, Sink};
 pub(super) use super::report::{BenchOptions, BenchReport, BenchResult, Measure};
-use numapin::runtime::Runtime;
+use numapin::runtime::{Runtime, Target};
 use numapin::CudaOrdinal;
 
 /// Runs the measurements; `progress` hears what runs now. A measurement
@@ -374,8 +374,8 @@ mod extra {
     /// workers, up to the node's allowed CPUs.
     fn producer_scaling(rt: &Runtime, gpu_ok: bool, b: LoaderBench, out: &mut Sink) -> Result<()> {
         let cpus = rt
-            .arena(rt.calling_thread_node())
-            .map(|a| a.config().cpus.len())
+            .place(Target::HostNode(rt.calling_thread_node()))
+            .map(|s| s.cpus.len())
             .unwrap_or(1)
             .max(1);
         let sb = LoaderBench {
@@ -414,7 +414,7 @@ mod extra {
         out: &mut Sink,
     ) -> Result<()> {
         let node = rt.node_for_gpu(g)?;
-        let cpus = rt.arena(node)?.config().cpus.len().max(1);
+        let cpus = rt.place(Target::HostNode(node))?.cpus.len().max(1);
         let reps = opts.reps.clamp(1, 3);
         for bytes in [256usize << 20, 1 << 30] {
             out.progress(&format!("GPU {g}: sweep, pinned {bytes} bytes"));

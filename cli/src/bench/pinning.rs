@@ -35,7 +35,11 @@ impl<'a> Pin<'a> {
     /// 5), and the node's pinned-byte budget.
     fn here(rt: &'a Runtime, opts: &BenchOptions) -> Result<(Pin<'a>, u64)> {
         let node = rt.calling_thread_node();
-        let budget = rt.arena(node)?.config().budget;
+        let budget = rt
+            .stats()
+            .iter()
+            .find(|s| s.node == node)
+            .map_or(0, |s| s.budget);
         let reps = opts.reps.clamp(1, 5);
         Ok((Pin { rt, node, reps }, budget))
     }
@@ -331,7 +335,7 @@ fn cold_pinning(pin: &Pin, opts: &BenchOptions, budget: u64, out: &mut Sink) -> 
     let Some(&first) = sizes.first() else {
         return Ok(());
     };
-    let threads = pin.rt.arena(pin.node)?.config().populate_threads;
+    let threads = numapin::measure::pinning::populate_threads(pin.rt, pin.node)?;
     let all = cold::cold_settings(threads, true, true);
     for &bytes in &sizes {
         out.progress(&format!(

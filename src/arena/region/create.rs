@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use super::super::huge::{self, thp_enabled, PageKind};
-use super::super::{ArenaError, Backend, PinnedBy, PlacedBy, RegionMethods, VerifiedBy};
+use super::super::{Backend, PinnedBy, PlacedBy, RegionMethods, RuntimeError, VerifiedBy};
 use super::{
     step_failed, PageCounts, Region, RegionOptions, Registration, Step, StepTimes, HUGE_PAGE,
     LAST_MAPPED, PAGE,
@@ -25,12 +25,12 @@ impl Region {
     ///
     /// # Errors
     ///
-    /// The [`ArenaError`] of the step that failed (every earlier step is
-    /// undone): [`ArenaError::System`] naming the step,
-    /// [`ArenaError::HugePages`], [`ArenaError::NoMemory`] when `mbind`
-    /// fails, [`ArenaError::Memlock`], [`ArenaError::Register`] and
-    /// [`ArenaError::Placement`].
-    pub fn create(o: &RegionOptions) -> Result<Region, ArenaError> {
+    /// The [`RuntimeError`] of the step that failed (every earlier step is
+    /// undone): [`RuntimeError::System`] naming the step,
+    /// [`RuntimeError::HugePages`], [`RuntimeError::NoMemory`] when `mbind`
+    /// fails, [`RuntimeError::Memlock`], [`RuntimeError::Register`] and
+    /// [`RuntimeError::OffNode`].
+    pub fn create(o: &RegionOptions) -> Result<Region, RuntimeError> {
         if o.backend != Backend::Mapped {
             return Self::create_by_driver(o);
         }
@@ -59,7 +59,7 @@ impl Region {
 
     /// The pages and length of the region `o` asks for: the pool's or
     /// THP's choice, or 4 KiB pages of a shared file.
-    fn layout(o: &RegionOptions) -> Result<Layout, ArenaError> {
+    fn layout(o: &RegionOptions) -> Result<Layout, RuntimeError> {
         let pages = if o.shared.is_some() {
             huge::Choice {
                 kind: PageKind::Base,
@@ -74,7 +74,7 @@ impl Region {
     }
 
     /// The error a test asked for right after `step`, if it did.
-    pub(super) fn check_injected(&self, o: &RegionOptions, step: Step) -> Result<(), ArenaError> {
+    pub(super) fn check_injected(&self, o: &RegionOptions, step: Step) -> Result<(), RuntimeError> {
         if o.fail_after == Some(step) {
             return Err(step_failed(o.node, self.len)(
                 step,
@@ -88,7 +88,7 @@ impl Region {
     /// shared file at its offset; or anonymous memory, over-asking by one
     /// huge page (to align the start) and one page (the guard pages around
     /// the region).
-    fn map_step(o: &RegionOptions, layout: Layout) -> Result<Region, ArenaError> {
+    fn map_step(o: &RegionOptions, layout: Layout) -> Result<Region, RuntimeError> {
         let Layout { pages, len } = layout;
         let system = step_failed(o.node, len);
         let started = Instant::now();
@@ -143,7 +143,7 @@ impl Region {
 
     /// Step 2: Advise: transparent huge pages (or not), and never into a forked
     /// child.
-    fn advise_step(&mut self, o: &RegionOptions) -> Result<(), ArenaError> {
+    fn advise_step(&mut self, o: &RegionOptions) -> Result<(), RuntimeError> {
         let system = step_failed(o.node, self.len);
         let started = Instant::now();
         let (addr, len) = (self.ptr.as_ptr(), self.len);
@@ -164,7 +164,7 @@ impl Region {
     }
 
     /// Step 3: Bind (or, when mbind is refused, first touch in step 4).
-    fn bind_step(&mut self, o: &RegionOptions) -> Result<(), ArenaError> {
+    fn bind_step(&mut self, o: &RegionOptions) -> Result<(), RuntimeError> {
         let started = Instant::now();
         // SAFETY: the range is our own mapping.
         match unsafe { numa::mbind_node(self.ptr.as_ptr(), self.len, o.node) } {
@@ -186,7 +186,7 @@ impl Region {
                 });
             }
             Err(e) => {
-                return Err(ArenaError::NoMemory {
+                return Err(RuntimeError::NoMemory {
                     node: o.node,
                     size: self.len as u64,
                     reason: "mbind(MPOL_BIND) refused it".into(),
@@ -199,7 +199,7 @@ impl Region {
     }
 
     /// Step 4a: Populate: every page faulted in on the node's CPUs.
-    fn populate_step(&mut self, o: &RegionOptions) -> Result<(), ArenaError> {
+    fn populate_step(&mut self, o: &RegionOptions) -> Result<(), RuntimeError> {
         let first_touch = self.methods.placed == PlacedBy::FirstTouch;
         let started = Instant::now();
         let (len, hugetlb) = (self.len, self.methods.pages.hugetlb_bytes());
@@ -216,7 +216,7 @@ impl Region {
 
     /// Step 4b: Lock (or leave the pinning to registration; hugetlb pages need
     /// neither).
-    fn lock_step(&mut self, o: &RegionOptions, will_register: bool) -> Result<(), ArenaError> {
+    fn lock_step(&mut self, o: &RegionOptions, will_register: bool) -> Result<(), RuntimeError> {
         let started = Instant::now();
         if self.methods.pages.hugetlb_bytes().is_some() {
             self.methods.pinned = PinnedBy::Hugetlb;
@@ -242,7 +242,7 @@ impl Region {
         &mut self,
         o: &RegionOptions,
         will_register: bool,
-    ) -> Result<Option<(std::io::Result<PageCounts>, Duration)>, ArenaError> {
+    ) -> Result<Option<(std::io::Result<PageCounts>, Duration)>, RuntimeError> {
         let (registered, counted) = if will_register {
             let region = &*self;
             std::thread::scope(|s| {
@@ -268,7 +268,7 @@ impl Region {
 
     /// `cuMemHostRegister` of the whole region (or why it was skipped),
     /// timed.
-    fn register_whole(&self, o: &RegionOptions) -> (Result<Registration, ArenaError>, Duration) {
+    fn register_whole(&self, o: &RegionOptions) -> (Result<Registration, RuntimeError>, Duration) {
         let started = Instant::now();
         let r = if !o.register {
             Ok(Registration::Skipped(
@@ -290,7 +290,7 @@ impl Region {
                         )
                     }
                     .map(|()| Registration::Registered)
-                    .map_err(|source| ArenaError::Register {
+                    .map_err(|source| RuntimeError::Register {
                         node: o.node,
                         size: self.len as u64,
                         source,
@@ -309,7 +309,7 @@ impl Region {
         r: std::io::Result<()>,
         register: bool,
         node: u32,
-    ) -> Result<(), ArenaError> {
+    ) -> Result<(), RuntimeError> {
         match r {
             Ok(()) => {
                 self.locked = true;
@@ -329,7 +329,7 @@ impl Region {
                 ));
                 Ok(())
             }
-            Err(e) => Err(ArenaError::lock_failed(node, self.len as u64, Some(e))),
+            Err(e) => Err(RuntimeError::lock_failed(node, self.len as u64, Some(e))),
         }
     }
 }
@@ -343,7 +343,7 @@ fn hugetlb_failed(
     page: usize,
     what: &str,
     e: std::io::Error,
-) -> ArenaError {
+) -> RuntimeError {
     let pool = crate::platform::hugetlb::availability(root, node, page as u64)
         .map(|a| {
             format!(
@@ -352,7 +352,7 @@ fn hugetlb_failed(
             )
         })
         .unwrap_or_default();
-    ArenaError::HugePages {
+    RuntimeError::HugePages {
         node,
         size: len as u64,
         page_bytes: page as u64,

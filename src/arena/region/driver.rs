@@ -6,7 +6,7 @@ use std::ptr::NonNull;
 use std::time::Instant;
 
 use super::super::huge::PageKind;
-use super::super::{ArenaError, Backend, PinnedBy, PlacedBy, RegionMethods, VerifiedBy};
+use super::super::{Backend, PinnedBy, PlacedBy, RegionMethods, RuntimeError, VerifiedBy};
 use super::{
     fail_after, DriverMemory, Region, RegionOptions, Registration, Step, StepTimes, HUGE_PAGE,
 };
@@ -15,10 +15,10 @@ use crate::platform::numa;
 impl Region {
     /// A region from a driver backend: one allocation call (timed as the
     /// `map` step), then the placement check.
-    pub(super) fn create_by_driver(o: &RegionOptions) -> Result<Region, ArenaError> {
+    pub(super) fn create_by_driver(o: &RegionOptions) -> Result<Region, RuntimeError> {
         use crate::platform::cuda::{self, host_numa};
         let len = o.size.div_ceil(HUGE_PAGE).max(1) * HUGE_PAGE;
-        let driver_err = |source| ArenaError::Backend {
+        let driver_err = |source| RuntimeError::Backend {
             node: o.node,
             size: len as u64,
             backend: o.backend,
@@ -77,7 +77,7 @@ impl Region {
             driver: Some(memory),
         };
         if fail_after(o, Step::Map) {
-            return Err(ArenaError::System {
+            return Err(RuntimeError::System {
                 node: o.node,
                 size: len as u64,
                 step: Step::Map,

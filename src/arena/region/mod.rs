@@ -37,7 +37,7 @@
 //!    raise `SIGBUS` (the bound node ran out of free huge pages after the
 //!    check of step 1, because the kernel reserved the pages over the
 //!    machine, not on the node, or another process took them): the region
-//!    then fails with [`ArenaError::HugePages`]. On kernels before 5.14
+//!    then fails with [`RuntimeError::HugePages`]. On kernels before 5.14
 //!    (no `MADV_POPULATE_WRITE`) `Auto` never takes hugetlb pages, and an
 //!    explicit choice touches one byte per page after the check, so a
 //!    process taking the node's free pages in between would end this one
@@ -90,7 +90,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use super::huge::{HugePages, PageKind};
-use super::{ArenaError, Backend, Placement, RegionMethods, SharedBudget, VerifiedBy};
+use super::{Backend, CgroupCap, OffNode, RegionMethods, RuntimeError, VerifiedBy};
 use crate::cpulist::CpuList;
 use crate::platform::numa;
 
@@ -194,7 +194,7 @@ pub struct RegionOptions {
     /// Whether to register with CUDA when the driver is present.
     pub register: bool,
     /// What a page off the node means.
-    pub placement: Placement,
+    pub off_node: OffNode,
     /// Skip `mlock` and let CUDA registration pin the pages (the caller
     /// found RLIMIT_MEMLOCK too low for the region and registration will
     /// happen); the reason, for [`Region::notes`].
@@ -320,7 +320,7 @@ pub struct Region {
     pages_off_node: u64,
     methods: RegionMethods,
     notes: Vec<String>,
-    charge: Option<(std::sync::Arc<SharedBudget>, u64)>,
+    charge: Option<(std::sync::Arc<CgroupCap>, u64)>,
     times: StepTimes,
     /// Threads that populated the region (and check its placement).
     threads: usize,
@@ -452,7 +452,7 @@ impl Region {
 
     /// Charges the region's bytes to `budget` until it is dropped (the
     /// caller reserved them).
-    pub(crate) fn charge(&mut self, budget: std::sync::Arc<SharedBudget>, bytes: u64) {
+    pub(crate) fn charge(&mut self, budget: std::sync::Arc<CgroupCap>, bytes: u64) {
         self.charge = Some((budget, bytes));
     }
 
@@ -508,8 +508,8 @@ impl Region {
 
 /// The error of a step that failed with `source`, for a region of `len`
 /// bytes on `node`.
-fn step_failed(node: u32, len: usize) -> impl Fn(Step, std::io::Error) -> ArenaError {
-    move |step, source| ArenaError::System {
+fn step_failed(node: u32, len: usize) -> impl Fn(Step, std::io::Error) -> RuntimeError {
+    move |step, source| RuntimeError::System {
         node,
         size: len as u64,
         step,

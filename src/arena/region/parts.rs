@@ -8,7 +8,7 @@ use std::sync::mpsc;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use super::super::{ArenaError, PinnedBy, PlacedBy, VerifiedBy};
+use super::super::{PinnedBy, PlacedBy, RuntimeError, VerifiedBy};
 use super::chunks::{pipeline_verify_threads, ChunkPlan};
 use super::populate::{bind_populate_thread, Gate};
 use super::{step_failed, PageCounts, Region, RegionOptions, Registration, Step};
@@ -21,8 +21,8 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// What the pipeline's three threads came back with: the populate time,
 /// the registration time, and the page counts with their time.
 type Outcome = (
-    Result<Duration, ArenaError>,
-    Result<Duration, ArenaError>,
+    Result<Duration, RuntimeError>,
+    Result<Duration, RuntimeError>,
     (std::io::Result<PageCounts>, Duration),
 );
 
@@ -47,7 +47,7 @@ impl Region {
         o: &RegionOptions,
         part: usize,
         register: bool,
-    ) -> Result<Region, ArenaError> {
+    ) -> Result<Region, RuntimeError> {
         self.part = part;
         let base = self.ptr.as_ptr() as usize;
         let ranges: Vec<(usize, usize)> = (0..self.len)
@@ -97,7 +97,7 @@ impl Region {
     /// while the populate threads fault in it, or leaves the pinning to
     /// registration. Returns whether to lock once the region is in (a
     /// kernel without MLOCK_ONFAULT, before 4.4).
-    fn lock_on_fault(&mut self, o: &RegionOptions, register: bool) -> Result<bool, ArenaError> {
+    fn lock_on_fault(&mut self, o: &RegionOptions, register: bool) -> Result<bool, RuntimeError> {
         if self.methods.pages.hugetlb_bytes().is_some() {
             // Never swapped: neither locked nor counted by mlock.
             self.methods.pinned = PinnedBy::Hugetlb;
@@ -312,7 +312,7 @@ fn register_parts(
     (node, len): (u32, usize),
     registered: &Mutex<Vec<usize>>,
     stop: &AtomicBool,
-) -> Result<Duration, ArenaError> {
+) -> Result<Duration, RuntimeError> {
     let flags = crate::platform::cuda::HOST_REGISTER_PORTABLE
         | crate::platform::cuda::HOST_REGISTER_DEVICEMAP;
     let mut took = Duration::ZERO;
@@ -324,7 +324,7 @@ fn register_parts(
         took += t.elapsed();
         if let Err(source) = r {
             stop.store(true, Ordering::Relaxed);
-            return Err(ArenaError::Register {
+            return Err(RuntimeError::Register {
                 node,
                 size: len as u64,
                 source,

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::super::{ArenaError, Placement, VerifiedBy};
+use super::super::{OffNode, RuntimeError, VerifiedBy};
 use super::{
     fail_after, step_failed, verify_threads, PageCounts, Region, RegionOptions, Step, PAGE,
 };
@@ -18,12 +18,12 @@ impl Region {
 
     /// Step 6, for every backend: counts where the pages are (unless
     /// `counted` already did, beside registration) and judges it by
-    /// `o.placement`.
+    /// `o.off_node`.
     pub(super) fn verify(
         mut self,
         o: &RegionOptions,
         counted: Option<(std::io::Result<PageCounts>, Duration)>,
-    ) -> Result<Region, ArenaError> {
+    ) -> Result<Region, RuntimeError> {
         let region = &mut self;
         let len = region.len;
         let system = step_failed(o.node, len);
@@ -58,8 +58,8 @@ impl Region {
                 std::io::Error::other("failure injected by a test"),
             ));
         }
-        if off + counts.missing > 0 && o.placement == Placement::Strict {
-            return Err(ArenaError::Placement {
+        if off + counts.missing > 0 && o.off_node == OffNode::Strict {
+            return Err(RuntimeError::OffNode {
                 node: o.node,
                 size: len as u64,
                 pages: counts.pages,
@@ -74,6 +74,11 @@ impl Region {
 
     /// Where each 4 KiB page of the region is now: `move_pages` (moving
     /// nothing), or, when that is refused, `/proc/self/numa_maps`.
+    ///
+    /// # Errors
+    ///
+    /// As [`Region::count_pages_numa_maps`] when `move_pages` is refused, else
+    /// as [`Region::count_pages_move_pages`].
     pub fn count_pages(&self) -> std::io::Result<PageCounts> {
         match self.count_pages_move_pages() {
             Err(e) if numa::is_refusal(&e) => self.count_pages_numa_maps(),
@@ -84,13 +89,23 @@ impl Region {
     /// Where each 4 KiB page is, from `move_pages` with a null node list
     /// (one status per page; per hugetlb page for hugetlb pages, counted
     /// as the 4 KiB pages it holds), on one thread, or on
-    /// [`VERIFY_THREADS`] for a region of [`VERIFY_SPLIT_BYTES`] or more.
+    /// [`VERIFY_THREADS`](super::VERIFY_THREADS) for a region of
+    /// [`VERIFY_SPLIT_BYTES`](super::VERIFY_SPLIT_BYTES) or more.
+    ///
+    /// # Errors
+    ///
+    /// The system's error from `move_pages` (`EPERM` or `ENOSYS` where a
+    /// seccomp profile refuses it).
     pub fn count_pages_move_pages(&self) -> std::io::Result<PageCounts> {
         self.count_pages_move_pages_on(verify_threads(self.len).min(self.threads))
     }
 
     /// [`Region::count_pages_move_pages`] with the region split between
     /// `threads` threads.
+    ///
+    /// # Errors
+    ///
+    /// As [`Region::count_pages_move_pages`].
     pub fn count_pages_move_pages_on(&self, threads: usize) -> std::io::Result<PageCounts> {
         self.count_range_move_pages(self.ptr.as_ptr() as usize, self.len, threads)
     }
@@ -161,6 +176,11 @@ impl Region {
     /// `/proc/self/numa_maps` (exact: the guard pages, or a hugetlb
     /// mapping's own file, keep its VMAs its own; hugetlb VMAs are counted
     /// in huge pages there, converted to bytes by their page size).
+    ///
+    /// # Errors
+    ///
+    /// The system's error reading `/proc/self/numa_maps` and `/proc/self/maps`,
+    /// or `InvalidData` when the region's mappings cannot be found in them.
     pub fn count_pages_numa_maps(&self) -> std::io::Result<PageCounts> {
         let start = self.ptr.as_ptr() as u64;
         let p = numa_maps::read_self(start..start + self.len as u64, 5)?;

@@ -5,7 +5,7 @@ use crate::doctor::pin_probe::{
     judge, probe_all, probe_node, ProbeOutcome, DEFAULT_PROBE_BYTES, READS,
 };
 use crate::doctor::Verdict;
-use crate::runtime::{ArenaError, PageKind, PinnedBy, PlacedBy, RegionMethods, VerifiedBy};
+use crate::runtime::{PageKind, PinnedBy, PlacedBy, RegionMethods, RuntimeError, VerifiedBy};
 use crate::topology::{NumaNode, Topology};
 
 /// In this process: every probe passes on a node with memory, and
@@ -132,7 +132,7 @@ fn fallback_methods_are_in_the_evidence() {
 
 #[test]
 fn an_arena_error_fails_with_its_fix() {
-    let e = ArenaError::Memlock {
+    let e = RuntimeError::Memlock {
         node: 1,
         size: 2 << 20,
         limit: 1 << 20,

@@ -20,6 +20,13 @@ pub(crate) fn device(ordinal: u32) -> CudaResult<CUdevice> {
 
 /// Makes ordinal `ordinal`'s primary context current on this thread
 /// (retaining it once per process; primary contexts live until exit).
+///
+/// # Errors
+///
+/// [`CudaError::NoDriver`](crate::gpu::CudaError::NoDriver) without a usable driver (or with `NUMAPIN_NO_CUDA`
+/// set), [`CudaError::Call`](crate::gpu::CudaError::Call) naming the driver call that failed, with its
+/// `CUresult`. An ordinal past the devices this process sees is
+/// `CUDA_ERROR_INVALID_DEVICE`.
 pub fn set_device(ordinal: u32) -> CudaResult<CUcontext> {
     let ctx = primary_context(ordinal)?;
     // SAFETY: ctx is a retained primary context, valid for the process.
@@ -60,6 +67,12 @@ pub struct ContextGuard(std::marker::PhantomData<*const ()>);
 
 impl ContextGuard {
     /// Pushes ordinal `ordinal`'s primary context.
+    ///
+    /// # Errors
+    ///
+    /// [`CudaError::NoDriver`](crate::gpu::CudaError::NoDriver) without a usable driver (or with
+    /// `NUMAPIN_NO_CUDA` set), [`CudaError::Call`](crate::gpu::CudaError::Call) naming the driver call that
+    /// failed, with its `CUresult`.
     pub fn push(ordinal: u32) -> CudaResult<ContextGuard> {
         Self::push_context(primary_context(ordinal)?)
     }
@@ -83,6 +96,12 @@ impl Drop for ContextGuard {
 
 /// Makes some context current (ordinal 0's primary context) when none is,
 /// for calls such as `cuMemHostRegister` that need one.
+///
+/// # Errors
+///
+/// [`CudaError::NoDriver`](crate::gpu::CudaError::NoDriver) without a usable driver (or with `NUMAPIN_NO_CUDA`
+/// set), [`CudaError::Call`](crate::gpu::CudaError::Call) naming the driver call that failed, with its
+/// `CUresult`.
 pub fn ensure_context() -> CudaResult<()> {
     let mut cur = std::ptr::null_mut();
     // SAFETY: cur is a valid out-pointer.

@@ -41,6 +41,12 @@ pub(crate) unsafe fn host_unregister(ptr: *mut c_void) -> CudaResult<()> {
 }
 
 /// The flags the driver holds for a pinned host pointer (`cuMemHostGetFlags`).
+///
+/// # Errors
+///
+/// [`CudaError::NoDriver`] without a usable driver (or with `NUMAPIN_NO_CUDA`
+/// set), [`CudaError::Call`] naming the driver call that failed, with its
+/// `CUresult`. Memory the driver did not pin is `CUDA_ERROR_INVALID_VALUE`.
 pub fn host_get_flags(ptr: *const c_void) -> CudaResult<u32> {
     driver_version()?;
     ensure_context()?;
@@ -59,6 +65,12 @@ pub const HOST_REGISTER_DEVICEMAP: u32 = sys::CU_MEMHOSTREGISTER_DEVICEMAP;
 /// The device pointer of registered or `cuMemAllocHost` memory
 /// (`cuMemHostGetDevicePointer`; equal to the host pointer with unified
 /// addressing).
+///
+/// # Errors
+///
+/// [`CudaError::NoDriver`] without a usable driver (or with `NUMAPIN_NO_CUDA`
+/// set), [`CudaError::Call`] naming the driver call that failed, with its
+/// `CUresult`. Memory the driver did not pin is `CUDA_ERROR_INVALID_VALUE`.
 pub fn host_device_pointer(ptr: *const c_void) -> CudaResult<CUdeviceptr> {
     driver_version()?;
     ensure_context()?;
@@ -70,7 +82,8 @@ pub fn host_device_pointer(ptr: *const c_void) -> CudaResult<CUdeviceptr> {
     Ok(d)
 }
 
-/// Device memory from `cuMemAlloc`, freed on drop.
+/// Device memory from `cuMemAlloc`, freed on drop (a failed free is
+/// counted in [`failed_frees`]).
 #[derive(Debug)]
 pub struct DeviceBuffer {
     ptr: CUdeviceptr,
@@ -86,6 +99,13 @@ unsafe impl Sync for DeviceBuffer {}
 
 impl DeviceBuffer {
     /// Allocates `len` bytes on the current context's device.
+    ///
+    /// # Errors
+    ///
+    /// [`CudaError::NoDriver`] without a usable driver (or with
+    /// `NUMAPIN_NO_CUDA` set), [`CudaError::Call`] naming the driver call that
+    /// failed, with its `CUresult`. `CUDA_ERROR_OUT_OF_MEMORY` when the device
+    /// is full.
     pub fn new(len: usize) -> CudaResult<DeviceBuffer> {
         driver_version()?;
         ensure_context()?;
@@ -123,15 +143,21 @@ impl Drop for DeviceBuffer {
         let guard = ContextGuard::push_context(self.ctx);
         // SAFETY: allocated by cuMemAlloc; cuMemFree synchronises with work
         // still using it.
-        unsafe { sys::cuMemFree_v2(self.ptr) };
+        record_free(check("cuMemFree", unsafe { sys::cuMemFree_v2(self.ptr) }));
         drop(guard);
     }
 }
 
-/// Pinned host memory from `cuMemAllocHost`, freed with `cuMemFreeHost` on
-/// drop (the baseline numapin's arenas are measured against).
+/// Pinned host memory from `cuMemAllocHost`, freed with `cuMemFreeHost`:
+/// the driver's own pinned memory, with no NUMA placement and counted in
+/// no budget. Crate-private: the baseline the measurements compare the
+/// arenas with, and the memory of [`Backend::HostAllocBound`] regions
+/// (allocated under a bind policy); users get pinned memory from a
+/// `Runtime`.
+///
+/// [`Backend::HostAllocBound`]: crate::runtime::Backend::HostAllocBound
 #[derive(Debug)]
-pub struct HostAlloc {
+pub(crate) struct HostAlloc {
     ptr: *mut c_void,
     len: usize,
 }
@@ -143,7 +169,8 @@ unsafe impl Sync for HostAlloc {}
 
 impl HostAlloc {
     /// Allocates `len` bytes of pinned host memory in the current context.
-    pub fn new(len: usize) -> CudaResult<HostAlloc> {
+    #[cfg(feature = "measure")]
+    pub(crate) fn new(len: usize) -> CudaResult<HostAlloc> {
         driver_version()?;
         ensure_context()?;
         let mut ptr = std::ptr::null_mut();
@@ -155,7 +182,7 @@ impl HostAlloc {
     }
 
     /// Allocates with `cuMemHostAlloc` and `flags` (`CU_MEMHOSTALLOC_*`).
-    pub fn with_flags(len: usize, flags: u32) -> CudaResult<HostAlloc> {
+    pub(crate) fn with_flags(len: usize, flags: u32) -> CudaResult<HostAlloc> {
         driver_version()?;
         ensure_context()?;
         let mut ptr = std::ptr::null_mut();
@@ -167,26 +194,71 @@ impl HostAlloc {
     }
 
     /// The first byte.
-    pub fn ptr(&self) -> *mut c_void {
+    pub(crate) fn ptr(&self) -> *mut c_void {
         self.ptr
     }
 
     /// Bytes.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.len
     }
 
-    /// Whether it holds no bytes.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
+    /// Frees the memory now, returning `cuMemFreeHost`'s result (dropping
+    /// it frees too, and records a failure in [`failed_frees`]).
+    #[cfg(feature = "measure")]
+    pub(crate) fn free(self) -> CudaResult<()> {
+        let r = self.free_now();
+        std::mem::forget(self);
+        r
+    }
+
+    fn free_now(&self) -> CudaResult<()> {
+        // SAFETY: allocated by cuMemAllocHost/cuMemHostAlloc; `free` and
+        // `drop` each run once per value and never both.
+        check("cuMemFreeHost", unsafe { sys::cuMemFreeHost(self.ptr) })
     }
 }
 
 impl Drop for HostAlloc {
     fn drop(&mut self) {
-        // SAFETY: allocated by cuMemAllocHost and not freed before.
-        unsafe { sys::cuMemFreeHost(self.ptr) };
+        record_free(self.free_now());
     }
+}
+
+/// Driver frees that failed where nothing could return the error (a
+/// `Drop`): how many since the process started, and the last one.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct FailedFrees {
+    /// Failed frees (`cuMemFree`, `cuMemFreeHost`).
+    pub count: u64,
+    /// The last failure.
+    pub last: Option<CudaError>,
+}
+
+static FAILED_FREES: std::sync::Mutex<FailedFrees> = std::sync::Mutex::new(FailedFrees {
+    count: 0,
+    last: None,
+});
+
+/// Records the result of a free made in a `Drop`.
+pub(crate) fn record_free(r: CudaResult<()>) {
+    if let Err(e) = r {
+        let mut f = FAILED_FREES.lock().unwrap_or_else(|p| p.into_inner());
+        f.count += 1;
+        f.last = Some(e);
+    }
+}
+
+/// The driver frees that failed when a [`DeviceBuffer`] (or numapin's own
+/// driver memory) was dropped: a drop cannot return an error, so each
+/// failure is counted here instead of being lost. A failed free usually
+/// means the context was already torn down or a sticky error killed it.
+pub fn failed_frees() -> FailedFrees {
+    FAILED_FREES
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone()
 }
 
 /// Queues a host-to-device copy of `len` bytes on `stream`.
@@ -196,6 +268,12 @@ impl Drop for HostAlloc {
 /// device memory of the stream's context, until the copy completes (record
 /// an [`Event`](super::stream::Event) after it and wait for it). For the copy to be asynchronous
 /// the host range must be pinned (registered or `cuMemAllocHost`).
+///
+/// # Errors
+///
+/// [`CudaError::NoDriver`] without a usable driver (or with `NUMAPIN_NO_CUDA`
+/// set), [`CudaError::Call`] naming the driver call that failed, with its
+/// `CUresult`.
 pub unsafe fn memcpy_htod_async(
     dst: CUdeviceptr,
     src: *const c_void,
@@ -215,6 +293,12 @@ pub unsafe fn memcpy_htod_async(
 /// `dst..dst+len` must stay mapped and be neither read nor written by the
 /// host, and `src..src+len` be device memory of the stream's context, until
 /// the copy completes.
+///
+/// # Errors
+///
+/// [`CudaError::NoDriver`] without a usable driver (or with `NUMAPIN_NO_CUDA`
+/// set), [`CudaError::Call`] naming the driver call that failed, with its
+/// `CUresult`.
 pub unsafe fn memcpy_dtoh_async(
     dst: *mut c_void,
     src: CUdeviceptr,
@@ -234,6 +318,12 @@ pub unsafe fn memcpy_dtoh_async(
 /// # Safety
 /// `src..src+len` must be readable host memory and `dst..dst+len` device
 /// memory of the current context.
+///
+/// # Errors
+///
+/// [`CudaError::NoDriver`] without a usable driver (or with `NUMAPIN_NO_CUDA`
+/// set), [`CudaError::Call`] naming the driver call that failed, with its
+/// `CUresult`.
 pub unsafe fn memcpy_htod(dst: CUdeviceptr, src: *const c_void, len: usize) -> CudaResult<()> {
     driver_version()?;
     // SAFETY: per the caller's guarantee.
@@ -248,6 +338,12 @@ pub unsafe fn memcpy_htod(dst: CUdeviceptr, src: *const c_void, len: usize) -> C
 /// `dst..dst+len` must be writable host memory not otherwise accessed
 /// during the call, and `src..src+len` device memory of the current
 /// context.
+///
+/// # Errors
+///
+/// [`CudaError::NoDriver`] without a usable driver (or with `NUMAPIN_NO_CUDA`
+/// set), [`CudaError::Call`] naming the driver call that failed, with its
+/// `CUresult`.
 pub unsafe fn memcpy_dtoh(dst: *mut c_void, src: CUdeviceptr, len: usize) -> CudaResult<()> {
     driver_version()?;
     // SAFETY: per the caller's guarantee.
@@ -258,6 +354,12 @@ pub unsafe fn memcpy_dtoh(dst: *mut c_void, src: CUdeviceptr, len: usize) -> Cud
 
 impl DeviceBuffer {
     /// Sets every byte to `value` (`cuMemsetD8`, synchronous).
+    ///
+    /// # Errors
+    ///
+    /// [`CudaError::NoDriver`] without a usable driver (or with
+    /// `NUMAPIN_NO_CUDA` set), [`CudaError::Call`] naming the driver call that
+    /// failed, with its `CUresult`.
     pub fn memset(&self, value: u8) -> CudaResult<()> {
         let _g = ContextGuard::push_context(self.ctx)?;
         // SAFETY: the range is this allocation.
@@ -267,6 +369,13 @@ impl DeviceBuffer {
     }
 
     /// Copies the first `dst.len()` bytes back to the host (synchronous).
+    ///
+    /// # Errors
+    ///
+    /// [`CudaError::NoDriver`] without a usable driver (or with
+    /// `NUMAPIN_NO_CUDA` set), [`CudaError::Call`] naming the driver call that
+    /// failed, with its `CUresult`. `dst` longer than the buffer is
+    /// `CUDA_ERROR_INVALID_VALUE`.
     pub fn read(&self, dst: &mut [u8]) -> CudaResult<()> {
         assert!(dst.len() <= self.len, "read past the device buffer");
         let _g = ContextGuard::push_context(self.ctx)?;
@@ -276,6 +385,13 @@ impl DeviceBuffer {
     }
 
     /// Copies `src` to the start of the buffer (synchronous).
+    ///
+    /// # Errors
+    ///
+    /// [`CudaError::NoDriver`] without a usable driver (or with
+    /// `NUMAPIN_NO_CUDA` set), [`CudaError::Call`] naming the driver call that
+    /// failed, with its `CUresult`. `src` longer than the buffer is
+    /// `CUDA_ERROR_INVALID_VALUE`.
     pub fn write(&self, src: &[u8]) -> CudaResult<()> {
         assert!(src.len() <= self.len, "write past the device buffer");
         let _g = ContextGuard::push_context(self.ctx)?;
@@ -356,4 +472,26 @@ pub(crate) fn device_range(ptr: CUdeviceptr) -> CudaResult<DeviceRange> {
         start,
         size,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_free_that_fails_in_a_drop_is_counted_not_lost() {
+        let before = failed_frees().count;
+        record_free(Ok(()));
+        let e = CudaError::Call {
+            call: "cuMemFreeHost",
+            name: "CUDA_ERROR_INVALID_VALUE".into(),
+            description: "invalid argument".into(),
+            code: 1,
+        };
+        record_free(Err(e.clone()));
+        let after = failed_frees();
+        // Other tests may record failures of their own meanwhile.
+        assert!(after.count > before, "{after:?}");
+        assert!(after.last.is_some());
+    }
 }

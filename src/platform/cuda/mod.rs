@@ -32,10 +32,10 @@ pub(crate) use context::device;
 #[cfg(feature = "measure")]
 pub(crate) use context::{device_attribute, multiprocessor_count};
 pub use context::{ensure_context, set_device, ContextGuard};
-pub(crate) use memory::{device_range, host_register, host_unregister};
+pub(crate) use memory::{device_range, host_register, host_unregister, HostAlloc};
 pub use memory::{
-    host_device_pointer, host_get_flags, memcpy_dtoh, memcpy_dtoh_async, memcpy_htod,
-    memcpy_htod_async, DeviceBuffer, HostAlloc, HOST_REGISTER_DEVICEMAP, HOST_REGISTER_PORTABLE,
+    failed_frees, host_device_pointer, host_get_flags, memcpy_dtoh, memcpy_dtoh_async, memcpy_htod,
+    memcpy_htod_async, DeviceBuffer, FailedFrees, HOST_REGISTER_DEVICEMAP, HOST_REGISTER_PORTABLE,
 };
 #[cfg(feature = "measure")]
 pub(crate) use module::{Function, Module};
@@ -150,6 +150,11 @@ static DRIVER: OnceLock<Result<u32, NoDriver>> = OnceLock::new();
 
 /// Loads and initialises the driver once; returns its version (`12080` for
 /// 12.8) or why it is unavailable.
+///
+/// # Errors
+///
+/// [`CudaError::NoDriver`] when the driver cannot be loaded or initialised (or
+/// `NUMAPIN_NO_CUDA` is set).
 pub fn driver_version() -> CudaResult<u32> {
     DRIVER
         .get_or_init(|| {
@@ -264,6 +269,12 @@ pub(crate) fn enumerate() -> Enumeration {
 }
 
 /// How many devices this process sees (`cuDeviceGetCount`).
+///
+/// # Errors
+///
+/// [`CudaError::NoDriver`] without a usable driver (or with `NUMAPIN_NO_CUDA`
+/// set), [`CudaError::Call`] naming the driver call that failed, with its
+/// `CUresult`.
 pub fn device_count() -> CudaResult<u32> {
     driver_version()?;
     let mut count = 0;

@@ -21,6 +21,12 @@ impl Stream {
     /// A non-blocking stream (`CU_STREAM_NON_BLOCKING`: no implicit
     /// synchronisation with the legacy default stream) in the current
     /// context (see [`set_device`](super::set_device)).
+    ///
+    /// # Errors
+    ///
+    /// [`CudaError::NoDriver`](crate::gpu::CudaError::NoDriver) without a usable driver (or with
+    /// `NUMAPIN_NO_CUDA` set), [`CudaError::Call`](crate::gpu::CudaError::Call) naming the driver call that
+    /// failed, with its `CUresult`.
     pub fn new() -> CudaResult<Stream> {
         driver_version()?;
         ensure_context()?;
@@ -39,6 +45,12 @@ impl Stream {
     }
 
     /// Waits until all work queued on the stream has finished.
+    ///
+    /// # Errors
+    ///
+    /// [`CudaError::NoDriver`](crate::gpu::CudaError::NoDriver) without a usable driver (or with
+    /// `NUMAPIN_NO_CUDA` set), [`CudaError::Call`](crate::gpu::CudaError::Call) naming the driver call that
+    /// failed, with its `CUresult` (a sticky error of the context shows here).
     pub fn synchronize(&self) -> CudaResult<()> {
         // SAFETY: the handle is valid until drop.
         check("cuStreamSynchronize", unsafe {
@@ -68,6 +80,12 @@ unsafe impl Sync for Event {}
 impl Event {
     /// An event in the current context. `timing` false creates it with
     /// `CU_EVENT_DISABLE_TIMING`, the cheap kind for ordering.
+    ///
+    /// # Errors
+    ///
+    /// [`CudaError::NoDriver`](crate::gpu::CudaError::NoDriver) without a usable driver (or with
+    /// `NUMAPIN_NO_CUDA` set), [`CudaError::Call`](crate::gpu::CudaError::Call) naming the driver call that
+    /// failed, with its `CUresult`.
     pub fn new(timing: bool) -> CudaResult<Event> {
         driver_version()?;
         ensure_context()?;
@@ -90,6 +108,12 @@ impl Event {
     /// # Safety
     /// `stream` must be a live stream (or null, the legacy default stream)
     /// of the event's context.
+    ///
+    /// # Errors
+    ///
+    /// [`CudaError::NoDriver`](crate::gpu::CudaError::NoDriver) without a usable driver (or with
+    /// `NUMAPIN_NO_CUDA` set), [`CudaError::Call`](crate::gpu::CudaError::Call) naming the driver call that
+    /// failed, with its `CUresult`.
     pub unsafe fn record(&self, stream: CUstream) -> CudaResult<()> {
         // SAFETY: per the caller's guarantee; the event is ours.
         check("cuEventRecord", unsafe {
@@ -99,6 +123,12 @@ impl Event {
 
     /// Whether the work before the event has completed (`cuEventQuery`;
     /// never blocks).
+    ///
+    /// # Errors
+    ///
+    /// [`CudaError::NoDriver`](crate::gpu::CudaError::NoDriver) without a usable driver (or with
+    /// `NUMAPIN_NO_CUDA` set), [`CudaError::Call`](crate::gpu::CudaError::Call) naming the driver call that
+    /// failed, with its `CUresult`. A sticky error of the context shows here.
     pub fn is_complete(&self) -> CudaResult<bool> {
         // SAFETY: the handle is valid until drop.
         let r = unsafe { sys::cuEventQuery(self.0) };
@@ -109,6 +139,12 @@ impl Event {
     }
 
     /// Blocks until the event has completed.
+    ///
+    /// # Errors
+    ///
+    /// [`CudaError::NoDriver`](crate::gpu::CudaError::NoDriver) without a usable driver (or with
+    /// `NUMAPIN_NO_CUDA` set), [`CudaError::Call`](crate::gpu::CudaError::Call) naming the driver call that
+    /// failed, with its `CUresult` (a sticky error of the context shows here).
     pub fn synchronize(&self) -> CudaResult<()> {
         // SAFETY: the handle is valid until drop.
         check("cuEventSynchronize", unsafe {
@@ -118,6 +154,13 @@ impl Event {
 
     /// Milliseconds between `start` and this event (both timing events,
     /// both completed).
+    ///
+    /// # Errors
+    ///
+    /// [`CudaError::NoDriver`](crate::gpu::CudaError::NoDriver) without a usable driver (or with
+    /// `NUMAPIN_NO_CUDA` set), [`CudaError::Call`](crate::gpu::CudaError::Call) naming the driver call that
+    /// failed, with its `CUresult`. Events made without timing, or not yet
+    /// complete, are `CUDA_ERROR_INVALID_HANDLE` or `CUDA_ERROR_NOT_READY`.
     pub fn elapsed_ms_since(&self, start: &Event) -> CudaResult<f32> {
         let mut ms = 0.0;
         // SAFETY: both handles are valid; ms is an out-pointer.

@@ -97,7 +97,7 @@ fn a_failed_provisioning_stops_the_waiting_and_a_stopped_provisioner_returns() {
     let own = own_rt();
     let budget = own.stats()[0].budget as usize;
     let r = owner.provision(&own, Target::Host, (4, budget / 2), 4, false);
-    assert!(matches!(r, Err(super::SharedError::Arena(_))), "{r:?}");
+    assert!(matches!(r, Err(super::SharedError::Runtime(_))), "{r:?}");
     assert!(!owner.ready() && owner.parts.lock().unwrap().is_empty());
     assert_eq!(shared_bytes(&own), 0);
     owner.fail();

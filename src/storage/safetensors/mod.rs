@@ -40,9 +40,8 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
 use crate::gpu::{CUdeviceptr, CudaOrdinal};
-use crate::loader::Target;
 use crate::platform::file::Identity;
-use crate::runtime::{PinnedBuf, Runtime};
+use crate::runtime::{PinnedBuf, Runtime, Target};
 
 use super::{
     read_ranges_to_device, read_ranges_to_host, DeviceMemory, DeviceRange, HostRange, ReadOptions,
@@ -532,7 +531,7 @@ impl Checkpoint {
     /// device `gpu`, each at a multiple of [`DEVICE_ALIGN`] bytes.
     ///
     /// # Errors
-    /// As [`read_ranges_to_device`](super::read_ranges_to_device), and
+    /// As [`read_ranges_to_device`], and
     /// [`StorageError::Cuda`] when the GPU's memory is short. The options
     /// are checked before anything is allocated; nothing stays allocated
     /// after an error.
@@ -580,7 +579,7 @@ impl Checkpoint {
     /// of at most [`MAX_OPEN_FILES`] files at a time: `read` gets the
     /// turn's files (opened, and checked to be those whose headers were
     /// read) and the ranges of the selected tensors in them, and reads them
-    /// ([`read_ranges_to_device`](super::read_ranges_to_device), or
+    /// ([`read_ranges_to_device`], or
     /// [`read_ranges_to_device_on`](super::read_ranges_to_device_on) to
     /// order the copies after a stream's work). Returns what the reads
     /// did, together.
@@ -638,7 +637,7 @@ impl Checkpoint {
     /// buffer per tensor, read straight into place by threads on that node.
     ///
     /// # Errors
-    /// As [`read_ranges_to_host`](super::read_ranges_to_host), and
+    /// As [`read_ranges_to_host`], and
     /// [`StorageError::TensorMemory`] (naming the file and the tensor) when
     /// the node's budget is short. The
     /// options are checked before anything is allocated; nothing stays
@@ -659,7 +658,7 @@ impl Checkpoint {
             // the alignment, so its whole blocks can be read in place.
             let pad = (t.offset % self.files[t.source].align) as usize;
             let buf = rt
-                .alloc_on_node(node, (pad + t.len).max(1))
+                .alloc(Target::HostNode(node), (pad + t.len).max(1))
                 .map_err(|source| StorageError::TensorMemory {
                     path: self.files[t.source].path.clone(),
                     tensor: header::quoted(&t.name),

@@ -43,7 +43,7 @@ use std::time::Instant;
 
 use crate::gpu::{CUdeviceptr, CUstream, CudaOrdinal};
 use crate::platform::cuda;
-use crate::runtime::{PinnedBuf, Runtime, Target};
+use crate::runtime::{AllocOptions, PinnedBuf, Runtime, Target};
 
 use super::device::{check_device_range, cuda_error, event_on};
 use super::{IoMode, Result, StorageError};
@@ -241,7 +241,7 @@ pub fn write_file(
 /// naming the file, offset and fix when the folder cannot be written, the
 /// filesystem is full (`ENOSPC`), a quota is spent (`EDQUOT`), the file is
 /// over `ulimit -f` (`EFBIG`), the drive fails (`EIO`);
-/// [`StorageError::Cuda`] when a copy fails; [`StorageError::Arena`] when
+/// [`StorageError::Cuda`] when a copy fails; [`StorageError::Runtime`] when
 /// the slots cannot be had. After any error the files at `files`' paths
 /// are as they were (except those already renamed, when a rename itself
 /// fails), no temporary file is left and the slots are back in the arena.
@@ -307,26 +307,14 @@ pub unsafe fn write_files_on(
     Ok(report)
 }
 
-/// Pinned memory for staging: `bytes` on `node` from the runtime's
-/// arena, counted in its budget, in a region of its own size when one
-/// must be made (the writer's slots, a checkpoint stager's copy).
+/// Pinned memory for the writer's slots: `bytes` on `node` from the
+/// runtime's arena, counted in its budget, in a region of its own size
+/// when one must be made, failing at once over budget (as the reader's).
 fn lend(rt: &Runtime, node: u32, bytes: usize) -> Result<PinnedBuf> {
-    Ok(rt.alloc_staging(node, bytes)?)
-}
-
-/// `bytes` (at least one) of pinned memory on `target`'s node
-/// ([`Runtime::place`]; a GPU's node for [`Target::Gpu`]) to stage a
-/// checkpoint in: from the runtime's arena and counted in the node's
-/// budget, in a region of its own size (rounded up to 2 MiB) when one
-/// must be made, so that it pins no more than it holds. A stager makes it
-/// once and copies each save's tensors into it.
-///
-/// # Errors
-/// [`StorageError::Arena`] when the node's budget (or the memlock limit)
-/// does not allow it; an unknown GPU or node.
-pub fn staging_buffer(rt: &Runtime, target: Target, bytes: usize) -> Result<PinnedBuf> {
-    let node = super::place(rt, target)?.node;
-    lend(rt, node, bytes.max(1))
+    let staging = AllocOptions::default()
+        .with_staging(true)
+        .with_wait(Some(std::time::Duration::ZERO));
+    Ok(rt.alloc_with(Target::HostNode(node), bytes, &staging)?)
 }
 
 /// The chunks of every file through the slots, by writers on the

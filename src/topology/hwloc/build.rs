@@ -100,10 +100,10 @@ fn to_child(e: Error, source: &str) -> crate::platform::isolate::ChildError {
             fix,
             system: false,
         },
-        Error::System { what, fix, source } => ChildError {
-            input: what,
-            problem: source.to_string(),
-            fix,
+        Error::System(e) => ChildError {
+            input: e.what,
+            problem: e.source.to_string(),
+            fix: e.fix,
             system: true,
         },
         other => ChildError {
@@ -118,11 +118,7 @@ fn to_child(e: Error, source: &str) -> crate::platform::isolate::ChildError {
 /// The error a child reported, as this side's error.
 fn from_child(c: crate::platform::isolate::ChildError) -> Error {
     if c.system {
-        Error::System {
-            what: c.input,
-            fix: c.fix,
-            source: c.problem.into(),
-        }
+        Error::system(c.input, c.fix, c.problem)
     } else {
         Error::input(c.input, c.problem, c.fix)
     }

@@ -38,12 +38,12 @@ pub(crate) const HWLOC_REPLACING_VARS: [&str; 4] = [
 fn check_env_overrides() -> Result<()> {
     for var in HWLOC_REPLACING_VARS {
         if let Some(v) = std::env::var_os(var) {
-            return Err(Error::Env {
-                variable: var.into(),
-                value: v.to_string_lossy().into_owned(),
-                problem: "hwloc would describe what this variable names instead of this machine".into(),
-                fix: format!("unset {var} to describe this machine; to read a saved machine, give its file with --input"),
-            });
+            return Err(Error::env(
+                var,
+                v.to_string_lossy(),
+                "hwloc would describe what this variable names instead of this machine",
+                format!("unset {var} to describe this machine; to read a saved machine, give its file with --input"),
+            ));
         }
     }
     Ok(())
@@ -164,6 +164,13 @@ fn with_fsroot_env<T>(root: &Path, f: impl FnOnce() -> T) -> T {
 
 /// This machine's hwloc XML (with I/O objects), as `lstopo --of xml`
 /// writes it.
+///
+/// # Errors
+///
+/// [`TopologyError::Env`](Error::Env) for a `HWLOC_*` variable that would
+/// describe something else than this machine;
+/// [`TopologyError::System`](Error::System) when hwloc cannot discover or
+/// export it.
 pub fn export_live_xml() -> Result<Vec<u8>> {
     check_env_overrides()?;
     // Held until the topology is gone (see discover_live).

@@ -1,5 +1,5 @@
-//! [`pin`]: a pinned copy of host memory on a GPU's node, made by threads
-//! on that node.
+//! [`pinned_copy`]: a pinned copy of host memory on a GPU's node, made by
+//! threads on that node.
 //!
 //! The threads are kept: one small pool per CPU set (a node's allowed CPUs),
 //! started on first use and bound to those CPUs, so a copy pays no thread
@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 
 use super::stream_copy;
-use crate::loader::LoaderError;
+use super::StagedError;
 use crate::runtime::Target;
 use crate::runtime::{PinnedBuf, Runtime};
 use crate::CpuList;
@@ -32,9 +32,15 @@ const CHUNK: usize = 2 << 20;
 ///
 /// This is the NUMA-local replacement for a framework's `pin_memory()`:
 /// the copy runs on the destination's node, where its writes are local.
-pub fn pin(rt: &Runtime, src: &[u8], target: Target) -> Result<PinnedBuf, LoaderError> {
+/// The buffer is [`Runtime::alloc`]'s, counted in the node's budget as
+/// every buffer is; this function only fills it.
+///
+/// # Errors
+///
+/// [`Runtime::alloc`]'s errors for `target` and `src.len()` bytes.
+pub fn pinned_copy(rt: &Runtime, src: &[u8], target: Target) -> Result<PinnedBuf, StagedError> {
     let place = rt.place(target)?;
-    let mut buf = rt.alloc_on_node(place.node, src.len().max(1))?;
+    let mut buf = rt.alloc(Target::HostNode(place.node), src.len().max(1))?;
     copy_parallel(&mut buf[..src.len()], src, &place.cpus)?;
     Ok(buf)
 }
@@ -171,13 +177,13 @@ fn pool_for(cpus: &CpuList) -> Arc<Pool> {
 /// # Panics
 ///
 /// When the lengths differ, like `copy_from_slice`.
-pub fn copy_host(dst: &mut [u8], src: &[u8], cpus: &CpuList) -> Result<(), LoaderError> {
+pub fn copy_host(dst: &mut [u8], src: &[u8], cpus: &CpuList) -> Result<(), StagedError> {
     copy_parallel(dst, src, cpus)
 }
 
 /// Copies `src` into `dst` with threads bound to `cpus` (the calling thread
 /// alone for small copies).
-pub(crate) fn copy_parallel(dst: &mut [u8], src: &[u8], cpus: &CpuList) -> Result<(), LoaderError> {
+pub(crate) fn copy_parallel(dst: &mut [u8], src: &[u8], cpus: &CpuList) -> Result<(), StagedError> {
     assert_eq!(dst.len(), src.len(), "copy_parallel: lengths differ");
     if src.len() < PARALLEL_FROM || cpus.len() < 2 {
         stream_copy::copy(dst, src);
