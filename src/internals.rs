@@ -50,6 +50,37 @@ pub fn pool_root(config: &mut RuntimeConfig, root: Option<std::path::PathBuf>) {
     config.hooks.pool_root = root;
 }
 
+/// Test hook: keep the machine budget's state file in `dir` instead of the
+/// folder `NUMAPIN_MACHINE_BUDGET_DIR` names (or `/dev/shm`).
+pub fn machine_dir(config: &mut RuntimeConfig, dir: Option<std::path::PathBuf>) {
+    config.hooks.machine_dir = dir;
+}
+
+/// The steps at which [`machine_kill_at`] can kill the process: holding
+/// the state file's header lock (`locked`), a record claimed but not
+/// written (`claimed`), written with the lock still held (`written`), the
+/// lock given back before the region is made (`reserved`), and releasing,
+/// the lock taken before the record is rewritten (`releasing`).
+pub const MACHINE_KILL_STEPS: [&str; 5] = ["locked", "claimed", "written", "reserved", "releasing"];
+
+/// Test hook: this process kills itself with `SIGKILL` at `step` (one of
+/// [`MACHINE_KILL_STEPS`]) the next time it changes the machine budget's
+/// state file; `None` turns it off.
+///
+/// # Panics
+///
+/// On a step not in [`MACHINE_KILL_STEPS`].
+pub fn machine_kill_at(step: Option<&str>) {
+    let n = step.map_or(0, |s| {
+        crate::arena::machine::KillAt::ALL
+            .iter()
+            .find(|(_, name)| *name == s)
+            .map(|(k, _)| *k as u8)
+            .unwrap_or_else(|| panic!("{s} is not one of {MACHINE_KILL_STEPS:?}"))
+    });
+    crate::arena::machine::KILL_AT.store(n, std::sync::atomic::Ordering::SeqCst);
+}
+
 /// Test hook: whether the page holding `addr` is mapped in this process.
 pub fn is_mapped(addr: usize) -> bool {
     crate::platform::numa::is_mapped(addr)

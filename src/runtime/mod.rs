@@ -36,6 +36,12 @@ pub use crate::arena::{
     DEFAULT_BUDGET_FRACTION, DEFAULT_REGION_BYTES, MAX_ALIGNMENT,
 };
 
+mod machine;
+pub use machine::{
+    machine_budget_usage, BudgetHolder, MachineBudget, MachineNodeUse, MachineUsage,
+    ParseMachineBudgetError, DEFAULT_STATE_DIR, MACHINE_BUDGET_DIR_VAR, MACHINE_BUDGET_VAR,
+};
+
 /// Most threads that fault in a new region when
 /// [`RuntimeConfig::populate_threads`] is 0 (they are also limited to the
 /// node's allowed CPUs).
@@ -54,6 +60,9 @@ pub(crate) struct TestHooks {
     pub(crate) cgroup_root: Option<std::path::PathBuf>,
     /// Read the huge page pools under this root instead of `/`.
     pub(crate) pool_root: Option<std::path::PathBuf>,
+    /// Keep the machine budget's state file in this folder instead of the
+    /// one `NUMAPIN_MACHINE_BUDGET_DIR` names (or `/dev/shm`).
+    pub(crate) machine_dir: Option<std::path::PathBuf>,
 }
 
 /// How a [`Runtime`] builds and limits its arenas. Start from
@@ -119,6 +128,17 @@ pub struct RuntimeConfig {
     /// more registrations and less room for buffers over a quarter of a
     /// region.
     pub register_in_parts: bool,
+    /// The machine budget: pinned bytes per node over every numapin
+    /// runtime of this user on the machine, in every process (each shared
+    /// region counted once, in the process that made it), kept in a state
+    /// file that a killed process cannot leave wrong (see `docs/arena.md`,
+    /// Machine budget). `None` (the default): the `NUMAPIN_MACHINE_BUDGET`
+    /// variable when set, else [`MachineBudget::Auto`], half of each node
+    /// or this runtime's own budget there when larger, so that one process
+    /// alone is limited as before and several share what one would have.
+    /// Over it, [`ArenaError::MachineBudget`] names the processes holding
+    /// the node's share; [`RuntimeConfig::budget_wait`] waits for them.
+    pub machine_budget: Option<MachineBudget>,
     pub(crate) hooks: TestHooks,
 }
 
@@ -137,6 +157,7 @@ impl Default for RuntimeConfig {
             budget_wait: None,
             huge_pages: HugePages::default(),
             register_in_parts: false,
+            machine_budget: None,
             hooks: TestHooks::default(),
         }
     }
@@ -155,6 +176,7 @@ with_setters!(RuntimeConfig {
     with_budget_wait => budget_wait: Option<Duration>,
     with_huge_pages => huge_pages: HugePages,
     with_register_in_parts => register_in_parts: bool,
+    with_machine_budget => machine_budget: Option<MachineBudget>,
 });
 
 /// One arena per NUMA node with memory (see the module docs). `Send +
@@ -238,6 +260,7 @@ fn check_config(config: &RuntimeConfig) -> Result<(), ArenaError> {
             "use a fraction such as 0.5",
         ));
     }
+    machine::check(config)?;
     if config.backend != Backend::Mapped
         && matches!(
             config.huge_pages,
@@ -265,6 +288,7 @@ fn make_arenas(
     config: &RuntimeConfig,
     region_bytes: u64,
     shared: Option<Arc<arena::SharedBudget>>,
+    machine: &machine::Resolved,
 ) -> Vec<Arc<NodeArena>> {
     let (a, f) = (config.alignment, config.budget_fraction);
     let memlock_applies =
@@ -308,6 +332,7 @@ fn make_arenas(
                     cache: config.thread_cache,
                     memlock_applies,
                     shared: shared.clone(),
+                    machine: machine.for_node(n.memory_bytes, budget),
                     huge_pages: config.huge_pages,
                     register_in_parts: config.register_in_parts,
                     pool_root: config.hooks.pool_root.clone(),
@@ -327,7 +352,9 @@ impl Runtime {
     /// # Errors
     ///
     /// [`ArenaError::Config`] for a setting out of range (alignment,
-    /// region size, budget fraction, hugetlb pages with a driver backend).
+    /// region size, budget fraction, machine budget, hugetlb pages with a
+    /// driver backend), or a `NUMAPIN_MACHINE_BUDGET` or
+    /// `NUMAPIN_MACHINE_BUDGET_DIR` that cannot be read.
     pub fn new(topology: Topology, config: RuntimeConfig) -> Result<Runtime, ArenaError> {
         check_config(&config)?;
         let region_bytes = arena::alloc::round_up(
@@ -338,7 +365,8 @@ impl Runtime {
             Some(_) => None,
             None => cgroup_budget(&config),
         };
-        let arenas = make_arenas(&topology, &config, region_bytes, shared);
+        let machine = machine::resolve(&config)?;
+        let arenas = make_arenas(&topology, &config, region_bytes, shared, &machine);
         arena::publish::register(&arenas);
         Ok(Runtime {
             topology,
