@@ -16,6 +16,7 @@ use numapin::doctor::{Check, Verdict};
 use numapin::procs::{
     judge, node_use, NodeUse, ProcReader, ProcessError, ProcessReport, Scan, Unlisted,
 };
+use numapin::runtime::{machine_budget_usage, MachineUsage};
 use numapin::topology::{ProbeEnv, Topology};
 
 use crate::error::{CliError, Result};
@@ -85,6 +86,10 @@ pub(crate) struct Report {
     pub(crate) nodes: Vec<NodeUse>,
     /// Checks of the nodes (numapin's pins against the default budget).
     pub(crate) node_checks: Vec<Check>,
+    /// The machine budget's state files this user may read (this
+    /// machine's, not read with --root): per node, the bytes every live
+    /// numapin process holds and who holds them.
+    pub(crate) machine_budget: Vec<MachineUsage>,
     /// What the reader could not use (the NVIDIA driver's GPU files).
     pub(crate) notes: Vec<String>,
     /// Verdict counts and the exit code.
@@ -163,15 +168,17 @@ fn one_pass(
         }
     };
     scan.exited.extend(gone.iter().cloned());
-    Ok(report(
-        topo,
-        root,
-        scan,
-        named,
-        pass,
-        started,
-        reader.notes(),
-    ))
+    let mut r = report(topo, root, scan, named, pass, started, reader.notes());
+    // The state files are this machine's: not beside another /proc.
+    if root == std::path::Path::new("/") {
+        let (found, refused) = machine_budget_usage(None);
+        r.machine_budget = found;
+        r.notes.extend(refused.iter().map(|e| {
+            let fix = e.fix().map_or(String::new(), |f| format!(" (fix: {f})"));
+            format!("{}{fix}", numapin::error::with_causes(e))
+        }));
+    }
+    Ok(r)
 }
 
 fn report(
@@ -207,6 +214,7 @@ fn report(
         exited: scan.exited,
         nodes,
         node_checks,
+        machine_budget: Vec::new(),
         notes: notes.to_vec(),
     }
 }
