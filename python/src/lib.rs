@@ -24,7 +24,10 @@ mod storage;
 use std::sync::{Arc, Mutex};
 
 use numapin::affinity::{self, MemPolicy, Mode, PlanOptions, RankChoice};
-use numapin::runtime::{Backend, CacheLimits, HugePages, Placement, Runtime, RuntimeConfig};
+use numapin::runtime::{
+    Backend, CacheLimits, HugePages, MachineBudget, ParseMachineBudgetError, Placement, Runtime,
+    RuntimeConfig,
+};
 use numapin::topology::ProbeOptions;
 use numapin::{CudaOrdinal, Target, Topology};
 use pyo3::buffer::PyUntypedBuffer;
@@ -625,7 +628,7 @@ fn store_config(
 
 /// Sets the configuration of the runtime numapin makes on first use.
 #[pyfunction]
-#[pyo3(signature = (*, budget_bytes=None, budget_fraction=None, region_bytes=None, register=None, placement=None, thread_cache_blocks=None, thread_cache_bytes=None, populate_threads=None, backend=None, huge_pages=None, register_in_parts=None))]
+#[pyo3(signature = (*, budget_bytes=None, budget_fraction=None, region_bytes=None, register=None, placement=None, thread_cache_blocks=None, thread_cache_bytes=None, populate_threads=None, backend=None, huge_pages=None, register_in_parts=None, machine_budget=None, budget_wait=None))]
 #[allow(clippy::too_many_arguments)]
 fn configure(
     py: Python<'_>,
@@ -640,7 +643,33 @@ fn configure(
     backend: Option<&str>,
     huge_pages: Option<&str>,
     register_in_parts: Option<bool>,
+    machine_budget: Option<&str>,
+    budget_wait: Option<f64>,
 ) -> PyResult<()> {
+    let machine_budget = match machine_budget.map(str::parse::<MachineBudget>) {
+        None => None,
+        Some(Ok(m)) => Some(m),
+        Some(Err(e)) => {
+            return Err(input_error(
+                py,
+                format!("machine_budget={:?}: {}", e.text, e.problem),
+                ParseMachineBudgetError::FIX,
+            ))
+        }
+    };
+    let budget_wait = match budget_wait {
+        None => None,
+        Some(w) if w.is_finite() && (0.0..=86_400.0 * 365.0).contains(&w) => {
+            Some(std::time::Duration::from_secs_f64(w))
+        }
+        Some(w) => {
+            return Err(input_error(
+                py,
+                format!("budget_wait={w} is not a number of seconds from 0 to a year"),
+                "pass the seconds to wait for pinned memory when over budget (e.g. 30.0), or None to fail at once",
+            ))
+        }
+    };
     let backend = match backend {
         None => None,
         Some(name) => match Backend::ALL.into_iter().find(|b| b.as_str() == name) {
@@ -703,6 +732,12 @@ fn configure(
         }
         if let Some(p) = register_in_parts {
             c = c.with_register_in_parts(p);
+        }
+        if let Some(m) = machine_budget {
+            c = c.with_machine_budget(Some(m));
+        }
+        if let Some(w) = budget_wait {
+            c = c.with_budget_wait(Some(w));
         }
         if thread_cache_blocks.is_some() || thread_cache_bytes.is_some() {
             let d = c.thread_cache;

@@ -563,6 +563,8 @@ def configure(
     backend: str | None = None,
     huge_pages: str | None = None,
     register_in_parts: bool | None = None,
+    machine_budget: str | float | int | None = None,
+    budget_wait: float | None = None,
 ) -> None:
     """Configures the arenas; call before the first call that allocates.
 
@@ -586,7 +588,18 @@ def configure(
     ``regions_thp``, ...). ``register_in_parts``: make each standard region
     in two halves, the second faulted in while the first is registered with
     CUDA (default false; no buffer then spans the halves, since CUDA
-    refuses a copy across two registrations).
+    refuses a copy across two registrations). ``machine_budget``: what
+    every numapin process of this user on the machine may pin per node
+    together (shared regions counted once, in the process that made them):
+    ``"auto"`` (the default, unless ``NUMAPIN_MACHINE_BUDGET`` says
+    otherwise: half of each node, or this process's own budget there when
+    larger), ``"off"``, a fraction of each node's memory (``0.5`` or
+    ``"0.5"``), bytes per node (an int, or ``"64GiB"``); over it a
+    :class:`BudgetError` names the processes holding the node's share, and
+    :func:`stats` gives ``machine_budget``, ``machine_used`` and
+    ``machine_share``. ``budget_wait``: seconds an allocation over a budget
+    waits for memory to be freed (in this process or, for the machine
+    budget, in others) before the :class:`BudgetError` (default: none).
     """
     def count(v: Any, what: str, hi: int = _U64, lo: int = 0) -> int | None:
         return _opt_int(
@@ -613,6 +626,23 @@ def configure(
                 f"budget_fraction={budget_fraction!r} is not in (0, 1]\n  fix: pass a fraction such as 0.5"
             )
         budget_fraction = float(budget_fraction)
+    if machine_budget is not None:
+        if _is_bool(machine_budget) or not isinstance(machine_budget, (str, int, float)):
+            raise TypeError(
+                f"machine_budget={machine_budget!r} is not a budget\n  fix: pass \"auto\", \"off\", a fraction such as 0.5, bytes as an int, or a size such as \"64GiB\""
+            )
+        if isinstance(machine_budget, int):
+            if not 0 < machine_budget < 2**63:
+                raise InputError(
+                    f"machine_budget={machine_budget!r} bytes is out of range\n  fix: pass at least 1 byte per node, e.g. 64 << 30"
+                )
+            machine_budget = f"{machine_budget}B"
+        elif isinstance(machine_budget, float):
+            machine_budget = f"{machine_budget:.17f}".rstrip("0") if machine_budget == machine_budget else "nan"
+    if budget_wait is not None:
+        if _is_bool(budget_wait) or not isinstance(budget_wait, (int, float)):
+            raise TypeError(f"budget_wait={budget_wait!r} is not a number of seconds\n  fix: pass seconds such as 30.0, or None")
+        budget_wait = float(budget_wait)
     _numapin.configure(
         budget_bytes=count(budget_bytes, "budget_bytes"),
         budget_fraction=budget_fraction,
@@ -625,12 +655,18 @@ def configure(
         backend=word(backend, "backend"),
         huge_pages=word(huge_pages, "huge_pages"),
         register_in_parts=flag(register_in_parts, "register_in_parts"),
+        machine_budget=machine_budget,
+        budget_wait=budget_wait,
     )
 
 
 def stats() -> list[dict[str, Any]]:
     """Counters per NUMA node with memory: regions, bytes reserved, locked,
-    registered, in use and cached, the budget, allocations, placement."""
+    registered, in use and cached, the budget, allocations, placement; the
+    machine budget (``machine_budget``: every numapin process of this user
+    together, 0 when off), what all of them pin on the node
+    (``machine_used``, read now) and this process's part of it
+    (``machine_share``)."""
     return _numapin.stats()
 
 
