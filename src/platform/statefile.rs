@@ -151,6 +151,11 @@ pub(crate) fn is_link_at(dir: &OwnedFd, name: &str) -> bool {
     stat_at(dir, name).ok().flatten().is_some_and(|f| f.link)
 }
 
+/// Whether `path` is a folder (links followed).
+pub(crate) fn is_dir(path: &Path) -> bool {
+    std::fs::metadata(path).is_ok_and(|m| m.is_dir())
+}
+
 /// The names in folder `dir` (links followed for the folder itself).
 pub(crate) fn names_in(dir: &Path) -> io::Result<Vec<String>> {
     let mut names = Vec::new();

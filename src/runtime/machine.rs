@@ -69,13 +69,14 @@ fn setting(config: &RuntimeConfig) -> Result<MachineBudget, ArenaError> {
 }
 
 /// The folder of the state file: the test hook's, else the variable's
-/// (an absolute path), else [`DEFAULT_STATE_DIR`].
-fn state_dir(config: &RuntimeConfig) -> Result<PathBuf, ArenaError> {
+/// (an absolute path), else [`DEFAULT_STATE_DIR`]; and whether it was
+/// chosen (not the default).
+fn state_dir(config: &RuntimeConfig) -> Result<(PathBuf, bool), ArenaError> {
     if let Some(d) = &config.hooks.machine_dir {
-        return Ok(d.clone());
+        return Ok((d.clone(), true));
     }
     let Some(v) = std::env::var_os(MACHINE_BUDGET_DIR_VAR).filter(|v| !v.is_empty()) else {
-        return Ok(PathBuf::from(DEFAULT_STATE_DIR));
+        return Ok((PathBuf::from(DEFAULT_STATE_DIR), false));
     };
     let p = PathBuf::from(&v);
     if !p.is_absolute() {
@@ -86,7 +87,7 @@ fn state_dir(config: &RuntimeConfig) -> Result<PathBuf, ArenaError> {
             format!("set {MACHINE_BUDGET_DIR_VAR} to the absolute path of a folder every process of the job sees (default {DEFAULT_STATE_DIR}), or unset it"),
         ));
     }
-    Ok(p)
+    Ok((p, true))
 }
 
 /// Checks the machine budget's setting and variables.
@@ -113,9 +114,16 @@ pub(super) fn check(config: &RuntimeConfig) -> Result<(), ArenaError> {
 /// made).
 pub(super) fn resolve(config: &RuntimeConfig) -> Result<Resolved, ArenaError> {
     let setting = setting(config)?;
+    let (dir, chosen) = state_dir(config)?;
+    // The default budget where the default folder does not exist (a
+    // minimal container or initramfs without /dev/shm): none kept, rather
+    // than every region refused. Asked for, it is an error at the first
+    // region instead.
+    let missing = || !chosen && !crate::platform::statefile::is_dir(&dir);
     let ledger = match setting {
         MachineBudget::Off => None,
-        _ => Some(Ledger::for_dir(&state_dir(config)?)),
+        MachineBudget::Auto if missing() => None,
+        _ => Some(Ledger::for_dir(&dir)),
     };
     Ok(Resolved { setting, ledger })
 }
