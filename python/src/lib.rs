@@ -626,26 +626,13 @@ fn store_config(
     Ok(())
 }
 
-/// Sets the configuration of the runtime numapin makes on first use.
-#[pyfunction]
-#[pyo3(signature = (*, budget_bytes=None, budget_fraction=None, region_bytes=None, register=None, placement=None, thread_cache_blocks=None, thread_cache_bytes=None, populate_threads=None, backend=None, huge_pages=None, register_in_parts=None, machine_budget=None, budget_wait=None))]
-#[allow(clippy::too_many_arguments)]
-fn configure(
+/// `configure`'s `machine_budget` (its text forms) and `budget_wait`
+/// (seconds), checked.
+fn machine_and_wait(
     py: Python<'_>,
-    budget_bytes: Option<u64>,
-    budget_fraction: Option<f64>,
-    region_bytes: Option<usize>,
-    register: Option<bool>,
-    placement: Option<&str>,
-    thread_cache_blocks: Option<usize>,
-    thread_cache_bytes: Option<u64>,
-    populate_threads: Option<usize>,
-    backend: Option<&str>,
-    huge_pages: Option<&str>,
-    register_in_parts: Option<bool>,
     machine_budget: Option<&str>,
     budget_wait: Option<f64>,
-) -> PyResult<()> {
+) -> PyResult<(Option<MachineBudget>, Option<std::time::Duration>)> {
     let machine_budget = match machine_budget.map(str::parse::<MachineBudget>) {
         None => None,
         Some(Ok(m)) => Some(m),
@@ -670,6 +657,30 @@ fn configure(
             ))
         }
     };
+    Ok((machine_budget, budget_wait))
+}
+
+/// Sets the configuration of the runtime numapin makes on first use.
+#[pyfunction]
+#[pyo3(signature = (*, budget_bytes=None, budget_fraction=None, region_bytes=None, register=None, placement=None, thread_cache_blocks=None, thread_cache_bytes=None, populate_threads=None, backend=None, huge_pages=None, register_in_parts=None, machine_budget=None, budget_wait=None))]
+#[allow(clippy::too_many_arguments)]
+fn configure(
+    py: Python<'_>,
+    budget_bytes: Option<u64>,
+    budget_fraction: Option<f64>,
+    region_bytes: Option<usize>,
+    register: Option<bool>,
+    placement: Option<&str>,
+    thread_cache_blocks: Option<usize>,
+    thread_cache_bytes: Option<u64>,
+    populate_threads: Option<usize>,
+    backend: Option<&str>,
+    huge_pages: Option<&str>,
+    register_in_parts: Option<bool>,
+    machine_budget: Option<&str>,
+    budget_wait: Option<f64>,
+) -> PyResult<()> {
+    let (machine_budget, budget_wait) = machine_and_wait(py, machine_budget, budget_wait)?;
     let backend = match backend {
         None => None,
         Some(name) => match Backend::ALL.into_iter().find(|b| b.as_str() == name) {

@@ -251,7 +251,6 @@ impl NodeArena {
             bytes_shared: st.shared.iter().map(|(_, b)| b).sum(),
             ..NodeStats::default()
         };
-        self.machine_stats(&mut s);
         for slot in regions {
             let r = &slot.region;
             s.regions += 1;
@@ -287,6 +286,9 @@ impl NodeArena {
             s.pages_on_node += r.pages_on_node();
             s.pages_off_node += r.pages_off_node();
         }
+        // The state file is read with no lock of the arena's held.
+        drop(st);
+        self.machine_stats(&mut s);
         s
     }
 }
