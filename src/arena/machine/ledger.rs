@@ -230,6 +230,10 @@ impl Ledger {
         let in_use = others.saturating_add(mine);
         if in_use.saturating_add(bytes) > limit {
             drop(held);
+            if g.own.is_empty() {
+                // Holding nothing, this process keeps no descriptor.
+                g.open = None;
+            }
             return Err(Refusal::Short(Short {
                 in_use,
                 holders: holders(&live, node, mine),
@@ -278,13 +282,16 @@ impl Ledger {
         if self.write_own(&mut g, fd, &live).is_err() {
             return;
         }
-        if g.own.is_empty() && live.is_empty() {
-            // The last process to leave removes the file, under its lock:
-            // a process waiting for the lock sees it removed and makes a
-            // new one.
-            if let Some(open) = &g.open {
-                let _ = sf::unlink_at(&open.dir, &self.name);
+        if g.own.is_empty() {
+            if live.is_empty() {
+                // The last process to leave removes the file, under its
+                // lock: a process waiting for the lock sees it removed and
+                // makes a new one.
+                if let Some(open) = &g.open {
+                    let _ = sf::unlink_at(&open.dir, &self.name);
+                }
             }
+            // Holding nothing, this process keeps no descriptor.
             drop(held);
             g.open = None;
         }
