@@ -137,6 +137,14 @@ pub fn fuzz_numa_maps(data: &[u8]) {
     crate::platform::numa_maps::fuzz_one(data);
 }
 
+/// Fuzz entry point of the machine budget's readers: `data` as a
+/// `NUMAPIN_MACHINE_BUDGET` value (what parses prints back to itself) and
+/// as a state file (the header check and every record block: what decodes
+/// encodes back to itself); panics when they disagree.
+pub fn fuzz_machine_budget(data: &[u8]) {
+    crate::arena::machine::fuzz_one(data);
+}
+
 /// What `/proc/self/numa_maps` says of an address range ([`numa_maps_of`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NumaMapsView {

@@ -177,5 +177,28 @@ impl NodeArena {
     }
 }
 
+/// The fuzz target's check (`internals::fuzz_machine_budget`): `data` as
+/// a setting and as a state file; panics when a reader disagrees with
+/// itself.
+#[cfg(feature = "internals")]
+pub(crate) fn fuzz_one(data: &[u8]) {
+    if let Ok(text) = std::str::from_utf8(data) {
+        if let Ok(v) = text.parse::<MachineBudget>() {
+            assert_eq!(v.to_string().parse::<MachineBudget>(), Ok(v), "{text:?}");
+        }
+    }
+    let head = &data[..data.len().min(format::BLOCK)];
+    let mut block = [0u8; format::BLOCK];
+    block[..head.len()].copy_from_slice(head);
+    let _ = format::check_file(&block, data.len() as u64);
+    for chunk in data.chunks(format::BLOCK) {
+        let mut b = [0u8; format::BLOCK];
+        b[..chunk.len()].copy_from_slice(chunk);
+        if let Ok(Some(r)) = format::decode(&b) {
+            assert_eq!(format::decode(&format::encode(&r)), Ok(Some(r)));
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests;

@@ -362,3 +362,24 @@ proptest! {
         }
     }
 }
+
+#[cfg(feature = "internals")]
+#[test]
+fn the_fuzz_check_holds_for_files_numapin_writes_and_for_garbage() {
+    let r = format::Record {
+        pid: 7,
+        command: "python3".into(),
+        entries: vec![format::Entry {
+            node: 1,
+            bytes: MIB,
+            limit: 8 * MIB,
+        }],
+    };
+    let mut file = format::header().to_vec();
+    file.extend_from_slice(&format::encode(&r));
+    super::fuzz_one(&file);
+    super::fuzz_one(b"64GiB");
+    super::fuzz_one(b"0.25");
+    super::fuzz_one(&[0xff; 3000]);
+    super::fuzz_one(&[]);
+}
