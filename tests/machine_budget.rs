@@ -161,6 +161,13 @@ fn child_pins() {
     let tmp = dir.join(format!("ready-{}.tmp", std::process::id()));
     std::fs::write(&tmp, format!("{}\n{refusal}\n", held.len())).unwrap();
     std::fs::rename(&tmp, dir.join(format!("ready-{}", std::process::id()))).unwrap();
+    if env("MB_EXIT").is_some() {
+        // Ends holding everything, as a Python process ends with its
+        // runtime: no region is dropped, the process just exits.
+        std::mem::forget(held);
+        std::mem::forget(rt);
+        std::process::exit(0);
+    }
     if let Some(release) = env("MB_RELEASE") {
         wait_for(Path::new(&release));
     } else {
@@ -415,6 +422,34 @@ fn a_forked_child_does_not_keep_a_dead_parents_share() {
         left.is_none(),
         "the dead parent's share is still held: {left:?}"
     );
+}
+
+/// A process that exits holding its regions (never dropping them) removes
+/// the state file when it was the last holder, and leaves it (its own
+/// record dead) when another process still holds a record.
+#[test]
+fn a_process_exiting_with_its_regions_leaves_no_file_behind() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path();
+    let file = dir.join(format!("numapin-budget-{}", nix::unistd::geteuid()));
+    let out = finish(pin_child(dir, 8 * MIB, 2, &[("MB_EXIT", "1")]));
+    assert!(out.status.success());
+    assert!(!file.exists(), "the last holder removed the file at exit");
+    let release = dir.join("release");
+    let holder = pin_child(
+        dir,
+        8 * MIB,
+        1,
+        &[("MB_RELEASE", release.to_str().unwrap())],
+    );
+    assert_eq!(granted(dir, holder.id()), 1);
+    let out = finish(pin_child(dir, 8 * MIB, 2, &[("MB_EXIT", "1")]));
+    assert!(out.status.success());
+    assert!(file.exists(), "another process still holds a record");
+    assert_eq!(used(dir), 2 * MIB, "only the live holder counts");
+    std::fs::write(&release, "").unwrap();
+    assert!(finish(holder).status.success());
+    assert!(!file.exists());
 }
 
 #[test]

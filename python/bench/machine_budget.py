@@ -31,6 +31,11 @@ import time
 GIB = 1 << 30
 
 
+def size(b: float) -> str:
+    """Bytes for people: GiB, or MiB below one."""
+    return f"{b / GIB:.1f} GiB" if b >= GIB else f"{b / (1 << 20):.0f} MiB"
+
+
 def gpu_count() -> int:
     try:
         import torch
@@ -126,13 +131,13 @@ def main() -> int:
     rows.sort()
     print(f"machine budget {args.budget} per node, {args.procs} processes asking {args.per_proc} GiB each "
           f"in {args.chunk} GiB pieces (state file in {state})")
-    print(f"{'proc':>4} {'pid':>8} {'gpu':>4} {'node':>4} {'got GiB':>8}  machine_budget/used/share GiB  refusal")
+    print(f"{'proc':>4} {'pid':>8} {'gpu':>4} {'node':>4} {'got':>9}  machine budget / used / share  refusal")
     ok = True
     per_node: dict[int, float] = {}
     for i, pid, gpu, node, got, refusal, mb, used, share in rows:
         per_node[node] = per_node.get(node, 0.0) + got
-        print(f"{i:>4} {pid:>8} {str(gpu):>4} {node:>4} {got:>8.1f}  "
-              f"{mb / GIB:.1f}/{used / GIB:.1f}/{share / GIB:.1f}  {refusal}")
+        print(f"{i:>4} {pid:>8} {str(gpu):>4} {node:>4} {size(got * GIB):>9}  "
+              f"{size(mb)} / {size(used)} / {size(share)}  {refusal}")
         if refusal and "held by pid" not in refusal:
             ok = False
             print("     ^ the refusal does not name the holders")
@@ -140,7 +145,7 @@ def main() -> int:
     for node, got in sorted(per_node.items()):
         within = got * GIB <= limit
         ok &= within
-        print(f"node {node}: {got:.1f} GiB granted over the processes, budget {limit / GIB:.1f} GiB: "
+        print(f"node {node}: {size(got * GIB)} granted over the processes, budget {size(limit)}: "
               f"{'within' if within else 'OVER THE BUDGET'}")
     # The waiter: asks while the budget is spent, gets it once process 0 lets go.
     gpu0 = rows[0][2]
@@ -151,7 +156,7 @@ def main() -> int:
     wr = next(g for g in got if g[0] == "waiter")
     w.join(timeout=60)
     if wr[1]:
-        print(f"waiter (budget_wait=60 s): got {wr[4] / GIB:.1f} GiB after {wr[2]:.2f} s, "
+        print(f"waiter (budget_wait=60 s): got {size(wr[4])} after {wr[2]:.2f} s, "
               f"{wr[3] - released:+.2f} s after process 0 let go")
     else:
         ok = False

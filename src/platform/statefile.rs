@@ -287,6 +287,17 @@ pub(crate) fn write_at(fd: RawFd, data: &[u8], offset: u64) -> io::Result<()> {
     }
 }
 
+/// Runs `f` when the process exits normally (`exit`, a return from
+/// `main`; not a signal), once however often it is asked for.
+pub(crate) fn at_exit_once(f: extern "C" fn()) {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: registers a plain function that lives as long as the
+        // process; atexit only stores the pointer.
+        let _ = unsafe { libc::atexit(f) };
+    });
+}
+
 /// Ends this process at once with `SIGKILL` (test hook: a process killed
 /// at a chosen step).
 pub(crate) fn kill_self() -> ! {

@@ -160,6 +160,13 @@ pub(super) struct HeaderLock {
     fd: RawFd,
 }
 
+impl HeaderLock {
+    /// The lock just taken on `fd`'s header, to be given back when dropped.
+    pub(super) fn taken(fd: RawFd) -> HeaderLock {
+        HeaderLock { fd }
+    }
+}
+
 impl Drop for HeaderLock {
     fn drop(&mut self) {
         let _ = sf::try_lock(self.fd, 0, BLOCK as u64, Lock::Unlock);

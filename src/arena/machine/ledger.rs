@@ -117,6 +117,20 @@ impl From<ArenaError> for Refusal {
     }
 }
 
+/// The ledgers of this process's runtimes (by folder).
+static LEDGERS: Mutex<Vec<Weak<Ledger>>> = Mutex::new(Vec::new());
+
+/// At exit: each ledger that holds a record removes its file when no
+/// other live process holds one (see [`Ledger::leave_at_exit`]).
+extern "C" fn leave_all_at_exit() {
+    let Ok(all) = LEDGERS.try_lock() else {
+        return;
+    };
+    for l in all.iter().filter_map(Weak::upgrade) {
+        l.leave_at_exit();
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -129,7 +143,6 @@ impl Ledger {
     /// The ledger of the state file in `dir` for this user, shared by every
     /// runtime of the process that names the same folder. Touches no file.
     pub(crate) fn for_dir(dir: &Path) -> Arc<Ledger> {
-        static LEDGERS: Mutex<Vec<Weak<Ledger>>> = Mutex::new(Vec::new());
         let mut all = lock(&LEDGERS);
         all.retain(|w| w.strong_count() > 0);
         if let Some(l) = all.iter().filter_map(Weak::upgrade).find(|l| l.dir == dir) {
@@ -185,6 +198,7 @@ impl Ledger {
         for _ in 0..8 {
             if g.open.as_ref().and_then(Open::fd).is_none() {
                 let o = file::open(&self.dir, &self.name, Access::ReadWriteCreate, self.uid)?;
+                sf::at_exit_once(leave_all_at_exit);
                 g.open = Some(Open {
                     dir: o.dir,
                     file: ForkClosedFd::new(o.file),
@@ -295,6 +309,37 @@ impl Ledger {
             drop(held);
             g.open = None;
         }
+    }
+
+    /// At exit, holding a record (regions a process keeps to its end, as
+    /// the Python package's runtime does): removes the file when no other
+    /// live process holds one, so that a job that ran and ended leaves
+    /// nothing in the folder. Never waits: a lock or a state that is busy
+    /// leaves the file (the next process clears this one's record).
+    fn leave_at_exit(&self) {
+        let Ok(g) = self.inner.try_lock() else {
+            return;
+        };
+        let Some(open) = g.open.as_ref().filter(|_| g.pid == std::process::id()) else {
+            return;
+        };
+        let Some(fd) = open.fd() else {
+            return;
+        };
+        if !matches!(sf::try_lock(fd, 0, BLOCK as u64, Lock::Write), Ok(true)) {
+            return;
+        }
+        let held = HeaderLock::taken(fd);
+        let path = self.path();
+        let alone = sf::stat(fd).is_ok_and(|f| {
+            f.links > 0
+                && file::live_records(&path, fd, f.size.max(BLOCK as u64), g.slot, false)
+                    .is_ok_and(|live| live.is_empty())
+        });
+        if alone {
+            let _ = sf::unlink_at(&open.dir, &self.name);
+        }
+        drop(held);
     }
 
     /// Writes this process's record (claiming one first when it has none),
