@@ -137,6 +137,38 @@ pub fn fuzz_numa_maps(data: &[u8]) {
     crate::platform::numa_maps::fuzz_one(data);
 }
 
+/// A ledger of the machine budget's state file in a folder, of its own
+/// (two of them on one folder behave as two processes): for the benches'
+/// cost of a region's reservation and release.
+#[derive(Debug)]
+pub struct MachineLedger(crate::arena::machine::Ledger);
+
+impl MachineLedger {
+    /// A ledger of the state file in `dir`; touches no file.
+    pub fn new(dir: &std::path::Path) -> MachineLedger {
+        MachineLedger(crate::arena::machine::Ledger::new(dir))
+    }
+
+    /// Reserves `bytes` on `node` under `limit`; whether they fit (a file
+    /// that cannot be used is a panic: benches run on their own folder).
+    ///
+    /// # Panics
+    ///
+    /// When the state file is refused.
+    pub fn reserve(&self, node: u32, bytes: u64, limit: u64) -> bool {
+        match self.0.reserve(node, bytes, limit) {
+            Ok(()) => true,
+            Err(crate::arena::machine::Refusal::Short(_)) => false,
+            Err(crate::arena::machine::Refusal::State(e)) => panic!("{e}"),
+        }
+    }
+
+    /// Gives back `bytes` on `node`.
+    pub fn release(&self, node: u32, bytes: u64) {
+        self.0.release(node, bytes);
+    }
+}
+
 /// Fuzz entry point of the machine budget's readers: `data` as a
 /// `NUMAPIN_MACHINE_BUDGET` value (what parses prints back to itself) and
 /// as a state file (the header check and every record block: what decodes

@@ -79,6 +79,8 @@ struct Inner {
     slot: Option<usize>,
     /// Bytes held per node, and the limit last checked there.
     own: BTreeMap<u32, (u64, u64)>,
+    /// This process's command name, read once.
+    command: Option<String>,
 }
 
 /// The open file: its folder and the file (closed in a forked child).
@@ -376,7 +378,7 @@ impl Ledger {
         };
         let record = Record {
             pid: std::process::id(),
-            command: command_name(),
+            command: g.command.get_or_insert_with(command_name).clone(),
             entries: g
                 .own
                 .iter()

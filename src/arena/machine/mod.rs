@@ -25,6 +25,8 @@ use std::sync::Arc;
 use serde::Serialize;
 
 #[cfg(feature = "internals")]
+pub(crate) use ledger::Refusal;
+#[cfg(feature = "internals")]
 pub(crate) use ledger::KILL_AT;
 pub(crate) use ledger::{KillAt, Ledger};
 pub(crate) use read::read_usage;
