@@ -163,7 +163,11 @@ fn child_pins() {
     std::fs::rename(&tmp, dir.join(format!("ready-{}", std::process::id()))).unwrap();
     if env("MB_EXIT").is_some() {
         // Ends holding everything, as a Python process ends with its
-        // runtime: no region is dropped, the process just exits.
+        // runtime: no region is dropped, the process just exits (once
+        // `MB_RELEASE` appears, when given).
+        if let Some(release) = env("MB_RELEASE") {
+            wait_for(Path::new(&release));
+        }
         std::mem::forget(held);
         std::mem::forget(rt);
         std::process::exit(0);
@@ -450,6 +454,28 @@ fn a_process_exiting_with_its_regions_leaves_no_file_behind() {
     std::fs::write(&release, "").unwrap();
     assert!(finish(holder).status.success());
     assert!(!file.exists());
+}
+
+/// Processes that exit at the same moment, each holding its regions: the
+/// last of them removes the file (each clears its own record at exit, so
+/// none waits for the others' to go with their processes).
+#[test]
+fn processes_exiting_together_leave_no_file_behind() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path();
+    let file = dir.join(format!("numapin-budget-{}", nix::unistd::geteuid()));
+    let release = dir.join("release");
+    let extra = [("MB_EXIT", "1"), ("MB_RELEASE", release.to_str().unwrap())];
+    let children: Vec<Child> = (0..4).map(|_| pin_child(dir, 8 * MIB, 1, &extra)).collect();
+    for c in &children {
+        assert_eq!(granted(dir, c.id()), 1);
+    }
+    assert!(file.exists());
+    std::fs::write(&release, "").unwrap();
+    for c in children {
+        assert!(finish(c).status.success());
+    }
+    assert!(!file.exists(), "the last one out removed the file");
 }
 
 #[test]

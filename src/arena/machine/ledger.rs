@@ -314,10 +314,13 @@ impl Ledger {
     }
 
     /// At exit, holding a record (regions a process keeps to its end, as
-    /// the Python package's runtime does): removes the file when no other
-    /// live process holds one, so that a job that ran and ended leaves
-    /// nothing in the folder. Never waits: a lock or a state that is busy
-    /// leaves the file (the next process clears this one's record).
+    /// the Python package's runtime does): clears the record (the pages go
+    /// with the process a moment later) and removes the file when no other
+    /// live process holds one, so that a job whose processes all end
+    /// leaves nothing in the folder, however closely together they end
+    /// (the header lock orders them: the last one removes it). Never
+    /// waits: a lock or a state that is busy leaves the record to the
+    /// kernel and the file to the next process.
     fn leave_at_exit(&self) {
         let Ok(g) = self.inner.try_lock() else {
             return;
@@ -332,6 +335,12 @@ impl Ledger {
             return;
         }
         let held = HeaderLock::taken(fd);
+        if let Some(i) = g.slot {
+            let (start, n) = format::record_range(i);
+            if sf::write_at(fd, &[0u8; BLOCK], start).is_ok() {
+                let _ = sf::try_lock(fd, start, n, Lock::Unlock);
+            }
+        }
         let path = self.path();
         let alone = sf::stat(fd).is_ok_and(|f| {
             f.links > 0
