@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -166,6 +167,7 @@ def main() -> int:
         pr.join(timeout=60)
     left = os.listdir(state)
     print(f"state folder after every process left: {left or 'empty'}")
+    shutil.rmtree(state, ignore_errors=True)
     print("OK" if ok else "FAILED")
     return 0 if ok else 1
 
