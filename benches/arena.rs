@@ -172,5 +172,32 @@ fn overhead(_: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, overhead, alloc_free, region_create);
+/// What the machine budget adds to making and releasing a region: one
+/// reservation and one release in its state file, with 0, 7 and 63 other
+/// live processes' records in it (other ledgers of the same file, whose
+/// locks conflict as other processes' do).
+fn machine_budget(c: &mut Criterion) {
+    let mut g = c.benchmark_group("machine_budget_reserve_release");
+    for others in [0usize, 7, 63] {
+        let dir = tempfile::tempdir().unwrap();
+        let held: Vec<_> = (0..others)
+            .map(|_| numapin::internals::MachineLedger::new(dir.path()))
+            .collect();
+        for l in &held {
+            assert!(l.reserve(0, 1 << 20, u64::MAX / 4));
+        }
+        let me = numapin::internals::MachineLedger::new(dir.path());
+        // Held elsewhere, so that the loop never removes the file.
+        assert!(me.reserve(1, 1 << 20, u64::MAX / 4));
+        g.bench_function(format!("{others}_other_processes"), |b| {
+            b.iter(|| {
+                assert!(me.reserve(0, 2 << 20, u64::MAX / 4));
+                me.release(0, 2 << 20);
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, overhead, alloc_free, region_create, machine_budget);
 criterion_main!(benches);

@@ -50,6 +50,37 @@ pub fn pool_root(config: &mut RuntimeConfig, root: Option<std::path::PathBuf>) {
     config.hooks.pool_root = root;
 }
 
+/// Test hook: keep the machine budget's state file in `dir` instead of the
+/// folder `NUMAPIN_MACHINE_BUDGET_DIR` names (or `/dev/shm`).
+pub fn machine_dir(config: &mut RuntimeConfig, dir: Option<std::path::PathBuf>) {
+    config.hooks.machine_dir = dir;
+}
+
+/// The steps at which [`machine_kill_at`] can kill the process: holding
+/// the state file's header lock (`locked`), a record claimed but not
+/// written (`claimed`), written with the lock still held (`written`), the
+/// lock given back before the region is made (`reserved`), and releasing,
+/// the lock taken before the record is rewritten (`releasing`).
+pub const MACHINE_KILL_STEPS: [&str; 5] = ["locked", "claimed", "written", "reserved", "releasing"];
+
+/// Test hook: this process kills itself with `SIGKILL` at `step` (one of
+/// [`MACHINE_KILL_STEPS`]) the next time it changes the machine budget's
+/// state file; `None` turns it off.
+///
+/// # Panics
+///
+/// On a step not in [`MACHINE_KILL_STEPS`].
+pub fn machine_kill_at(step: Option<&str>) {
+    let n = step.map_or(0, |s| {
+        crate::arena::machine::KillAt::ALL
+            .iter()
+            .find(|(_, name)| *name == s)
+            .map(|(k, _)| *k as u8)
+            .unwrap_or_else(|| panic!("{s} is not one of {MACHINE_KILL_STEPS:?}"))
+    });
+    crate::arena::machine::KILL_AT.store(n, std::sync::atomic::Ordering::SeqCst);
+}
+
 /// Test hook: whether the page holding `addr` is mapped in this process.
 pub fn is_mapped(addr: usize) -> bool {
     crate::platform::numa::is_mapped(addr)
@@ -104,6 +135,46 @@ pub fn page_nodes(bytes: &[u8]) -> std::io::Result<Vec<i32>> {
 /// panics when what comes back is inconsistent.
 pub fn fuzz_numa_maps(data: &[u8]) {
     crate::platform::numa_maps::fuzz_one(data);
+}
+
+/// A ledger of the machine budget's state file in a folder, of its own
+/// (two of them on one folder behave as two processes): for the benches'
+/// cost of a region's reservation and release.
+#[derive(Debug)]
+pub struct MachineLedger(crate::arena::machine::Ledger);
+
+impl MachineLedger {
+    /// A ledger of the state file in `dir`; touches no file.
+    pub fn new(dir: &std::path::Path) -> MachineLedger {
+        MachineLedger(crate::arena::machine::Ledger::new(dir))
+    }
+
+    /// Reserves `bytes` on `node` under `limit`; whether they fit (a file
+    /// that cannot be used is a panic: benches run on their own folder).
+    ///
+    /// # Panics
+    ///
+    /// When the state file is refused.
+    pub fn reserve(&self, node: u32, bytes: u64, limit: u64) -> bool {
+        match self.0.reserve(node, bytes, limit) {
+            Ok(()) => true,
+            Err(crate::arena::machine::Refusal::Short(_)) => false,
+            Err(crate::arena::machine::Refusal::State(e)) => panic!("{e}"),
+        }
+    }
+
+    /// Gives back `bytes` on `node`.
+    pub fn release(&self, node: u32, bytes: u64) {
+        self.0.release(node, bytes);
+    }
+}
+
+/// Fuzz entry point of the machine budget's readers: `data` as a
+/// `NUMAPIN_MACHINE_BUDGET` value (what parses prints back to itself) and
+/// as a state file (the header check and every record block: what decodes
+/// encodes back to itself); panics when they disagree.
+pub fn fuzz_machine_budget(data: &[u8]) {
+    crate::arena::machine::fuzz_one(data);
 }
 
 /// What `/proc/self/numa_maps` says of an address range ([`numa_maps_of`]).

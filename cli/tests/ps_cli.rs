@@ -547,6 +547,8 @@ fn a_process_using_numapin_shows_its_arenas() {
         .args(["--exact", "arena_child", "--ignored", "--test-threads=1"])
         .env(ARENA_CHILD, &ready)
         .env("LOCAL_RANK", "0")
+        .env("NUMAPIN_MACHINE_BUDGET", "64MiB")
+        .env("NUMAPIN_MACHINE_BUDGET_DIR", d.path())
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
         .spawn()
@@ -567,8 +569,13 @@ fn a_process_using_numapin_shows_its_arenas() {
         std::thread::sleep(Duration::from_millis(20));
     };
     let pid = child.id().to_string();
-    let o = run(numapin(&["ps", "--json", "--no-cuda", "--pid", &pid]));
-    let t = run(numapin(&["ps", "--no-cuda", "--pid", &pid]));
+    let ps = |args: &[&str]| {
+        let mut c = numapin(args);
+        c.env("NUMAPIN_MACHINE_BUDGET_DIR", d.path());
+        run(c)
+    };
+    let o = ps(&["ps", "--json", "--no-cuda", "--pid", &pid]);
+    let t = ps(&["ps", "--no-cuda", "--pid", &pid]);
     let _ = child.stdin.take().unwrap().write_all(b"\n");
     let _ = child.wait();
     let r = report(&o);
@@ -593,6 +600,31 @@ fn a_process_using_numapin_shows_its_arenas() {
             "numapin: 1 runtime(s); node {node} 1 region(s) 32 MiB pinned, 1 MiB in use"
         )),
         "{text}"
+    );
+    // The machine budget: the child's region, held on its node.
+    let files = r["machine_budget"].as_array().unwrap();
+    assert_eq!(files.len(), 1, "{:#}", r["machine_budget"]);
+    let row = files[0]["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["node"] == node)
+        .unwrap();
+    assert_eq!(row["used"], 32 << 20, "{row}");
+    assert_eq!(row["limit_min"], 64 << 20, "{row}");
+    assert_eq!(
+        row["holders"][0]["pid"].as_u64(),
+        Some(u64::from(child.id())),
+        "{row}"
+    );
+    assert!(text.contains("machine budget of user"), "{text}");
+    let line = text
+        .lines()
+        .find(|l| l.contains(&format!("pid {pid} (")))
+        .unwrap_or_else(|| panic!("no machine budget line for {pid}: {text}"));
+    assert!(
+        line.starts_with(&node.to_string()) && line.contains("64 MiB") && line.contains("32 MiB"),
+        "{line}"
     );
 }
 

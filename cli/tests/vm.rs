@@ -61,6 +61,9 @@ fn four_node_script() -> String {
         format!("step exec-nic-nccl numapin exec --no-cuda --accelerator-pci-id {acc} --gpu 1 --nic-env nccl -- true"),
         // loaders (host mode for the stand-in accelerator)
         guest_step("guest-loader", "guest::loader_for_the_node_2_accelerator_stays_on_node_2"),
+        // the machine budget: two processes on nodes 2 and 3, each taking
+        // its node's whole budget, a third refused
+        guest_step("guest-machine-budget", "guest::machine_budget_is_per_node"),
     ]
     .join("\n")
         + "\n"
@@ -358,6 +361,13 @@ fn doctor_text_report_lists_every_check() {
     assert!(out.starts_with("numapin doctor: this machine"), "{out}");
     assert!(out.contains("ok    gpu_locality (GPU 1)"), "{out}");
     assert!(out.contains("not run: pin_probe (--no-pin-probe)"), "{out}");
+}
+
+/// The machine budget is kept per node across processes (checked inside).
+#[test]
+fn machine_budget_is_per_node() {
+    let Some(boot) = four_nodes() else { return };
+    boot.guest_test_passed("guest-machine-budget", "guest::machine_budget_is_per_node");
 }
 
 #[test]
@@ -1547,6 +1557,137 @@ mod guest {
             let c = unsafe { libc::sched_getcpu() };
             assert!(c >= 0, "sched_getcpu: {}", io::Error::last_os_error());
             c as u32
+        }
+    }
+
+    /// The machine budget per node across processes: a child pinning on
+    /// node 2 and one on node 3, each under a 64 MiB machine budget, each
+    /// get all of their own node's (and a third on node 2 is refused,
+    /// naming the first), with every page on its node.
+    #[test]
+    #[ignore = "runs inside the emulated machine; `cargo test --test vm` boots it"]
+    fn machine_budget_is_per_node() {
+        use numapin::runtime::machine_budget_usage;
+        use std::process::{Command, Stdio};
+        if !in_guest() {
+            return;
+        }
+        let dir = std::path::PathBuf::from(format!("/tmp/mb-{}", std::process::id()));
+        std::fs::create_dir(&dir).unwrap();
+        let release = dir.join("release");
+        let child = |node: u32, count: usize| {
+            Command::new(std::env::current_exe().unwrap())
+                .args([
+                    "--ignored",
+                    "--exact",
+                    "--nocapture",
+                    "guest::machine_budget_child",
+                ])
+                .env("NUMAPIN_MACHINE_BUDGET", "64MiB")
+                .env("NUMAPIN_MACHINE_BUDGET_DIR", &dir)
+                .env("MB_NODE", node.to_string())
+                .env("MB_COUNT", count.to_string())
+                .env("MB_READY", dir.join(format!("ready-{node}-{count}")))
+                .env("MB_RELEASE", &release)
+                // Its own "test result" lines would mix with this test's.
+                .stdout(Stdio::null())
+                .spawn()
+                .unwrap()
+        };
+        let ready = |node: u32, count: usize| -> (usize, String) {
+            let p = dir.join(format!("ready-{node}-{count}"));
+            for _ in 0..6000 {
+                if let Ok(t) = std::fs::read_to_string(&p) {
+                    let (n, why) = t.split_once('\n').unwrap();
+                    return (n.parse().unwrap(), why.to_string());
+                }
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            panic!("child for node {node} never got ready");
+        };
+        let a = child(2, 6);
+        let b = child(3, 6);
+        assert_eq!(ready(2, 6).0, 4, "64 MiB of 16 MiB regions on node 2");
+        assert_eq!(
+            ready(3, 6).0,
+            4,
+            "and as much again on node 3: budgets are per node"
+        );
+        let c = child(2, 1);
+        let (got, why) = ready(2, 1);
+        assert_eq!(got, 0, "node 2's machine budget is spent");
+        assert!(why.contains(&format!("pid {} (", a.id())), "{why}");
+        let (found, refused) = machine_budget_usage(Some(&dir));
+        assert!(refused.is_empty(), "{refused:?}");
+        let nodes: Vec<_> = found[0]
+            .nodes
+            .iter()
+            .map(|n| {
+                (
+                    n.node,
+                    n.used,
+                    n.holders.iter().map(|h| h.pid).collect::<Vec<_>>(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            nodes,
+            [(2, 64 << 20, vec![a.id()]), (3, 64 << 20, vec![b.id()])],
+            "per node: used, by whom"
+        );
+        std::fs::write(&release, "").unwrap();
+        for mut ch in [a, b, c] {
+            assert!(ch.wait().unwrap().success());
+        }
+        assert!(
+            machine_budget_usage(Some(&dir)).0.is_empty(),
+            "all given back"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// The child of [`machine_budget_is_per_node`]: pins up to `MB_COUNT`
+    /// buffers of 16 MiB on node `MB_NODE` (every page checked there),
+    /// writes how many and the refusal to `MB_READY`, holds them until
+    /// `MB_RELEASE` appears.
+    #[test]
+    #[ignore = "runs inside the emulated machine, started by machine_budget_is_per_node"]
+    fn machine_budget_child() {
+        use numapin::runtime::{RuntimeConfig, RuntimeError, Target};
+        use numapin::topology::{CudaMode, ProbeOptions, Topology};
+        let Ok(node) = std::env::var("MB_NODE") else {
+            return;
+        };
+        let node: u32 = node.parse().unwrap();
+        let count: usize = std::env::var("MB_COUNT").unwrap().parse().unwrap();
+        let t = Topology::probe(&ProbeOptions::default().with_cuda(CudaMode::Off)).unwrap();
+        let rt = Runtime::new(t, RuntimeConfig::default().with_region_bytes(16 * MIB)).unwrap();
+        let mut held = Vec::new();
+        let mut why = String::new();
+        for _ in 0..count {
+            match rt.alloc(Target::HostNode(node), 16 * MIB) {
+                Ok(mut b) => {
+                    b.fill(1);
+                    held.push(b);
+                }
+                Err(e) => {
+                    assert!(matches!(e, RuntimeError::MachineBudget { .. }), "{e}");
+                    why = e.to_string();
+                    break;
+                }
+            }
+        }
+        let s = stats_of(&rt, node);
+        assert_eq!(s.machine_budget, 64 << 20);
+        assert_eq!(s.machine_share, held.len() as u64 * (16 << 20));
+        assert_eq!(s.pages_off_node, 0);
+        assert_eq!(s.pages_on_node, s.bytes_reserved / 4096);
+        let ready = std::env::var("MB_READY").unwrap();
+        std::fs::write(format!("{ready}.tmp"), format!("{}\n{why}", held.len())).unwrap();
+        std::fs::rename(format!("{ready}.tmp"), &ready).unwrap();
+        let release = std::path::PathBuf::from(std::env::var("MB_RELEASE").unwrap());
+        while !release.exists() {
+            std::thread::sleep(std::time::Duration::from_millis(20));
         }
     }
 }

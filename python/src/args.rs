@@ -109,7 +109,7 @@ fn not_a(obj: &Borrowed<'_, '_, PyAny>, arg: &str, what: &str, fix: &str) -> PyE
 
 /// Whether `obj` is a Python or NumPy bool (which `__index__` would take as
 /// 0 or 1).
-fn is_bool(obj: &Borrowed<'_, '_, PyAny>) -> bool {
+pub(crate) fn is_bool(obj: &Borrowed<'_, '_, PyAny>) -> bool {
     obj.is_instance_of::<PyBool>()
         || obj
             .get_type()

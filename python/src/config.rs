@@ -4,8 +4,13 @@
 //! whole by [`RuntimeConfig::check`], the library's one checker, before it
 //! is stored.
 
-use numapin::runtime::{Backend, HugePages, OffNode, RuntimeConfig};
+use std::time::Duration;
+
+use numapin::runtime::{
+    Backend, HugePages, MachineBudget, OffNode, ParseMachineBudgetError, RuntimeConfig,
+};
 use pyo3::prelude::*;
+use pyo3::types::{PyFloat, PyString};
 
 use crate::args::{self, Choice, Choices, Names};
 use crate::errors::{input_error, to_py};
@@ -111,6 +116,60 @@ keyword!(
     RegisterInParts(bool) = "register_in_parts", flag(BOOL)
 );
 
+/// `machine_budget`: `"auto"`, `"off"`, a fraction of each node's memory
+/// (a float, or its text), bytes per node (an int, or text with a unit such
+/// as `"64GiB"`). Its range is the library's to check.
+pub(crate) struct MachineBudgetArg(MachineBudget);
+
+impl<'py> FromPyObject<'_, 'py> for MachineBudgetArg {
+    type Error = PyErr;
+
+    fn extract(obj: Borrowed<'_, 'py, PyAny>) -> PyResult<Self> {
+        let py = obj.py();
+        if let Ok(s) = obj.cast::<PyString>() {
+            return s.to_cow()?.parse().map(MachineBudgetArg).map_err(
+                |e: ParseMachineBudgetError| {
+                    input_error(
+                        py,
+                        format!("machine_budget={:?}: {}", e.text, e.problem),
+                        ParseMachineBudgetError::FIX,
+                    )
+                },
+            );
+        }
+        const FIX: &str = "pass \"auto\", \"off\", a fraction such as 0.5, bytes as an int, or a size such as \"64GiB\"";
+        if obj.is_instance_of::<PyFloat>() && !args::is_bool(&obj) {
+            return args::number(&obj, "machine_budget", FIX)
+                .map(|f| MachineBudgetArg(MachineBudget::Fraction(f)));
+        }
+        args::int(&obj, "machine_budget", u64::MAX / 2)
+            .map(|b| MachineBudgetArg(MachineBudget::Bytes(b)))
+    }
+}
+
+/// Longest `budget_wait`: a year.
+const MAX_WAIT_S: f64 = 86_400.0 * 365.0;
+
+/// `budget_wait`: seconds, from 0 to a year.
+pub(crate) struct BudgetWait(Duration);
+
+impl<'py> FromPyObject<'_, 'py> for BudgetWait {
+    type Error = PyErr;
+
+    fn extract(obj: Borrowed<'_, 'py, PyAny>) -> PyResult<Self> {
+        const FIX: &str = "pass the seconds to wait for pinned memory when over budget (e.g. 30.0), or None to fail at once";
+        let w = args::number(&obj, "budget_wait", FIX)?;
+        if w.is_finite() && (0.0..=MAX_WAIT_S).contains(&w) {
+            return Ok(BudgetWait(Duration::from_secs_f64(w)));
+        }
+        Err(input_error(
+            obj.py(),
+            format!("budget_wait={w} is not a number of seconds from 0 to a year"),
+            FIX,
+        ))
+    }
+}
+
 /// Sets `field` to `value` when one was given.
 fn set<T>(field: &mut T, value: Option<T>) {
     if let Some(v) = value {
@@ -120,7 +179,7 @@ fn set<T>(field: &mut T, value: Option<T>) {
 
 /// Sets the configuration of the runtime numapin makes on first use.
 #[pyfunction]
-#[pyo3(signature = (*, budget_bytes=None, budget_fraction=None, region_bytes=None, register=None, placement=None, thread_cache_blocks=None, thread_cache_bytes=None, populate_threads=None, backend=None, huge_pages=None, register_in_parts=None))]
+#[pyo3(signature = (*, budget_bytes=None, budget_fraction=None, region_bytes=None, register=None, placement=None, thread_cache_blocks=None, thread_cache_bytes=None, populate_threads=None, backend=None, huge_pages=None, register_in_parts=None, machine_budget=None, budget_wait=None))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn configure(
     py: Python<'_>,
@@ -135,6 +194,8 @@ pub(crate) fn configure(
     backend: Option<Choice<Backend>>,
     huge_pages: Option<Choice<HugePages>>,
     register_in_parts: Option<RegisterInParts>,
+    machine_budget: Option<MachineBudgetArg>,
+    budget_wait: Option<BudgetWait>,
 ) -> PyResult<()> {
     let apply = |c: &mut RuntimeConfig| {
         set(&mut c.budget_bytes, budget_bytes.map(|b| Some(b.0)));
@@ -154,6 +215,8 @@ pub(crate) fn configure(
         set(&mut c.backend, backend.map(|b| b.0));
         set(&mut c.huge_pages, huge_pages.map(|h| h.0));
         set(&mut c.register_in_parts, register_in_parts.map(|r| r.0));
+        set(&mut c.machine_budget, machine_budget.map(|m| Some(m.0)));
+        set(&mut c.budget_wait, budget_wait.map(|w| Some(w.0)));
     };
     store_config(apply).map_err(|e| match e {
         NotStored::Invalid(e) => to_py(py, &e),

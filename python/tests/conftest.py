@@ -102,15 +102,23 @@ def pytest_runtest_makereport(item, call):
             report.longrepr = f"NUMAPIN_REQUIRE asks for {need}, and this test was skipped: {reason}"
 
 
+def _machine_budget_file(name: str) -> bool:
+    """The machine budget's state file (docs/arena.md): it records the
+    regions a process keeps for reuse, which outlive a test by design, and
+    goes with them (``numapin.trim()``, or the process's end)."""
+    return os.path.basename(name).startswith("numapin-budget-")
+
+
 def numapin_fds() -> list[str]:
-    """This process's open memfds and files that numapin named."""
+    """This process's open memfds and files that numapin named (not the
+    machine budget's state file)."""
     out = []
     for fd in os.listdir("/proc/self/fd"):
         try:
             target = os.readlink(f"/proc/self/fd/{fd}")
         except OSError:
             continue
-        if "numapin" in target:
+        if "numapin" in target and not _machine_budget_file(target):
             out.append(target)
     return out
 
@@ -130,7 +138,7 @@ def children() -> list[int]:
 def shm_files() -> list[str]:
     """numapin's files in /dev/shm (it should make none that outlive it)."""
     try:
-        return sorted(n for n in os.listdir("/dev/shm") if "numapin" in n)
+        return sorted(n for n in os.listdir("/dev/shm") if "numapin" in n and not _machine_budget_file(n))
     except OSError:
         return []
 

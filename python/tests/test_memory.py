@@ -248,3 +248,125 @@ def test_regions_in_parts_keep_every_buffer_inside_one_half():
         r = run_py(code.format(parts=parts))
         assert r.returncode == 0, r.stderr
         assert r.stdout.split() == [regions], (parts, r.stdout)
+
+
+HOLDER = """
+import sys, numapin
+numapin.configure(machine_budget="8MiB", region_bytes=2 << 20)
+a = numapin.empty(6 << 20, "uint8", like="numpy")
+s = [s for s in numapin.stats() if s["regions"]][0]
+print(s["machine_budget"], s["machine_used"], s["machine_share"], flush=True)
+sys.stdin.readline()
+"""
+
+
+def _holder(state_dir):
+    """A process holding 6 MiB of an 8 MiB machine budget (state file in
+    `state_dir`) until a line arrives on its standard input."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, NUMAPIN_MACHINE_BUDGET_DIR=str(state_dir))
+    p = subprocess.Popen([sys.executable, "-c", HOLDER], env=env, stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = p.stdout.readline().split()
+    assert first == [str(8 << 20), str(6 << 20), str(6 << 20)], (first, p.stderr.read() if p.poll() else "")
+    return p
+
+
+def test_the_machine_budget_is_shared_by_processes_and_names_the_holders(tmp_path):
+    holder = _holder(tmp_path)
+    try:
+        r = run_py(
+            """
+            import numapin
+            numapin.configure(machine_budget=8 << 20, region_bytes=2 << 20)
+            try:
+                numapin.empty(4 << 20, "uint8", like="numpy")
+                print("made")
+            except numapin.BudgetError as e:
+                print("BudgetError", e.fix is not None and "NUMAPIN_MACHINE_BUDGET" in e.fix)
+                print(e)
+            s = [s for s in numapin.stats() if s["machine_budget"]][0]
+            print("stats", s["machine_used"], s["machine_share"])
+            """,
+            env={"NUMAPIN_MACHINE_BUDGET_DIR": str(tmp_path)},
+        )
+        assert r.returncode == 0, r.stderr
+        lines = r.stdout.splitlines()
+        assert lines[0] == "BudgetError True", r.stdout
+        assert f"pid {holder.pid} (python" in r.stdout, r.stdout
+        assert f"stats {6 << 20} 0" in r.stdout, r.stdout
+        # budget_wait: waits for the holder to let go.
+        waiter = run_py_async(
+            """
+            import time, numapin
+            numapin.configure(machine_budget="8MiB", budget_wait=60, region_bytes=2 << 20)
+            t = time.monotonic()
+            a = numapin.empty(4 << 20, "uint8", like="numpy")
+            print("made", a.nbytes, time.monotonic() - t > 0.2)
+            """,
+            env={"NUMAPIN_MACHINE_BUDGET_DIR": str(tmp_path)},
+        )
+        time.sleep(0.5)
+        holder.stdin.write("\n")
+        holder.stdin.flush()
+        out, err = waiter.communicate(timeout=120)
+        assert waiter.returncode == 0, err
+        assert out.split() == ["made", str(4 << 20), "True"], out
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def run_py_async(code: str, env: dict[str, str]):
+    import os
+    import subprocess
+    import sys
+    import textwrap
+
+    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], env=dict(os.environ, **env),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_machine_budget_settings_are_checked():
+    for bad in ["lots", "64GB", "2", "-0.5", "0B"]:
+        with pytest.raises(numapin.InputError) as e:
+            numapin.configure(machine_budget=bad)
+        assert "machine_budget" in str(e.value) and "64GiB" in e.value.fix, bad
+    for bad in [1.5, 0.0, float("nan"), -3]:
+        with pytest.raises(numapin.InputError):
+            numapin.configure(machine_budget=bad)
+    with pytest.raises(TypeError):
+        numapin.configure(machine_budget=True)
+    with pytest.raises(TypeError):
+        numapin.configure(budget_wait="soon")
+    with pytest.raises(numapin.InputError):
+        numapin.configure(budget_wait=-1.0)
+    # A bad variable: an InputError naming it, at first use.
+    r = run_py(
+        """
+        import numapin
+        try:
+            numapin.empty(1, "uint8", like="numpy")
+        except numapin.InputError as e:
+            print("InputError", e.fix)
+            print(e)
+        """,
+        env={"NUMAPIN_MACHINE_BUDGET": "half"},
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("InputError"), r.stdout
+    assert "NUMAPIN_MACHINE_BUDGET" in r.stdout and "half" in r.stdout, r.stdout
+    # off: no machine budget in the stats.
+    r = run_py(
+        """
+        import numapin
+        a = numapin.empty(1 << 20, "uint8", like="numpy")
+        print([s["machine_budget"] for s in numapin.stats() if s["regions"]])
+        """,
+        env={"NUMAPIN_MACHINE_BUDGET": "off"},
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[0]", r.stdout

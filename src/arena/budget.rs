@@ -4,7 +4,9 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::{fmt_bytes, huge, Admitted, Backend, HugePages, NodeArena, Region, RuntimeError};
+use super::{
+    fmt_bytes, huge, Admitted, Backend, HugePages, MachineCharge, NodeArena, Region, RuntimeError,
+};
 
 /// The cap on pinned bytes over every node of a runtime under the
 /// process's memory cgroup limit: the share of that limit that may be
@@ -107,10 +109,19 @@ impl NodeArena {
             }
         }
         let (size, pin_by_registration) = self.memlock_room(size, fitted)?;
+        // The machine budget (every process of the user), then the cgroup's;
+        // a size the cgroup cuts to `fitted` gives the rest of the
+        // machine's reservation back.
+        let mut machine = self.reserve_machine(bytes, size, fitted)?;
+        let size = machine.as_ref().map_or(size, MachineCharge::bytes);
         let size = self.reserve_cgroup(bytes, size, fitted)?;
+        if let Some(m) = &mut machine {
+            m.shrink_to(size);
+        }
         Ok(Admitted {
             size,
             pin_by_registration,
+            machine,
         })
     }
 

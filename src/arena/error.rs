@@ -16,6 +16,16 @@ fn fmt_elsewhere(v: &[(u32, u64)]) -> String {
         .join(", ")
 }
 
+fn fmt_holders(v: &[super::machine::BudgetHolder]) -> String {
+    if v.is_empty() {
+        return "no live process".into();
+    }
+    v.iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 fn fmt_list<T: std::fmt::Display>(v: &[T]) -> String {
     let items: Vec<String> = v.iter().map(ToString::to_string).collect();
     format!("[{}]", items.join(", "))
@@ -107,6 +117,35 @@ pub enum RuntimeError {
         limit: u64,
         /// Where the limit comes from (the cgroup file and the fraction).
         cgroup: String,
+    },
+    /// Pinned bytes on the node over every numapin process of this user
+    /// would exceed the machine budget.
+    #[error("node {node}: {} requested with {} already pinned on the node by numapin processes of this machine would exceed the machine budget of {}; held by {}", fmt_bytes(*requested), fmt_bytes(*in_use), fmt_bytes(*limit), fmt_holders(holders))]
+    MachineBudget {
+        /// The node.
+        node: u32,
+        /// Bytes asked for.
+        requested: u64,
+        /// Bytes pinned on the node over every live process, this one's
+        /// included.
+        in_use: u64,
+        /// The machine budget on the node.
+        limit: u64,
+        /// The processes holding them, largest first.
+        holders: Vec<super::machine::BudgetHolder>,
+    },
+    /// The machine budget's state file cannot be used: it is refused, not
+    /// trusted (another version's, corrupted, a link, another user's, open
+    /// to others), or a system call on it failed.
+    #[error("machine budget state file {path}: {problem}")]
+    MachineState {
+        /// The file (or its folder).
+        path: String,
+        /// What is wrong.
+        problem: String,
+        /// The system's error, when one was the cause.
+        #[source]
+        source: Option<std::io::Error>,
     },
     /// Pages of a new region are not on its node (and
     /// [`OffNode::Strict`](super::OffNode::Strict) says that is an error).
@@ -245,6 +284,7 @@ impl RuntimeError {
         match self {
             RuntimeError::BudgetExceeded { .. }
             | RuntimeError::CgroupBudget { .. }
+            | RuntimeError::MachineBudget { .. }
             | RuntimeError::HugePages {
                 usable: Some(_), ..
             } => ErrorKind::Budget,
@@ -257,7 +297,8 @@ impl RuntimeError {
             | RuntimeError::UnknownGpu { .. }
             | RuntimeError::UnknownGpuIndex { .. }
             | RuntimeError::Config { .. }
-            | RuntimeError::BadRequest { .. } => ErrorKind::Input,
+            | RuntimeError::BadRequest { .. }
+            | RuntimeError::MachineState { source: None, .. } => ErrorKind::Input,
             _ => ErrorKind::System,
         }
     }
@@ -273,6 +314,9 @@ impl RuntimeError {
             RuntimeError::Backend { source, .. } if source.is_no_driver() => "this backend needs the CUDA driver and a GPU: use the default backend (RuntimeConfig::backend = Backend::Mapped), which works without one".into(),
             RuntimeError::Backend { .. } => "driver backends need a recent driver (cuMemCreate on a host NUMA node: CUDA 12.2 or later) and memory free on the node (`numastat -m`); the default backend (Backend::Mapped) needs neither".into(),
             RuntimeError::CgroupBudget { .. } => "raise the memory limit of the container or cgroup (`docker run --memory`, Kubernetes resources.limits.memory): by default numapin pins at most budget_fraction of it over all nodes, since pinned pages count against it and the OOM killer ends the process above it; or free buffers (Runtime::trim), or set RuntimeConfig::budget_bytes (the cgroup cap is then not applied)".into(),
+            RuntimeError::MachineBudget { .. } => "free pinned buffers in the processes named (or give their empty regions back: Runtime::trim, numapin.trim()), ask for less, wait for them (RuntimeConfig::budget_wait), or raise the machine budget (NUMAPIN_MACHINE_BUDGET=0.8 or =64GiB, RuntimeConfig::machine_budget, numapin.configure(machine_budget=...)); NUMAPIN_MACHINE_BUDGET=off turns it off".into(),
+            RuntimeError::MachineState { path, .. } if path.contains("numapin-budget-") => format!("when no numapin process of this user runs, remove it (`rm {path}`: numapin makes a new one); or point NUMAPIN_MACHINE_BUDGET_DIR at a folder of your own, or turn the machine budget off (NUMAPIN_MACHINE_BUDGET=off)"),
+            RuntimeError::MachineState { .. } => "point NUMAPIN_MACHINE_BUDGET_DIR at a folder of this user's own that exists (mode 0700), or turn the machine budget off (NUMAPIN_MACHINE_BUDGET=off)".into(),
             RuntimeError::OffNode { how, .. } if how.contains("first touch") => "first touch put the pages elsewhere: the node's CPUs this process may use (cpuset) must exist and the memory policy must be the default (no `numactl --membind` around the container), and the node needs free memory (`numastat -m`); to bind with mbind instead, allow it (`docker run --cap-add SYS_NICE`, Kubernetes securityContext.capabilities.add [\"SYS_NICE\"]); RuntimeConfig::off_node = OffNode::Warn (`placement=\"warn\"` in Python) keeps such regions".into(),
             RuntimeError::OffNode { .. } => "the node is short of free memory or the kernel moved pages (check `numastat -m`, free memory on the node, or lower the budget); RuntimeConfig::off_node = OffNode::Warn (`placement=\"warn\"` in Python) keeps such regions".into(),
             RuntimeError::System { .. } => "check free memory on the node (`numastat -m`) and the process's limits (`ulimit -a`)".into(),

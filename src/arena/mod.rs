@@ -36,6 +36,7 @@ mod buf;
 pub(crate) mod cache;
 mod error;
 mod huge;
+pub(crate) mod machine;
 mod methods;
 pub(crate) mod publish;
 pub(crate) mod region;
@@ -52,6 +53,7 @@ pub use buf::PinnedBuf;
 pub use cache::CacheLimits;
 pub use error::RuntimeError;
 pub use huge::{HugePages, PageKind, ParseHugePagesError};
+pub(crate) use machine::{MachineCharge, MachineLimit};
 pub use methods::{Backend, OffNode, PinnedBy, PlacedBy, RegionMethods, VerifiedBy};
 pub(crate) use region::{Region, RegionOptions, Registration, SharedFile, Step};
 pub(crate) use shared::SharedPart;
@@ -127,6 +129,9 @@ pub(crate) struct ArenaConfig {
     /// The cap over every node of the runtime (under the memory cgroup's
     /// limit), charged by each region as well as the node's own budget.
     pub cgroup_cap: Option<Arc<CgroupCap>>,
+    /// The machine budget on the node (every numapin process of the user
+    /// together), charged by each region; `None` when off.
+    pub(crate) machine: Option<MachineLimit>,
     /// Bounds of each thread's cache of freed blocks.
     pub cache: CacheLimits,
     /// Which pages regions ask for.
@@ -153,6 +158,8 @@ struct Lease {
 struct Admitted {
     size: u64,
     pin_by_registration: Option<String>,
+    /// The region's charge to the machine budget, if there is one.
+    machine: Option<MachineCharge>,
 }
 
 struct Deferred {
@@ -328,7 +335,9 @@ impl NodeArena {
 
     /// Lends a buffer of `bytes` (a [`fitted`](Self::alloc_fitted) one
     /// with `fitted`); over budget, waits up to `timeout` for other
-    /// buffers to be freed, then fails with the budget error.
+    /// buffers to be freed, then fails with the budget error. Over the
+    /// machine budget, other processes' frees are polled for with a growing
+    /// pause (2 to 64 ms) between looks at the state file.
     pub(crate) fn alloc_waiting(
         self: &Arc<Self>,
         bytes: usize,
@@ -336,21 +345,18 @@ impl NodeArena {
         timeout: Duration,
     ) -> Result<PinnedBuf, RuntimeError> {
         let deadline = Instant::now() + timeout;
+        let mut machine_pause = Duration::from_millis(2);
         loop {
             match self.alloc_inner(bytes, fitted) {
+                Err(RuntimeError::MachineBudget { .. }) if Instant::now() < deadline => {
+                    self.wait_for_frees(deadline, machine_pause);
+                    machine_pause = (machine_pause * 2).min(Duration::from_millis(64));
+                }
                 Err(RuntimeError::BudgetExceeded { .. }) if Instant::now() < deadline => {
-                    // While a thread waits, frees bypass the threads' caches
-                    // and wake it.
-                    self.waiters.fetch_add(1, Ordering::SeqCst);
-                    let g = lock(&self.state);
                     // Short slices: deferred buffers become free when their
                     // events complete, which nothing signals, and a free
-                    // that raced with the count above signals no one.
-                    let slice = deadline
-                        .saturating_duration_since(Instant::now())
-                        .min(Duration::from_millis(2));
-                    let _ = self.slow.freed.wait_timeout(g, slice);
-                    self.waiters.fetch_sub(1, Ordering::SeqCst);
+                    // that raced with the waiters' count signals no one.
+                    self.wait_for_frees(deadline, Duration::from_millis(2));
                 }
                 r => {
                     if r.is_err() {
@@ -360,6 +366,19 @@ impl NodeArena {
                 }
             }
         }
+    }
+
+    /// Waits for a free of this arena's, at most `slice` and never past
+    /// `deadline`. While a thread waits, frees bypass the threads' caches
+    /// and wake it.
+    fn wait_for_frees(&self, deadline: Instant, slice: Duration) {
+        self.waiters.fetch_add(1, Ordering::SeqCst);
+        let g = lock(&self.state);
+        let slice = deadline
+            .saturating_duration_since(Instant::now())
+            .min(slice);
+        let _ = self.slow.freed.wait_timeout(g, slice);
+        self.waiters.fetch_sub(1, Ordering::SeqCst);
     }
 
     #[inline]
@@ -423,13 +442,14 @@ impl NodeArena {
         let granule = self.cfg.huge_pages.granule() as u64;
         let size = alloc::round_up(size, granule);
         let fitted = alloc::round_up(bytes as u64, granule);
-        let admitted = self.admit(bytes as u64, (size, fitted), reserved)?;
+        let mut admitted = self.admit(bytes as u64, (size, fitted), reserved)?;
         let size = admitted.size;
         let created = Region::create(&RegionOptions {
             register_part_bytes: self.part_bytes_for(size, bytes as u64),
             ..self.region_options(&admitted, None)
         });
-        let region = self.charged(created, size)?;
+        let mut region = self.charged(created, size)?;
+        region.charge_machine(admitted.machine.take());
         let mut st = lock(&self.state);
         // A region made in parts is registered part by part: no block may
         // span two (CUDA refuses a copy across registrations).

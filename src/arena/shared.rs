@@ -31,11 +31,14 @@ impl NodeArena {
         let _grow = lock(&self.slow.grow);
         self.releasing.wait();
         let reserved = lock(&self.state).reserved();
-        let admitted = self.admit(bytes as u64, (size, size), reserved)?;
+        let mut admitted = self.admit(bytes as u64, (size, size), reserved)?;
         let mut options = self.region_options(&admitted, Some(file));
         options.register &= register;
         let created = Region::create(&options);
-        let region = self.charged(created, admitted.size)?;
+        let mut region = self.charged(created, admitted.size)?;
+        // Charged to the machine budget here, by the process that makes
+        // it, once: processes that attach to it are not charged.
+        region.charge_machine(admitted.machine.take());
         let mut st = lock(&self.state);
         st.last_shared += 1;
         let id = st.last_shared;

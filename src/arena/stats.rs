@@ -94,6 +94,19 @@ pub struct NodeStats {
     /// Of the current regions, those of 4 KiB pages (THP mode `never`, or
     /// [`HugePages::None`](super::HugePages::None)).
     pub regions_base_pages: u64,
+    /// The machine budget on the node: what every numapin process of this
+    /// user may pin there together (`docs/arena.md`, Machine budget); 0
+    /// when it is off.
+    pub machine_budget: u64,
+    /// Bytes numapin processes of this user pin on the node, this one's
+    /// included, as the state file said when these figures were taken.
+    pub machine_used: u64,
+    /// Of those, this process's (all its runtimes, and the shared regions
+    /// it made).
+    pub machine_share: u64,
+    /// Why `machine_used` could not be read (it is then this process's
+    /// share alone); empty when it was, or when the machine budget is off.
+    pub machine_note: String,
     /// Why methods other than the usual ones were used, for the latest
     /// region (`mbind refused (EPERM): placed by first touch from CPUs
     /// 0-3`); empty before any region or when none was needed.
@@ -274,6 +287,9 @@ impl NodeArena {
             s.pages_on_node += r.pages_on_node();
             s.pages_off_node += r.pages_off_node();
         }
+        // The state file is read with no lock of the arena's held.
+        drop(st);
+        self.machine_stats(&mut s);
         s
     }
 }

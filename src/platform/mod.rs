@@ -22,6 +22,7 @@ pub(crate) mod pci;
 pub(crate) mod probe;
 pub(crate) mod procfs;
 pub(crate) mod shm;
+pub(crate) mod statefile;
 pub(crate) mod sys;
 
 /// A temporary filesystem root holding `files` (`(path, contents)`, paths

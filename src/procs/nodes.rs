@@ -96,7 +96,7 @@ pub fn node_use(topo: &Topology, reports: &[ProcessReport]) -> (Vec<NodeUse>, Ve
                     (DEFAULT_BUDGET_FRACTION * 100.0) as u32,
                     fmt_bytes(r.memory_bytes)
                 ),
-                "give each process a share of the node: `RuntimeConfig::with_budget_bytes`, `numapin.configure(budget=...)`",
+                "keep the machine budget on (the default; NUMAPIN_MACHINE_BUDGET=auto, a fraction such as 0.5 or bytes such as 64GiB per node), which every numapin process of a user shares, or give each process a share of the node: `RuntimeConfig::with_budget_bytes`, `numapin.configure(budget_bytes=...)`",
             )
             .for_node(r.node)
         })

@@ -35,6 +35,12 @@ pub use crate::arena::{
     DEFAULT_BUDGET_FRACTION, DEFAULT_REGION_BYTES, MAX_ALIGNMENT, MAX_PART_BYTES,
 };
 
+mod machine;
+pub use machine::{
+    machine_budget_usage, BudgetHolder, MachineBudget, MachineNodeUse, MachineUsage,
+    ParseMachineBudgetError, DEFAULT_STATE_DIR, MACHINE_BUDGET_DIR_VAR, MACHINE_BUDGET_VAR,
+};
+
 /// Most threads that fault in a new region when
 /// [`RuntimeConfig::populate_threads`] is 0 (they are also limited to the
 /// node's allowed CPUs).
@@ -53,6 +59,9 @@ pub(crate) struct TestHooks {
     pub(crate) cgroup_root: Option<std::path::PathBuf>,
     /// Read the huge page pools under this root instead of `/`.
     pub(crate) pool_root: Option<std::path::PathBuf>,
+    /// Keep the machine budget's state file in this folder instead of the
+    /// one `NUMAPIN_MACHINE_BUDGET_DIR` names (or `/dev/shm`).
+    pub(crate) machine_dir: Option<std::path::PathBuf>,
 }
 
 /// How a [`Runtime`] builds and limits its arenas. Start from
@@ -122,6 +131,17 @@ pub struct RuntimeConfig {
     /// within the noise between runs, for more registrations and less room
     /// for buffers over a quarter of a region.
     pub register_in_parts: bool,
+    /// The machine budget: pinned bytes per node over every numapin
+    /// runtime of this user on the machine, in every process (each shared
+    /// region counted once, in the process that made it), kept in a state
+    /// file that a killed process cannot leave wrong (see `docs/arena.md`,
+    /// Machine budget). `None` (the default): the `NUMAPIN_MACHINE_BUDGET`
+    /// variable when set, else [`MachineBudget::Auto`], half of each node
+    /// or this runtime's own budget there when larger, so that one process
+    /// alone is limited as before and several share what one would have.
+    /// Over it, [`RuntimeError::MachineBudget`] names the processes holding
+    /// the node's share; [`RuntimeConfig::budget_wait`] waits for them.
+    pub machine_budget: Option<MachineBudget>,
     pub(crate) hooks: TestHooks,
 }
 
@@ -140,6 +160,7 @@ impl Default for RuntimeConfig {
             budget_wait: None,
             huge_pages: HugePages::default(),
             register_in_parts: false,
+            machine_budget: None,
             hooks: TestHooks::default(),
         }
     }
@@ -158,6 +179,7 @@ with_setters!(RuntimeConfig {
     with_budget_wait => budget_wait: Option<Duration>,
     with_huge_pages => huge_pages: HugePages,
     with_register_in_parts => register_in_parts: bool,
+    with_machine_budget => machine_budget: Option<MachineBudget>,
 });
 
 /// How [`Runtime::alloc_with`] lends a buffer. Start from
@@ -265,6 +287,7 @@ fn check_config(config: &RuntimeConfig) -> Result<(), RuntimeError> {
             "use a fraction such as 0.5",
         ));
     }
+    machine::check(config)?;
     if config.backend != Backend::Mapped
         && matches!(
             config.huge_pages,
@@ -292,6 +315,7 @@ fn make_arenas(
     config: &RuntimeConfig,
     region_bytes: u64,
     cap: Option<Arc<arena::CgroupCap>>,
+    machine: &machine::Resolved,
 ) -> Vec<Arc<NodeArena>> {
     let (a, f) = (config.alignment, config.budget_fraction);
     let memlock_applies =
@@ -335,6 +359,7 @@ fn make_arenas(
                     cache: config.thread_cache,
                     memlock_applies,
                     cgroup_cap: cap.clone(),
+                    machine: machine.for_node(n.memory_bytes, budget),
                     huge_pages: config.huge_pages,
                     register_in_parts: config.register_in_parts,
                     pool_root: config.hooks.pool_root.clone(),
@@ -354,7 +379,9 @@ impl Runtime {
     /// # Errors
     ///
     /// [`RuntimeError::Config`] for a setting out of range (alignment,
-    /// region size, budget fraction, hugetlb pages with a driver backend).
+    /// region size, budget fraction, machine budget, hugetlb pages with a
+    /// driver backend), or a `NUMAPIN_MACHINE_BUDGET` or
+    /// `NUMAPIN_MACHINE_BUDGET_DIR` that cannot be read.
     pub fn new(topology: Topology, config: RuntimeConfig) -> Result<Runtime, RuntimeError> {
         check_config(&config)?;
         let region_bytes = arena::alloc::round_up(
@@ -365,7 +392,8 @@ impl Runtime {
             Some(_) => None,
             None => cgroup_cap(&config),
         };
-        let arenas = make_arenas(&topology, &config, region_bytes, cap);
+        let machine = machine::resolve(&config)?;
+        let arenas = make_arenas(&topology, &config, region_bytes, cap, &machine);
         arena::publish::register(&arenas);
         Ok(Runtime {
             topology,

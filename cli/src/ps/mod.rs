@@ -17,6 +17,7 @@ use numapin::procs::{
     judge, node_use, DriverQuery, DriverReport, NodeUse, ProcReader, ProcessError, ProcessReport,
     Scan, Unlisted,
 };
+use numapin::runtime::{machine_budget_usage, MachineUsage};
 use numapin::topology::{ProbeEnv, Topology};
 
 use crate::error::{CliError, Result};
@@ -108,6 +109,10 @@ pub(crate) struct Report {
     /// What the driver's per-GPU process lists (NVML) said, which gave
     /// each process's GPUs (`attribution`).
     pub(crate) nvml: DriverReport,
+    /// The machine budget's state files this user may read (this
+    /// machine's, not read with --root): per node, the bytes every live
+    /// numapin process holds and who holds them.
+    pub(crate) machine_budget: Vec<MachineUsage>,
     /// What the reader could not use (the NVIDIA driver's GPU files).
     pub(crate) notes: Vec<String>,
     /// Verdict counts and the exit code.
@@ -193,7 +198,7 @@ fn one_pass(
         }
     };
     scan.exited.extend(gone.iter().cloned());
-    Ok(report(
+    let mut r = report(
         topo,
         reader.root(),
         scan,
@@ -201,7 +206,17 @@ fn one_pass(
         pass,
         started,
         reader.notes(),
-    ))
+    );
+    // The state files are this machine's: not beside another /proc.
+    if reader.root() == std::path::Path::new("/") {
+        let (found, refused) = machine_budget_usage(None);
+        r.machine_budget = found;
+        r.notes.extend(refused.iter().map(|e| {
+            let fix = e.fix().map_or(String::new(), |f| format!(" (fix: {f})"));
+            format!("{}{fix}", numapin::error::with_causes(e))
+        }));
+    }
+    Ok(r)
 }
 
 fn report(
@@ -240,6 +255,7 @@ fn report(
         nvml: scan.driver,
         nodes,
         node_checks,
+        machine_budget: Vec::new(),
         notes: notes.to_vec(),
     }
 }

@@ -2,6 +2,7 @@
 
 use numapin::doctor::{Check, Subject, Verdict};
 use numapin::procs::{DriverReport, NodeUse, ProcessReport, Unlisted};
+use numapin::runtime::MachineUsage;
 use numapin::text::{fmt_bytes, Table};
 
 use super::Report;
@@ -57,6 +58,10 @@ fn text(r: &Report, watch: bool) -> String {
         out.push('\n');
         nodes(&mut out, &r.nodes);
         checks(&mut out, &r.node_checks, "");
+    }
+    for m in &r.machine_budget {
+        out.push('\n');
+        machine_budget(&mut out, m);
     }
     unlisted(
         &mut out,
@@ -206,6 +211,27 @@ fn nodes(out: &mut String, rows: &[NodeUse]) {
     }
     out.push_str(&t.render());
     out.push_str("DATA, FILES = the listed processes' own memory and mapped files on the node; BUDGET = one numapin runtime's default pinned budget (half the node); NUMAPIN = what their numapin arenas pin there\n");
+}
+
+/// The machine budget of one state file: a line per node with live
+/// holders.
+fn machine_budget(out: &mut String, m: &MachineUsage) {
+    out.push_str(&format!(
+        "machine budget of user {} ({}): what every numapin process of the user pins per node\n",
+        m.uid,
+        m.path.display()
+    ));
+    let mut t = Table::new(["NODE", "BUDGET", "USED", "BY"]);
+    for n in &m.nodes {
+        let budget = if n.limit_min == n.limit_max {
+            fmt_bytes(n.limit_min)
+        } else {
+            format!("{} to {}", fmt_bytes(n.limit_min), fmt_bytes(n.limit_max))
+        };
+        let by: Vec<String> = n.holders.iter().map(ToString::to_string).collect();
+        t.row([n.node.to_string(), budget, fmt_bytes(n.used), by.join(", ")]);
+    }
+    out.push_str(&t.render());
 }
 
 /// A line for processes not listed.

@@ -562,6 +562,8 @@ def configure(
     backend: str | None = None,
     huge_pages: str | None = None,
     register_in_parts: bool | None = None,
+    machine_budget: str | float | int | None = None,
+    budget_wait: float | None = None,
 ) -> None:
     """Configures the arenas; call before the first call that allocates.
 
@@ -585,7 +587,18 @@ def configure(
     ``regions_thp``, ...). ``register_in_parts``: make each standard region
     in two halves, the second faulted in while the first is registered with
     CUDA (default false; no buffer then spans the halves, since CUDA
-    refuses a copy across two registrations).
+    refuses a copy across two registrations). ``machine_budget``: what
+    every numapin process of this user on the machine may pin per node
+    together (shared regions counted once, in the process that made them):
+    ``"auto"`` (the default, unless ``NUMAPIN_MACHINE_BUDGET`` says
+    otherwise: half of each node, or this process's own budget there when
+    larger), ``"off"``, a fraction of each node's memory (``0.5`` or
+    ``"0.5"``), bytes per node (an int, or ``"64GiB"``); over it a
+    :class:`BudgetError` names the processes holding the node's share, and
+    :func:`stats` gives ``machine_budget``, ``machine_used`` and
+    ``machine_share``. ``budget_wait``: seconds an allocation over a budget
+    waits for memory to be freed (in this process or, for the machine
+    budget, in others) before the :class:`BudgetError` (default: none).
 
     A value of the wrong type is a ``TypeError``; a name that is not one of
     those listed, or a value out of range, an :class:`InputError` (both
@@ -608,12 +621,18 @@ def configure(
         backend=backend,
         huge_pages=huge_pages,
         register_in_parts=register_in_parts,
+        machine_budget=machine_budget,
+        budget_wait=budget_wait,
     )
 
 
 def stats() -> list[dict[str, Any]]:
     """Counters per NUMA node with memory: regions, bytes reserved, locked,
-    registered, in use and cached, the budget, allocations, placement."""
+    registered, in use and cached, the budget, allocations, placement; the
+    machine budget (``machine_budget``: every numapin process of this user
+    together, 0 when off), what all of them pin on the node
+    (``machine_used``, read now) and this process's part of it
+    (``machine_share``)."""
     return _numapin.stats()
 
 

@@ -122,6 +122,7 @@ impl Region {
             },
             notes: pages.note.into_iter().collect(),
             charge: None,
+            machine: None,
             pid: std::process::id(),
             times: StepTimes::default(),
             threads: o.populate_threads.max(1),

@@ -68,6 +68,7 @@ impl Region {
             },
             notes,
             charge: None,
+            machine: None,
             pid: std::process::id(),
             times: StepTimes {
                 map: started.elapsed(),

@@ -321,6 +321,9 @@ pub struct Region {
     methods: RegionMethods,
     notes: Vec<String>,
     charge: Option<(std::sync::Arc<CgroupCap>, u64)>,
+    /// Its charge to the machine budget: given back when the region is
+    /// dropped (after the teardown, as fields drop after `drop`).
+    machine: Option<super::MachineCharge>,
     times: StepTimes,
     /// Threads that populated the region (and check its placement).
     threads: usize,
@@ -454,6 +457,11 @@ impl Region {
     /// caller reserved them).
     pub(crate) fn charge(&mut self, budget: std::sync::Arc<CgroupCap>, bytes: u64) {
         self.charge = Some((budget, bytes));
+    }
+
+    /// Charges the region to the machine budget until it is dropped.
+    pub(crate) fn charge_machine(&mut self, charge: Option<super::MachineCharge>) {
+        self.machine = charge;
     }
 
     /// Bytes per part of a region made (and, with a driver, registered) in
