@@ -7,7 +7,7 @@ machine budget (``--budget``, shared by all of them) refuses. All of them
 then print what they got and ``numapin.stats()``'s machine figures for
 their node; process 0 prints the machine budget lines of ``numapin ps``.
 Last, one more process with ``budget_wait`` asks for a piece while the
-budget is spent, and gets it once process 0 lets go of its memory.
+budget is spent, and gets it once the process holding most lets go of its memory.
 
 On the multi-GPU machine (4 GPUs, a budget of 12 GiB per node)::
 
@@ -46,7 +46,7 @@ def gpu_count() -> int:
         return 0
 
 
-def pinner(i: int, args: argparse.Namespace, barrier, release, results) -> None:
+def pinner(i: int, args: argparse.Namespace, barrier, release, results, who, chosen) -> None:
     """Process i: pins up to --per-proc GiB near its GPU, reports, holds
     until released."""
     import numapin
@@ -85,9 +85,10 @@ def pinner(i: int, args: argparse.Namespace, barrier, release, results) -> None:
             print("\n".join(lines[start:end]))
         sys.stdout.flush()
     barrier.wait()  # ps has run
-    if i == 0:
+    chosen.wait(600)  # the main process names the one that lets go
+    if i == who.value:
         time.sleep(2.0)
-        del held[:]  # process 0 lets go: the waiter gets its piece
+        del held[:]  # the process holding most lets go: the waiter gets its piece
         import gc
 
         gc.collect()
@@ -125,7 +126,9 @@ def main() -> int:
     os.environ["NUMAPIN_MACHINE_BUDGET_DIR"] = state  # children and ps inherit it
     ctx = mp.get_context("spawn")
     barrier, release, results = ctx.Barrier(args.procs, timeout=600), ctx.Event(), ctx.Queue()
-    procs = [ctx.Process(target=pinner, args=(i, args, barrier, release, results)) for i in range(args.procs)]
+    who, chosen = ctx.Value("i", -1), ctx.Event()
+    procs = [ctx.Process(target=pinner, args=(i, args, barrier, release, results, who, chosen))
+             for i in range(args.procs)]
     for pr in procs:
         pr.start()
     rows = [results.get(timeout=600) for _ in range(args.procs)]
@@ -148,9 +151,12 @@ def main() -> int:
         ok &= within
         print(f"node {node}: {size(got * GIB)} granted over the processes, budget {size(limit)}: "
               f"{'within' if within else 'OVER THE BUDGET'}")
-    # The waiter: asks while the budget is spent, gets it once process 0 lets go.
-    gpu0 = rows[0][2]
-    w = ctx.Process(target=waiter, args=(args, gpu0, results))
+    # The waiter: asks while the budget is spent, gets it once the process
+    # holding most lets go.
+    holder = max(rows, key=lambda r: r[4])
+    who.value = holder[0]
+    chosen.set()
+    w = ctx.Process(target=waiter, args=(args, holder[2], results))
     w.start()
     got = [results.get(timeout=120) for _ in range(2)]
     released = next(g[1] for g in got if g[0] == "released")
@@ -158,7 +164,7 @@ def main() -> int:
     w.join(timeout=60)
     if wr[1]:
         print(f"waiter (budget_wait=60 s): got {size(wr[4])} after {wr[2]:.2f} s, "
-              f"{wr[3] - released:+.2f} s after process 0 let go")
+              f"{wr[3] - released:+.2f} s after process {holder[0]} let go")
     else:
         ok = False
         print(f"waiter (budget_wait=60 s): refused after {wr[2]:.2f} s: {wr[4]}")
