@@ -72,6 +72,7 @@ pub mod topology;
 
 #[cfg(feature = "measure")]
 pub mod measure;
+mod num;
 mod platform;
 mod report;
 
