@@ -81,7 +81,7 @@ impl PinnedBuf {
 
     /// Bytes set aside for it (the request rounded up to the alignment).
     pub fn capacity(&self) -> usize {
-        self.lease.size as usize
+        crate::num::usize_from(self.lease.size)
     }
 
     /// The first byte (aligned to at least 4 KiB).
