@@ -503,7 +503,7 @@ pub fn plan(topo: &Topology, gpus: &[GpuIndex], mode: Mode, opts: &PlanOptions) 
         let mut warnings = home.warnings.clone();
         warnings.extend(warning);
         ranks.push(RankPlan {
-            local_rank: r as u32,
+            local_rank: crate::num::u32_saturating(r),
             gpu: Some(g),
             pci_bus_id: Some(topo.gpus[g.as_usize()].pci_bus_id.clone()),
             cpus,
