@@ -232,7 +232,7 @@ fn cgroup_cap(config: &RuntimeConfig) -> Option<Arc<arena::CgroupCap>> {
     };
     let l = limits.tightest()?;
     let f = config.budget_fraction;
-    let cap = (l.bytes as f64 * f) as u64;
+    let cap = crate::num::share(l.bytes, f);
     Some(Arc::new(arena::CgroupCap::new(
         cap,
         format!(
@@ -335,7 +335,7 @@ fn make_arenas(
         .map(|n| {
             let mut budget = config
                 .budget_bytes
-                .unwrap_or((n.memory_bytes as f64 * f) as u64);
+                .unwrap_or(crate::num::share(n.memory_bytes, f));
             if let Some(s) = &cap {
                 budget = budget.min(s.limit());
             }
