@@ -207,7 +207,7 @@ impl ReadReport {
 /// `bytes` in `seconds`, in GB/s (10^9); 0 for no time.
 pub(crate) fn gbps(bytes: u64, seconds: f64) -> f64 {
     if seconds > 0.0 {
-        bytes as f64 / seconds / 1e9
+        crate::num::f64_from(bytes) / seconds / 1e9
     } else {
         0.0
     }
@@ -424,11 +424,13 @@ fn check_ranges(
 
 /// Bytes per slot: `chunk` rounded up to every source's alignment.
 fn slot_bytes(sources: &[Source], chunk: usize) -> usize {
-    let a = sources
-        .iter()
-        .map(|s| s.alignment())
-        .max()
-        .unwrap_or(source::MIN_ALIGN) as usize;
+    let a = crate::num::usize_from(
+        sources
+            .iter()
+            .map(|s| s.alignment())
+            .max()
+            .unwrap_or(source::MIN_ALIGN),
+    );
     chunk.div_ceil(a) * a
 }
 

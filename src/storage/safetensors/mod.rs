@@ -656,7 +656,7 @@ impl Checkpoint {
             let t = &self.tensors[i];
             // The tensor's first byte sits where the file's does modulo
             // the alignment, so its whole blocks can be read in place.
-            let pad = (t.offset % self.files[t.source].align) as usize;
+            let pad = crate::num::usize_from(t.offset % self.files[t.source].align);
             let buf = rt
                 .alloc(Target::HostNode(node), (pad + t.len).max(1))
                 .map_err(|source| StorageError::TensorMemory {

@@ -519,7 +519,7 @@ mod tests {
         let refs: Vec<&SaveTensor<'_>> = ts.iter().collect();
         let (order, start) = header(&refs, None).expect("header");
         assert_eq!(order, vec![1, 2, 0]);
-        let n = u64::from_le_bytes(start[..8].try_into().expect("8 bytes")) as usize;
+        let n = crate::num::usize_from(u64::from_le_bytes(start[..8].try_into().expect("8 bytes")));
         assert_eq!(n % 8, 0);
         assert_eq!(start.len(), 8 + n);
         let json = std::str::from_utf8(&start[8..]).expect("utf-8");
