@@ -14,10 +14,11 @@
 //!   rate or share notices;
 //! - an `f64` share or count back to `u64`: rounded toward zero and
 //!   saturating, as Rust's float-to-integer conversion is;
-//! - positions in lists that `topology::limits` holds to a few thousand
-//!   entries (GPUs, CPUs, nodes) as `u32`;
-//! - a C `char` or `int` whose bits are the value (a byte of a UUID, a
-//!   status code).
+//! - positions in lists held to a few thousand entries (GPUs, CPUs and
+//!   nodes by `topology::limits`, a slot pool's slots by its `MAX_SLOTS`)
+//!   as `u32`;
+//! - a C `char`, or an `i32` and a `u32`, whose bits are the value (a byte
+//!   of a UUID, a status code, a SIMD lane).
 
 use std::ffi::{c_char, c_int};
 
@@ -63,9 +64,10 @@ pub(crate) fn share(bytes: u64, fraction: f64) -> u64 {
     u64_saturating(f64_from(bytes) * fraction)
 }
 
-/// A position in, or the length of, a list held to `topology::limits`
-/// (GPUs, CPUs, nodes, slots: thousands at most) as a `u32`; past
-/// `u32::MAX`, which those limits rule out, it saturates.
+/// A position in, or the length of, a list held to a stated limit (GPUs,
+/// CPUs and nodes by `topology::limits`, slots by `MAX_SLOTS`: thousands
+/// at most) as a `u32`; past `u32::MAX`, which those limits rule out, it
+/// saturates.
 pub(crate) fn u32_saturating(v: usize) -> u32 {
     u32::try_from(v).unwrap_or(u32::MAX)
 }
@@ -75,14 +77,15 @@ pub(crate) fn c_byte(c: c_char) -> u8 {
     u8::from_ne_bytes(c.to_ne_bytes())
 }
 
-/// A C `int` status code as the `u32` numapin reports it: the same bits.
-pub(crate) fn code_bits(c: c_int) -> u32 {
+/// The `u32` with the bits of an `i32` (a C status code as numapin reports
+/// it).
+pub(crate) fn u32_bits(c: c_int) -> u32 {
     u32::from_ne_bytes(c.to_ne_bytes())
 }
 
-/// The C `int` whose bits are `code` (the reverse of [`code_bits`]).
-pub(crate) fn code_from_bits(code: u32) -> c_int {
-    c_int::from_ne_bytes(code.to_ne_bytes())
+/// The `i32` with the bits of a `u32` (the reverse of [`u32_bits`]).
+pub(crate) fn i32_bits(v: u32) -> c_int {
+    c_int::from_ne_bytes(v.to_ne_bytes())
 }
 
 #[cfg(test)]
@@ -103,8 +106,8 @@ mod tests {
         assert_eq!(u32_saturating(7), 7);
         assert_eq!(u32_saturating(usize::MAX), u32::MAX);
         assert_eq!(c_byte(c_char::from_ne_bytes([0xF3])), 0xF3);
-        assert_eq!(code_bits(-1), u32::MAX);
-        assert_eq!(code_from_bits(code_bits(-7)), -7);
-        assert_eq!(code_bits(999), 999);
+        assert_eq!(u32_bits(-1), u32::MAX);
+        assert_eq!(i32_bits(u32_bits(-7)), -7);
+        assert_eq!(u32_bits(999), 999);
     }
 }

@@ -119,7 +119,7 @@ fn status(r: Ret) -> Result<(), Status> {
     if r == 0 {
         Ok(())
     } else {
-        Err(Status::Code(crate::num::code_bits(r)))
+        Err(Status::Code(crate::num::u32_bits(r)))
     }
 }
 
@@ -230,7 +230,7 @@ impl Api for Library {
         let f = self.error_string?;
         // SAFETY: nvmlErrorString takes any code and returns a pointer to
         // a static NUL-terminated string (or null).
-        let p = unsafe { f(crate::num::code_from_bits(code)) };
+        let p = unsafe { f(crate::num::i32_bits(code)) };
         if p.is_null() {
             return None;
         }
