@@ -41,6 +41,7 @@ pub(crate) const fn f64_from(v: u64) -> f64 {
 }
 
 /// A `usize` count as an `f64` ([`f64_from`]).
+#[cfg(feature = "measure")]
 pub(crate) const fn f64_from_usize(v: usize) -> f64 {
     f64_from(v as u64)
 }

@@ -67,11 +67,14 @@ fn hex16(attrs: &HashMap<String, String>, key: &str) -> Option<u16> {
 /// A `<pci>` element's class as 16 bits (`0x0207`), from NCCL's 24-bit form.
 pub(crate) fn class16(text: &str) -> Option<u16> {
     let raw = u32::from_str_radix(text.trim().trim_start_matches("0x"), 16).ok()?;
-    match u16::try_from(raw) {
-        Ok(class) => Some(class),
-        // 24 bits: class, subclass, programming interface.
-        Err(_) => u16::try_from(raw >> 8).ok(),
-    }
+    // 24 bits: class, subclass, programming interface; the first two kept
+    // (of a longer value too, as before).
+    let class = if raw > 0xffff {
+        (raw >> 8) & 0xffff
+    } else {
+        raw
+    };
+    u16::try_from(class).ok()
 }
 
 /// An element's PCIe link (`link_speed="16.0 GT/s PCIe" link_width="16"`).
