@@ -4,6 +4,12 @@
 //! creation per GiB (serial and parallel populate, against mmap+mlock).
 //!
 //! `cargo bench --bench arena`; results are recorded in docs/BENCHMARKS.md.
+// Benchmark sizes, counts and rates far inside every type's range.
+#![allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_precision_loss
+)]
 #![allow(clippy::unwrap_used)] // tests and examples fail loudly
 
 use std::hint::black_box;

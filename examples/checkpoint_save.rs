@@ -11,6 +11,8 @@
 //!
 //! The "model" is one buffer of f32 weights (device memory on a GPU, a
 //! host vector without one) that each step changes.
+// Made-up weights from small counters, as f32.
+#![allow(clippy::cast_precision_loss)]
 #![allow(clippy::unwrap_used)] // tests and examples fail loudly
 
 use std::path::PathBuf;

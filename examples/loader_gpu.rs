@@ -17,6 +17,8 @@
 //!
 //! Prints one table (and with `--json` one JSON object per line after it).
 //! Without a GPU it measures host mode only and says so.
+// Sizes and counts from the command line, far inside every type's range.
+#![allow(clippy::cast_possible_truncation)]
 #![allow(clippy::unwrap_used)] // tests and examples fail loudly
 
 use std::process::ExitCode;

@@ -19,6 +19,13 @@
 //! reads `--bytes` (default: the whole file) from the start. `--reader`
 //! adds numapin's reader (into pinned host memory, and to GPU `--gpu` when
 //! a CUDA driver is present); `--reader-only` measures only that.
+// An example's sizes, counts and rates, far inside every type's range.
+#![allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_possible_wrap,
+    clippy::cast_sign_loss,
+    clippy::cast_precision_loss
+)]
 #![allow(clippy::unwrap_used)] // tests and examples fail loudly
 
 use std::fs::File;

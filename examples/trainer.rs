@@ -11,6 +11,8 @@
 //! already in device memory when it arrives (a real trainer launches its
 //! step on its own stream after `batch.wait_on(stream)`); without one the
 //! loader delivers pinned host batches.
+// A batch's index as its fill byte: the low bits are the point.
+#![allow(clippy::cast_possible_truncation)]
 #![allow(clippy::unwrap_used)] // tests and examples fail loudly
 
 use std::process::ExitCode;

@@ -159,14 +159,16 @@ impl CpuList {
             for bit in 0..32 {
                 if v & (1 << bit) != 0 {
                     let cpu = i as u64 * 32 + bit;
-                    if cpu > u64::from(MAX_CPU) {
-                        return Err(CpuListError::TooLarge {
-                            element: clip(text),
-                            value: cpu,
-                            max: MAX_CPU,
-                        });
+                    match u32::try_from(cpu) {
+                        Ok(c) if c <= MAX_CPU => out.push(c),
+                        _ => {
+                            return Err(CpuListError::TooLarge {
+                                element: clip(text),
+                                value: cpu,
+                                max: MAX_CPU,
+                            })
+                        }
                     }
-                    out.push(cpu as u32);
                 }
             }
         }
@@ -341,14 +343,14 @@ fn elements(text: &str) -> impl Iterator<Item = Result<Element, CpuListError>> +
                     return Err(bad());
                 }
                 let v: u64 = s.parse().unwrap_or(u64::MAX);
-                if v > u64::from(MAX_CPU) {
-                    return Err(CpuListError::TooLarge {
+                u32::try_from(v)
+                    .ok()
+                    .filter(|&c| c <= MAX_CPU)
+                    .ok_or_else(|| CpuListError::TooLarge {
                         element: clip(element),
                         value: v,
                         max: MAX_CPU,
-                    });
-                }
-                Ok(v as u32)
+                    })
             };
             let (first, last) = match range.split_once('-') {
                 Some((a, b)) => (num(a)?, num(b)?),

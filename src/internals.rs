@@ -32,7 +32,7 @@ pub fn skip_memlock_check(config: &mut RuntimeConfig, skip: bool) {
 /// region it releases (to observe a release in flight).
 pub fn release_delay(delay: std::time::Duration) {
     crate::arena::release::DELAY_MS.store(
-        delay.as_millis() as u64,
+        u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
         std::sync::atomic::Ordering::Relaxed,
     );
 }

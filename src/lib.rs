@@ -8,16 +8,21 @@
 //! ([`affinity`]), and reads checkpoints and datasets from drives to the
 //! GPU through the same node ([`storage`]).
 //!
-//! ```no_run
-//! use numapin::{CudaOrdinal, Runtime, RuntimeConfig, Target, Topology};
-//! use numapin::topology::ProbeOptions;
+//! ```
+//! use numapin::topology::{CudaMode, ProbeOptions};
+//! use numapin::{Runtime, RuntimeConfig, Target, Topology};
 //!
-//! let topo = Topology::probe(&ProbeOptions::from_process())?;
+//! // This machine (CudaMode::Off: GPUs from PCI, without loading the driver).
+//! let topo = Topology::probe(&ProbeOptions::from_process().with_cuda(CudaMode::Off))?;
 //! let rt = Runtime::new(topo, RuntimeConfig::default())?;
-//! let gpu = Target::Gpu(CudaOrdinal(0));
-//! let site = rt.place(gpu)?;                  // GPU 0's CPUs and node, with any fallback
-//! rt.bind_current_thread(gpu)?;               // this thread onto those CPUs
-//! let mut buf = rt.alloc(gpu, 64 << 20)?;     // pinned, on that node
+//! // The first GPU (Target::Gpu(CudaOrdinal(0)) with CUDA), or no GPU here.
+//! let target = match rt.topology().gpus.first() {
+//!     Some(gpu) => Target::HostForGpu(gpu.index),
+//!     None => Target::Host,
+//! };
+//! let site = rt.place(target)?;               // its CPUs and node, with any fallback
+//! rt.bind_current_thread(target)?;            // this thread onto those CPUs
+//! let mut buf = rt.alloc(target, 1 << 20)?;   // pinned, on that node
 //! assert_eq!(buf.node(), site.node);
 //! buf.fill(1);
 //! # Ok::<(), numapin::Error>(())
@@ -72,6 +77,7 @@ pub mod topology;
 
 #[cfg(feature = "measure")]
 pub mod measure;
+mod num;
 mod platform;
 mod report;
 

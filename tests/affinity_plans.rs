@@ -23,7 +23,9 @@ const MODES: [Mode; 5] = [
 ];
 
 fn all_gpus(t: &Topology) -> Vec<numapin::GpuIndex> {
-    (0..t.gpus.len() as u32).map(numapin::GpuIndex).collect()
+    (0..u32::try_from(t.gpus.len()).unwrap())
+        .map(numapin::GpuIndex)
+        .collect()
 }
 
 fn run(t: &Topology, mode: Mode) -> Plan {

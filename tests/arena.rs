@@ -6,6 +6,8 @@
 //! another memlock limit, a seccomp filter, a memory cgroup) re-run this
 //! test binary as a child (`common::run_child`); those child tests are
 //! `#[ignore]`d and do nothing unless `NUMAPIN_TEST_CHILD` names them.
+// Test data: counts, sizes, indices and byte patterns far inside every type's range.
+#![allow(clippy::cast_possible_truncation, clippy::cast_possible_wrap)]
 #![allow(clippy::unwrap_used)] // tests and examples fail loudly
 
 mod common;

@@ -5,6 +5,8 @@
 //!
 //! Every scenario runs in its own thread under a time limit, so a deadlock
 //! fails the test instead of hanging it.
+// Test data: counts, sizes, indices and byte patterns far inside every type's range.
+#![allow(clippy::cast_possible_truncation)]
 #![allow(clippy::unwrap_used)] // tests and examples fail loudly
 
 mod common;

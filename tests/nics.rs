@@ -65,7 +65,7 @@ fn dgx_h100_each_gpu_shares_its_switch_with_one_compute_nic_and_one_drive() {
         let socket = gi / 4;
         for n in &t.nics {
             let own = n.names[0] == format!("mlx5_{gi}");
-            let same_socket = n.numa_node == Some(socket as u32);
+            let same_socket = n.numa_node == Some(u32::try_from(socket).unwrap());
             let want = match (own, same_socket) {
                 (true, _) => Pix,
                 (false, true) => Node,

@@ -3,6 +3,8 @@
 //! never outliving the runtime), and the driver backends: a clear error
 //! without a driver, and on a GPU machine (`--ignored`) memory on its node
 //! that copies to and from the GPU.
+// Test data: counts, sizes, indices and byte patterns far inside every type's range.
+#![allow(clippy::cast_possible_truncation)]
 #![allow(clippy::unwrap_used)] // tests and examples fail loudly
 
 mod common;

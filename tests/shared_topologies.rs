@@ -39,7 +39,7 @@ fn every_shared_topology_matches_its_expectation() {
         let nodes = e["nodes"].as_array().unwrap();
         assert_eq!(t.numa_nodes.len(), nodes.len(), "{file}: node count");
         for n in nodes {
-            let os = n["os_index"].as_u64().unwrap() as u32;
+            let os = u32::try_from(n["os_index"].as_u64().unwrap()).unwrap();
             let node = t
                 .node(os)
                 .unwrap_or_else(|| panic!("{file}: node {os} missing"));
@@ -60,7 +60,7 @@ fn every_shared_topology_matches_its_expectation() {
             assert_eq!(g.pci_bus_id, x["pci_bus_id"].as_str().unwrap(), "{file}");
             assert_eq!(
                 g.numa_node,
-                x["numa_node"].as_u64().map(|v| v as u32),
+                x["numa_node"].as_u64().map(|v| u32::try_from(v).unwrap()),
                 "{file}: {} node",
                 g.pci_bus_id
             );

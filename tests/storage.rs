@@ -4,6 +4,8 @@
 //! indexes and shards, hostile files refused with an input error and
 //! nothing left allocated. GPU tests are `#[ignore]`d (run them with
 //! `--ignored` on a GPU machine; they skip without a driver).
+// Test data: counts, sizes, indices and byte patterns far inside every type's range.
+#![allow(clippy::cast_possible_truncation)]
 #![allow(clippy::unwrap_used)] // tests fail loudly
 
 mod common;

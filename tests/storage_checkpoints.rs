@@ -7,6 +7,8 @@
 //! caller, and the cost of large indexes (linear in tensors, open files
 //! bounded whatever the number of shards). Every refusal is an input
 //! error naming the file (and the tensor), and leaves nothing lent.
+// Test data: counts, sizes, indices and byte patterns far inside every type's range.
+#![allow(clippy::cast_possible_truncation)]
 #![allow(clippy::unwrap_used)] // tests fail loudly
 
 mod common;

@@ -51,9 +51,9 @@ fn tensors() -> Vec<Owned> {
         let shape = vec![3, 5 + i];
         let n = shape.iter().product::<usize>() * size;
         let bytes = if d == Dtype::BOOL {
-            (0..n).map(|k| (k % 3 == 0) as u8).collect()
+            (0..n).map(|k| u8::from(k % 3 == 0)).collect()
         } else {
-            pattern(n, i as u8)
+            pattern(n, u8::try_from(i).unwrap())
         };
         v.push((format!("layer.{i}.{d}"), d, shape, bytes));
     }

@@ -257,7 +257,7 @@ fn huge_pages_section_shows_each_nodes_pools() {
         out.into_owned()
     };
     check(None);
-    let node = memory_nodes()[0] as u32;
+    let node = u32::try_from(memory_nodes()[0]).unwrap();
     match common::HugePool::reserve(node, 2 << 20, 4) {
         Err(why) => eprintln!("skipped the part with a pool: {why}"),
         Ok(p) => {

@@ -435,7 +435,7 @@ fn signals_leave_no_temporary_folder_behind() {
                 }
                 None => {
                     std::thread::sleep(Duration::from_millis(20));
-                    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+                    let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap());
                     nix::sys::signal::kill(pid, nix::sys::signal::Signal::try_from(sig).unwrap())
                         .unwrap();
                     child.wait().unwrap()

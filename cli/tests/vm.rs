@@ -8,6 +8,12 @@
 //!
 //! Skips with a message when QEMU, a kernel or busybox is missing (set
 //! `NUMAPIN_VM_REQUIRED=1` to make that a failure).
+// Test data: counts, sizes, indices and byte patterns far inside every type's range.
+#![allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_possible_wrap,
+    clippy::cast_sign_loss
+)]
 #![allow(clippy::unwrap_used)] // tests and examples fail loudly
 
 #[path = "../../tests/common/mod.rs"]

@@ -276,7 +276,18 @@ impl PyCheckpoint {
             } else {
                 name
             };
-            let shape: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
+            // The header's checks hold each dimension to the file's size.
+            let shape = shape
+                .iter()
+                .map(|&d| i64::try_from(d))
+                .collect::<Result<Vec<i64>, _>>()
+                .map_err(|_| {
+                    input_error(
+                        py,
+                        format!("tensor {i} has a dimension past 2^63"),
+                        "pass a checkpoint whose shapes fit its file",
+                    )
+                })?;
             views.push((dtype::of(py, name)?, shape));
         }
         let rt = rt(py)?;

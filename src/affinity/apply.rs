@@ -176,7 +176,7 @@ fn thread_affinity(tid: i32) -> Option<CpuList> {
     Some(
         (0..max)
             .filter(|&c| set.is_set(c).unwrap_or(false))
-            .map(|c| c as u32)
+            .map(crate::num::u32_saturating)
             .collect(),
     )
 }

@@ -173,7 +173,9 @@ pub fn slot_of_ordinal(
 /// ranks which cannot see each other's GPUs still divide nodes the same way.
 pub fn rank_gpus(topo: &Topology) -> Vec<GpuIndex> {
     if one_visible_gpu(topo) || topo.cuda.ordinals.is_empty() {
-        return (0..topo.gpus.len() as u32).map(GpuIndex).collect();
+        return (0..crate::num::u32_saturating(topo.gpus.len()))
+            .map(GpuIndex)
+            .collect();
     }
     let mut v: Vec<(CudaOrdinal, GpuIndex)> = topo
         .cuda

@@ -128,7 +128,9 @@ mod tests {
     }
 
     fn rank(t: &Topology, gpu: u32) -> RankPlan {
-        let all: Vec<GpuIndex> = (0..t.gpus.len() as u32).map(GpuIndex).collect();
+        let all: Vec<GpuIndex> = (0..u32::try_from(t.gpus.len()).unwrap())
+            .map(GpuIndex)
+            .collect();
         let mut p = plan(t, &all, Mode::Node, &PlanOptions::default()).unwrap();
         p.ranks.swap_remove(gpu as usize)
     }

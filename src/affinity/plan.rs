@@ -480,6 +480,32 @@ fn join(v: &[u32]) -> String {
 /// physical cores in a home than ranks sharing it (the error names the
 /// node and the counts); [`AffinityError::Input`](Error::Input) when the
 /// description leaves this process no allowed CPU at all.
+///
+/// # Examples
+///
+/// Eight ranks, one per GPU of a DGX H100 (a saved machine, in numapin's
+/// repository), each with its share of its GPU's node:
+///
+/// ```
+/// use std::path::Path;
+/// use numapin::affinity::{plan, Mode, PlanOptions};
+/// use numapin::topology::{ProbeOptions, Topology};
+///
+/// let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("topology/dgx-h100.xml");
+/// let t = Topology::load(&path, &ProbeOptions::default())?;
+/// let gpus: Vec<_> = t.gpus.iter().map(|g| g.index).collect();
+/// let p = plan(&t, &gpus, Mode::Exclusive, &PlanOptions::default())?;
+/// for (r, rank) in p.ranks.iter().enumerate() {
+///     let gpu = &t.gpus[r];
+///     assert_eq!(rank.mems, [gpu.numa_node.expect("known")], "memory on the GPU's node");
+///     assert!(rank.cpus.is_subset(&gpu.local_cpus), "CPUs near the GPU");
+///     for other in &p.ranks[r + 1..] {
+///         assert!(rank.cpus.is_disjoint(&other.cpus), "no CPU shared");
+///     }
+///     println!("rank {r}: GPU {}, CPUs {}", gpu.index, rank.cpus.to_cpulist());
+/// }
+/// # Ok::<(), numapin::Error>(())
+/// ```
 pub fn plan(topo: &Topology, gpus: &[GpuIndex], mode: Mode, opts: &PlanOptions) -> Result<Plan> {
     let view = View::new(topo)?;
     check_gpus(topo, gpus)?;
@@ -503,7 +529,7 @@ pub fn plan(topo: &Topology, gpus: &[GpuIndex], mode: Mode, opts: &PlanOptions) 
         let mut warnings = home.warnings.clone();
         warnings.extend(warning);
         ranks.push(RankPlan {
-            local_rank: r as u32,
+            local_rank: crate::num::u32_saturating(r),
             gpu: Some(g),
             pci_bus_id: Some(topo.gpus[g.as_usize()].pci_bus_id.clone()),
             cpus,

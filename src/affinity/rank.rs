@@ -113,7 +113,7 @@ pub fn rank_plan(
         ));
     }
     let mut r = p.ranks.swap_remove(slot);
-    r.local_rank = rank.map_or(slot as u32, |r| r.rank);
+    r.local_rank = rank.map_or(crate::num::u32_saturating(slot), |r| r.rank);
     let line = format!(
         "GPU {gpu} ({}) chosen by {why}; mode {mode}",
         r.pci_bus_id.as_deref().unwrap_or("?")

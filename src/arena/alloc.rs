@@ -169,10 +169,10 @@ impl Tlsf {
         );
         let part = if part >= size { 0 } else { part };
         let id = match self.regions.iter().position(Option::is_none) {
-            Some(i) => i as u32,
+            Some(i) => id(i),
             None => {
                 self.regions.push(None);
-                (self.regions.len() - 1) as u32
+                id(self.regions.len() - 1)
             }
         };
         let step = if part == 0 { size } else { part };
@@ -238,7 +238,7 @@ impl Tlsf {
 
     /// The ids of the empty regions.
     pub fn empty_regions(&self) -> Vec<u32> {
-        (0..self.regions.len() as u32)
+        (0..id(self.regions.len()))
             .filter(|&r| self.region_is_empty(r))
             .collect()
     }
@@ -478,7 +478,7 @@ impl Tlsf {
             None => {
                 self.nodes.push(node);
                 assert!(self.nodes.len() < NIL as usize, "too many blocks");
-                (self.nodes.len() - 1) as u32
+                id(self.nodes.len() - 1)
             }
         }
     }
@@ -502,11 +502,11 @@ impl Tlsf {
         if *fl >= FL_COUNT {
             return None;
         }
-        let sl_map = self.sl_bitmap[*fl] & (!0u32).checked_shl(*sl as u32).unwrap_or(0);
+        let sl_map = self.sl_bitmap[*fl] & (!0u32).checked_shl(shift(*sl)).unwrap_or(0);
         if sl_map != 0 {
             *sl = sl_map.trailing_zeros() as usize;
         } else {
-            let fl_map = self.fl_bitmap & (!0u64).checked_shl(*fl as u32 + 1).unwrap_or(0);
+            let fl_map = self.fl_bitmap & (!0u64).checked_shl(shift(*fl + 1)).unwrap_or(0);
             if fl_map == 0 {
                 return None;
             }
@@ -572,16 +572,32 @@ impl Tlsf {
     }
 }
 
+/// A slab position as the `u32` ids blocks and regions are named by: the
+/// block slab stays under [`NIL`] entries (asserted where blocks are made),
+/// and every region holds at least one block.
+#[inline]
+fn id(i: usize) -> u32 {
+    u32::try_from(i).expect("fewer than 2^32 blocks")
+}
+
+/// A list index as a shift count for `checked_shl` (one past `u32::MAX`
+/// shifts every bit out, as a count past the width does).
+#[inline]
+fn shift(i: usize) -> u32 {
+    u32::try_from(i).unwrap_or(u32::MAX)
+}
+
 /// The (first, second) level list of a block of `units` granules. Sizes
 /// under [`SL_COUNT`] granules get one list each in class 0.
 #[inline]
 fn mapping(units: u64) -> (usize, usize) {
+    use crate::num::usize_from;
     debug_assert!(units > 0);
     if units < SL_COUNT as u64 {
-        (0, units as usize)
+        (0, usize_from(units))
     } else {
         let fl = 63 - units.leading_zeros();
-        let sl = (units >> (fl - SL_LOG2)) as usize & (SL_COUNT - 1);
+        let sl = usize_from(units >> (fl - SL_LOG2)) & (SL_COUNT - 1);
         ((fl - SL_LOG2 + 1) as usize, sl)
     }
 }

@@ -230,8 +230,13 @@ impl NodeArena {
                     .pool_root
                     .as_deref()
                     .unwrap_or(std::path::Path::new("/"));
-                huge::choose(HugePages::Auto, self.node, size as usize, root)
-                    .is_ok_and(|c| c.kind.hugetlb_bytes().is_some())
+                huge::choose(
+                    HugePages::Auto,
+                    self.node,
+                    crate::num::usize_from(size),
+                    root,
+                )
+                .is_ok_and(|c| c.kind.hugetlb_bytes().is_some())
             }
             HugePages::Transparent | HugePages::None => false,
         }

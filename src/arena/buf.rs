@@ -17,6 +17,26 @@ use crate::platform::cuda::{self, CUdeviceptr, CUstream, Event};
 /// arena; if an async copy issued through it may still be running, the
 /// memory is put aside until the copy's event has completed instead (the
 /// drop never blocks).
+///
+/// # Examples
+///
+/// ```
+/// # use numapin::topology::{CudaMode, ProbeOptions, Topology};
+/// use numapin::runtime::{Runtime, RuntimeConfig, Target};
+///
+/// # let topo = Topology::probe(&ProbeOptions::from_process().with_cuda(CudaMode::Off))?;
+/// let rt = Runtime::new(topo, RuntimeConfig::default().with_region_bytes(2 << 20))?;
+/// let mut buf = rt.alloc(Target::Host, 4096)?;
+/// buf[..4].copy_from_slice(b"numa");                 // a [u8]
+/// assert_eq!(&buf[..4], b"numa");
+/// buf.as_mut_slice_of::<u32>()[1] = 0xC0FFEE;         // or a slice of any Pod type
+/// assert_eq!(buf.as_slice_of::<u32>().len(), 1024);
+/// assert_eq!(buf[4..8], 0xC0FFEEu32.to_ne_bytes());
+/// // Registered with CUDA when a driver is there: copies from it are async.
+/// assert_eq!(buf.device_ptr().is_some(), buf.is_registered());
+/// drop(buf); // back to its node's arena
+/// # Ok::<(), numapin::Error>(())
+/// ```
 pub struct PinnedBuf {
     ptr: *mut u8,
     len: usize,
@@ -81,7 +101,7 @@ impl PinnedBuf {
 
     /// Bytes set aside for it (the request rounded up to the alignment).
     pub fn capacity(&self) -> usize {
-        self.lease.size as usize
+        crate::num::usize_from(self.lease.size)
     }
 
     /// The first byte (aligned to at least 4 KiB).

@@ -15,6 +15,7 @@ use std::path::Path;
 use std::sync::OnceLock;
 
 use super::{fmt_bytes, RuntimeError};
+use crate::num::usize_from;
 use crate::platform::hugetlb::{self, PoolError, SIZE_1G, SIZE_2M};
 use crate::platform::numa;
 
@@ -92,7 +93,7 @@ impl HugePages {
     /// [`HugePages::Hugetlb1G`], 2 MiB otherwise.
     pub fn granule(&self) -> usize {
         match self {
-            HugePages::Hugetlb1G => SIZE_1G as usize,
+            HugePages::Hugetlb1G => usize_from(SIZE_1G),
             _ => HUGE_PAGE,
         }
     }
@@ -172,8 +173,8 @@ impl PageKind {
     /// Bytes per hugetlb page, `None` for the other kinds.
     pub fn hugetlb_bytes(&self) -> Option<usize> {
         match self {
-            PageKind::Hugetlb2M => Some(SIZE_2M as usize),
-            PageKind::Hugetlb1G => Some(SIZE_1G as usize),
+            PageKind::Hugetlb2M => Some(usize_from(SIZE_2M)),
+            PageKind::Hugetlb1G => Some(usize_from(SIZE_1G)),
             PageKind::Base | PageKind::Transparent | PageKind::Driver => None,
         }
     }

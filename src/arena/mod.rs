@@ -97,7 +97,7 @@ pub fn fmt_bytes(b: u64) -> String {
             return if b % u == 0 {
                 format!("{} {name}", b / u)
             } else {
-                format!("{:.1} {name}", b as f64 / u as f64)
+                format!("{:.1} {name}", crate::num::ratio(b, u))
             };
         }
     }
@@ -478,7 +478,7 @@ impl NodeArena {
     ) -> RegionOptions {
         RegionOptions {
             node: self.node,
-            size: admitted.size as usize,
+            size: crate::num::usize_from(admitted.size),
             cpus: self.cfg.cpus.clone(),
             populate_threads: self.cfg.populate_threads,
             register: self.cfg.register,
@@ -520,7 +520,10 @@ impl NodeArena {
             .as_ref()
             .expect("a block lies in a live region");
         // The offset is inside the region (the bookkeeping tiles it).
-        let ptr = slot.region.ptr().wrapping_add(b.offset as usize);
+        let ptr = slot
+            .region
+            .ptr()
+            .wrapping_add(crate::num::usize_from(b.offset));
         let registered = slot.region.registered();
         st.counters.allocations += 1;
         st.counters.peak = st.counters.peak.max(st.tlsf.used_bytes());

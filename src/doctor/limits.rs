@@ -137,7 +137,7 @@ pub(crate) fn cgroup_memory(limits: &MemoryLimits, fraction: f64, need: u64) -> 
     let Some(t) = limits.tightest() else {
         return Check::ok(NAME, no_cgroup_limit(limits));
     };
-    let cap = (t.bytes as f64 * fraction) as u64;
+    let cap = crate::num::share(t.bytes, fraction);
     let usage = t
         .usage
         .map(|u| format!(", {} in use", fmt_bytes(u)))
@@ -158,7 +158,7 @@ pub(crate) fn cgroup_memory(limits: &MemoryLimits, fraction: f64, need: u64) -> 
             ev,
             format!(
                 "raise the memory limit of the container to at least {} (`docker run --memory`, Kubernetes resources.limits.memory): regions are cut to fit under it and larger buffers are refused",
-                fmt_bytes((need as f64 / fraction) as u64)
+                fmt_bytes(crate::num::u64_saturating(crate::num::f64_from(need) / fraction))
             ),
         )
     }

@@ -21,6 +21,39 @@
 //! ([`Loader::memory_bound`]); producers block when no slot is free, the
 //! copy engine when no device buffer is. See `docs/loader.md`.
 //!
+//! In host mode, on any machine:
+//!
+//! ```
+//! use numapin::loader::{Loader, LoaderConfig, Target};
+//! use numapin::topology::{CudaMode, ProbeOptions};
+//! use numapin::{Runtime, RuntimeConfig, Topology};
+//!
+//! let topo = Topology::probe(&ProbeOptions::from_process().with_cuda(CudaMode::Off))?;
+//! let rt = Runtime::new(topo, RuntimeConfig::default().with_region_bytes(2 << 20))?;
+//! // 8 batches of 64 KiB, made by 2 workers on the CPUs of this thread's node.
+//! let node = Target::HostNode(rt.calling_thread_node());
+//! let config = LoaderConfig::new(64 << 10)
+//!     .with_workers(2)
+//!     .with_total_batches(Some(8));
+//! let loader = Loader::new(&rt, node, config, |index, slot: &mut [u8]| {
+//!     let n = 1000 + usize::try_from(index).unwrap_or(0);
+//!     slot[..n].fill(index.to_le_bytes()[0]);
+//!     Ok::<usize, std::io::Error>(n) // the batch's length
+//! })?;
+//! let mut seen = 0;
+//! for batch in loader.iter() {
+//!     let batch = batch?;
+//!     let bytes = batch.host_bytes().expect("host mode hands out the slots");
+//!     assert_eq!(bytes.len(), 1000 + seen);
+//!     assert!(bytes.iter().all(|&b| u64::from(b) == batch.index()));
+//!     seen += 1;
+//! }
+//! assert_eq!(seen, 8);
+//! # Ok::<(), numapin::Error>(())
+//! ```
+//!
+//! With a GPU, each batch is copied to device memory behind the compute:
+//!
 //! ```no_run
 //! use numapin::loader::{Loader, LoaderConfig, Target};
 //! use numapin::CudaOrdinal;

@@ -55,7 +55,7 @@ impl Stats {
 const BATCH: u32 = 64;
 
 fn per_op_ns(d: Duration) -> f64 {
-    d.as_nanos() as f64 / f64::from(BATCH)
+    d.as_secs_f64() * 1e9 / f64::from(BATCH)
 }
 
 /// Nanoseconds per `alloc(Target::HostNode(node), bytes)` + drop, once the node has
@@ -157,7 +157,7 @@ pub fn alloc_free_ns_threads(
     Ok(Stats::of(
         rounds
             .into_iter()
-            .map(|d| d.as_nanos() as f64 / f64::from(ROUND))
+            .map(|d| d.as_secs_f64() * 1e9 / f64::from(ROUND))
             .collect(),
     ))
 }
@@ -226,8 +226,7 @@ pub fn region_create_ms_per_gib(
     for _ in 0..reps {
         let t = Instant::now();
         let r = Region::create(&opts)?;
-        let ms = t.elapsed().as_secs_f64() * 1e3;
-        samples.push(ms * (1u64 << 30) as f64 / r.len() as f64);
+        samples.push(super::ms_per_gib(t.elapsed(), r.len()));
         methods = Some(r.methods());
         drop(r);
     }
@@ -251,7 +250,7 @@ pub fn mmap_mlock_ms_per_gib(bytes: usize, reps: usize) -> crate::Result<Stats> 
             step: region::Step::Lock,
             source,
         })?;
-        samples.push(d.as_secs_f64() * 1e3 * (1u64 << 30) as f64 / bytes as f64);
+        samples.push(super::ms_per_gib(d, bytes));
     }
     Ok(Stats::of(samples))
 }
@@ -284,7 +283,8 @@ impl Rng {
     }
     /// Uniform in [0, 1).
     pub fn unit(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+        // 53 bits: exact in an f64.
+        crate::num::ratio(self.next_u64() >> 11, 1 << 53)
     }
     /// A size from `mix` within 4 KiB..=256 MiB.
     pub fn size(&mut self, mix: SizeMix) -> u64 {
@@ -292,7 +292,10 @@ impl Rng {
         const HI: u64 = 256 << 20;
         match mix {
             SizeMix::Uniform => LO + self.next_u64() % (HI - LO + 1),
-            SizeMix::LogUniform => ((LO as f64) * ((HI / LO) as f64).powf(self.unit())) as u64,
+            SizeMix::LogUniform => {
+                let x = crate::num::f64_from(LO) * crate::num::f64_from(HI / LO).powf(self.unit());
+                crate::num::u64_saturating(x)
+            }
         }
         .clamp(LO, HI)
     }
@@ -318,7 +321,7 @@ pub fn overhead_ratio(mix: SizeMix, count: usize, region_bytes: u64, seeds: u64)
                 }
                 requested += size;
             }
-            t.region_bytes() as f64 / requested.max(1) as f64
+            crate::num::ratio(t.region_bytes(), requested.max(1))
         })
         .collect();
     Stats::of(samples)

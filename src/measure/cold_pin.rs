@@ -6,19 +6,14 @@
 //! against `MADV_POPULATE_WRITE` against `MAP_POPULATE`; and
 //! `cuMemHostRegister`'s flags. Figures are milliseconds per GiB.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use super::arena::Stats;
+use super::ms_per_gib;
 use crate::arena::region::{Region, RegionOptions, StepTimes};
 use crate::arena::{Backend, HugePages, RuntimeError};
 use crate::platform::{cuda, numa};
 use crate::runtime::Runtime;
-
-const GIB: f64 = (1u64 << 30) as f64;
-
-fn per_gib(d: Duration, bytes: usize) -> f64 {
-    d.as_secs_f64() * 1e3 * GIB / bytes as f64
-}
 
 /// One way of making a region.
 #[derive(Debug, Clone, PartialEq)]
@@ -187,7 +182,7 @@ pub fn region_create_cold(
             let t = Instant::now();
             match Region::create(&o) {
                 Ok(r) => {
-                    create[i].push(per_gib(t.elapsed(), r.len()));
+                    create[i].push(ms_per_gib(t.elapsed(), r.len()));
                     times[i].push(*r.times());
                     last[i] = (
                         (r.len() / crate::arena::region::PAGE) as u64,
@@ -212,7 +207,7 @@ pub fn region_create_cold(
                 .map(|(k, name)| {
                     let v = times[i]
                         .iter()
-                        .map(|t| per_gib(t.steps()[k].1, len))
+                        .map(|t| ms_per_gib(t.steps()[k].1, len))
                         .collect();
                     (*name, Stats::of(v))
                 })
@@ -260,7 +255,7 @@ pub fn populate_methods(
                 populate_threads: n,
                 ..base.clone()
             })?;
-            samples[i].push(per_gib(r.times().populate, r.len()));
+            samples[i].push(ms_per_gib(r.times().populate, r.len()));
         }
         samples[ways.len()].push(map_populate_ms_per_gib(node, bytes).map_err(|e| {
             crate::Error::from(RuntimeError::System {
@@ -296,7 +291,7 @@ fn hugetlb_cap(pages: HugePages, node: u32, bytes: usize) -> usize {
         _ => return bytes,
     };
     match crate::platform::hugetlb::availability(std::path::Path::new("/"), node, page as u64) {
-        Ok(a) if a.node.free >= 1 => bytes.min(a.node.free as usize * page),
+        Ok(a) if a.node.free >= 1 => bytes.min(crate::num::usize_from(a.node.free) * page),
         _ => bytes,
     }
 }
@@ -312,7 +307,7 @@ fn map_populate_ms_per_gib(node: u32, bytes: usize) -> std::io::Result<f64> {
             let d = t.elapsed();
             // SAFETY: the mapping just made, referenced by nothing else.
             let _ = unsafe { numa::unmap(p, bytes) };
-            Ok(per_gib(d, bytes))
+            Ok(ms_per_gib(d, bytes))
         })
         .join()
         .unwrap_or_else(|p| std::panic::resume_unwind(p))
@@ -360,7 +355,7 @@ pub fn register_flags(
             // SAFETY: the region stays mapped until it is dropped below,
             // after this registration is undone.
             unsafe { cuda::host_register(r.ptr().cast(), r.len(), flags) }.map_err(fail)?;
-            samples[i].push(per_gib(t.elapsed(), r.len()));
+            samples[i].push(ms_per_gib(t.elapsed(), r.len()));
             // SAFETY: registered just above; no copy uses it.
             unsafe { cuda::host_unregister(r.ptr().cast()) }.map_err(fail)?;
         }

@@ -8,6 +8,7 @@ use super::arena::Stats;
 use crate::error::{Error, Result};
 use crate::gpu::CudaOrdinal;
 use crate::loader::LoaderError;
+use crate::num::f64_from_usize;
 use crate::platform::cuda::{
     ensure_context, memcpy_dtoh_async, memcpy_htod_async, set_device, CudaError, DeviceBuffer,
     Event, HostAlloc, Stream,
@@ -57,7 +58,7 @@ fn host_mem(rt: &Runtime, src: Source, bytes: usize) -> Result<HostMem> {
     // SAFETY: ptr() points at `bytes` bytes this function owns.
     let s = unsafe { std::slice::from_raw_parts_mut(m.ptr(), bytes) };
     for (i, c) in s.chunks_mut(4096).enumerate() {
-        c.fill(i as u8 | 1);
+        c.fill(i.to_le_bytes()[0] | 1);
     }
     Ok(m)
 }
@@ -109,7 +110,7 @@ pub fn copy_gbps_from(
                     .map_err(|e| cuda_err("cuEventElapsedTime", e))?
             };
             if r >= warmup && ms > 0.0 {
-                samples.push(bytes as f64 / 1e9 / (f64::from(ms) / 1e3));
+                samples.push(f64_from_usize(bytes) / 1e9 / (f64::from(ms) / 1e3));
             }
         }
         out.push(Stats::of(samples));
@@ -179,7 +180,7 @@ pub fn all_gpus_gbps(
             let t0 = Instant::now();
             barrier.wait();
             if r >= warmup {
-                samples.push((n * bytes) as f64 / 1e9 / t0.elapsed().as_secs_f64());
+                samples.push(f64_from_usize(n * bytes) / 1e9 / t0.elapsed().as_secs_f64());
             }
         }
         for h in handles {
@@ -213,7 +214,7 @@ pub fn host_alloc_ms_per_gib(bytes: usize, reps: usize) -> Result<Stats> {
         // SAFETY: h holds `bytes` bytes.
         unsafe { std::ptr::write_bytes(h.ptr().cast::<u8>(), 1, bytes) };
         h.free().map_err(|e| cuda_err("cuMemFreeHost", e))?;
-        samples.push(t0.elapsed().as_secs_f64() * 1e3 * (f64::from(1u32 << 30) / bytes as f64));
+        samples.push(super::ms_per_gib(t0.elapsed(), bytes));
     }
     Ok(Stats::of(samples))
 }

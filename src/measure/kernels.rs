@@ -113,8 +113,8 @@ impl Kernels {
         let clock_khz = cuda::device_attribute(
             ordinal.0,
             cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CLOCK_RATE,
-        )?
-        .max(1) as u32;
+        )?;
+        let clock_khz = u32::try_from(clock_khz).unwrap_or(0).max(1);
         Ok(Kernels {
             sms: cuda::multiprocessor_count(ordinal.0)?,
             _module: module,
@@ -154,7 +154,8 @@ impl Kernels {
             (&mut o as *mut CUdeviceptr).cast(),
         ];
         // One wave of blocks, enough to stream memory at full speed.
-        let blocks = (self.sms * 4).min(words.div_ceil(u64::from(BLOCK)).max(1) as u32);
+        let wanted = words.div_ceil(u64::from(BLOCK)).max(1);
+        let blocks = (self.sms * 4).min(u32::try_from(wanted).unwrap_or(u32::MAX));
         // SAFETY: three u64-sized parameters in the kernel's order; the
         // caller vouches for the memory and the stream.
         unsafe { self.checksum.launch(blocks, BLOCK, stream, &mut params) }
@@ -171,9 +172,10 @@ impl Kernels {
     ///
     /// [`CudaError::Call`](crate::gpu::CudaError::Call) when the launch fails.
     pub unsafe fn spin_async(&self, ms: f64, sm_fraction: f64, stream: CUstream) -> CudaResult<()> {
-        let mut cycles = (ms * f64::from(self.clock_khz)) as u64;
+        let mut cycles = crate::num::u64_saturating(ms * f64::from(self.clock_khz));
         let mut params = [(&mut cycles as *mut u64).cast()];
-        let blocks = ((f64::from(self.sms) * sm_fraction) as u32).max(1);
+        let blocks = crate::num::u64_saturating(f64::from(self.sms) * sm_fraction);
+        let blocks = u32::try_from(blocks).unwrap_or(u32::MAX).max(1);
         // SAFETY: one u64 parameter; the caller vouches for the stream.
         unsafe { self.spin.launch(blocks, BLOCK, stream, &mut params) }
     }
@@ -191,11 +193,19 @@ pub fn checksum_host(bytes: &[u8]) -> u64 {
 
 /// The key of batch `index` in [`fill_pattern`]: a mix of the index below
 /// 2^31, so `j + key` never wraps for buffers under 4 GiB.
+#[allow(clippy::cast_possible_truncation)] // the mix's low 31 bits are the key
 pub fn batch_key(index: u64) -> u32 {
     let mut x = index.wrapping_add(0x9E37_79B9_7F4A_7C15);
     x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     ((x ^ (x >> 31)) as u32) & 0x7FFF_FFFF
+}
+
+/// Word `j` of the pattern of `key`: `j + key` modulo 2^32 (the pattern
+/// counts words modulo 2^32, as the GPU's checksum kernel reads them).
+#[allow(clippy::cast_possible_truncation)] // modulo 2^32 is the pattern
+fn word(key: u32, j: u64) -> u32 {
+    (j as u32).wrapping_add(key)
 }
 
 /// Fills `buf` with word `j` = `j + key` (little-endian u32); the bytes of
@@ -230,10 +240,10 @@ fn fill_pattern_with(key: u32, buf: &mut [u8], stores: Stores) {
             Stores::Streaming => fill_words_streaming(key, words),
         };
         for (j, w) in words.iter_mut().enumerate().skip(done) {
-            *w = (j as u32).wrapping_add(key).to_le();
+            *w = word(key, j as u64).to_le();
         }
         let tail = &mut buf[n * 4..];
-        let next = (n as u32).wrapping_add(key).to_le_bytes();
+        let next = word(key, n as u64).to_le_bytes();
         let t = tail.len();
         tail.copy_from_slice(&next[..t]);
         return;
@@ -265,7 +275,7 @@ fn fill_words_streaming(key: u32, words: &mut [u32]) -> usize {
         return 0;
     }
     let n = words.len() / 4 * 4;
-    let k = key as i32;
+    let k = crate::num::i32_bits(key);
     // SAFETY: SSE2 is part of x86_64; the pointer is 16-byte aligned (checked
     // above) and every store stays inside words[..n]; the sfence orders the
     // streaming stores before anything this thread does next (handing the
@@ -291,6 +301,7 @@ fn fill_words_streaming(_key: u32, _words: &mut [u32]) -> usize {
 /// The checksum of `words` words filled by [`fill_pattern`] with `key`
 /// (closed form: `2 S2 + S1 + 2 key S1 + key n`, with `S1` the sum of `j`
 /// and `S2` the sum of `j^2` below `n`), wrapping at 2^64.
+#[allow(clippy::cast_possible_truncation)] // wraps at 2^64, as the GPU's sum does
 pub fn pattern_checksum(key: u32, words: u64) -> u64 {
     let n = u128::from(words);
     let k = u128::from(key);
@@ -311,7 +322,7 @@ pub fn pattern_sample_ok(key: u32, bytes: &[u8], stride: usize) -> bool {
     let words = bytes.len() / 4;
     let word_ok = |j: usize| {
         let w = &bytes[j * 4..j * 4 + 4];
-        u32::from_le_bytes([w[0], w[1], w[2], w[3]]) == (j as u32).wrapping_add(key)
+        u32::from_le_bytes([w[0], w[1], w[2], w[3]]) == word(key, j as u64)
     };
     (0..words).step_by(stride.max(1)).all(word_ok)
         && (words == 0 || word_ok(words - 1))
@@ -321,7 +332,7 @@ pub fn pattern_sample_ok(key: u32, bytes: &[u8], stride: usize) -> bool {
 /// Whether `tail` (the bytes after the last whole word of a pattern of
 /// `words` words) is what [`fill_pattern`] wrote.
 pub fn pattern_tail_ok(key: u32, words: u64, tail: &[u8]) -> bool {
-    let next = (words as u32).wrapping_add(key).to_le_bytes();
+    let next = word(key, words).to_le_bytes();
     tail.len() < 4 && tail == &next[..tail.len()]
 }
 
@@ -332,7 +343,7 @@ mod tests {
     fn fill_pattern_is_the_same_aligned_or_not() {
         let reference = |key: u32, n: usize| -> Vec<u8> {
             (0..n)
-                .map(|b| ((b / 4) as u32).wrapping_add(key).to_le_bytes()[b % 4])
+                .map(|b| word(key, (b / 4) as u64).to_le_bytes()[b % 4])
                 .collect()
         };
         let mut backing = vec![0u32; 300_000];
@@ -374,20 +385,21 @@ mod tests {
     }
 
     use super::*;
+    use crate::num::usize_from;
     use proptest::prelude::*;
 
     #[test]
     fn closed_form_matches_the_sum() {
         for words in [0u64, 1, 2, 3, 1000, 4097] {
             for key in [0u32, 1, 0x7FFF_FFFF, batch_key(7)] {
-                let mut buf = vec![0u8; words as usize * 4 + 3];
+                let mut buf = vec![0u8; usize_from(words) * 4 + 3];
                 fill_pattern(key, &mut buf);
                 assert_eq!(
                     checksum_host(&buf),
                     pattern_checksum(key, words),
                     "words {words} key {key}"
                 );
-                assert!(pattern_tail_ok(key, words, &buf[words as usize * 4..]));
+                assert!(pattern_tail_ok(key, words, &buf[usize_from(words) * 4..]));
             }
         }
     }
@@ -429,7 +441,7 @@ mod tests {
         fn closed_form_holds(words in 0u64..20_000, index in any::<u64>()) {
             let key = batch_key(index);
             prop_assert!(key < 1 << 31);
-            let mut buf = vec![0u8; words as usize * 4];
+            let mut buf = vec![0u8; usize_from(words) * 4];
             fill_pattern(key, &mut buf);
             prop_assert_eq!(checksum_host(&buf), pattern_checksum(key, words));
         }
@@ -437,7 +449,7 @@ mod tests {
         #[test]
         fn one_flipped_bit_is_seen(words in 1u64..5000, bit in any::<u32>(), index in any::<u64>()) {
             let key = batch_key(index);
-            let mut buf = vec![0u8; words as usize * 4];
+            let mut buf = vec![0u8; usize_from(words) * 4];
             fill_pattern(key, &mut buf);
             let at = bit as usize % (buf.len() * 8);
             buf[at / 8] ^= 1 << (at % 8);

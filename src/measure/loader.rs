@@ -26,6 +26,7 @@ pub use super::arena::Stats;
 use crate::error::{Error, Result};
 use crate::gpu::{CudaError, CudaOrdinal};
 use crate::loader::{Loader, LoaderConfig, LoaderError, Target};
+use crate::num::{f64_from, usize_from};
 use crate::platform::cuda::{self, ContextGuard, DeviceBuffer, Event, Stream};
 use crate::runtime::Runtime;
 use crate::staged::StagedOptions;
@@ -188,7 +189,7 @@ fn cuda_err(gpu: CudaOrdinal, what: &'static str) -> impl Fn(CudaError) -> Error
 }
 
 fn gbps(bytes: u64, seconds: f64) -> f64 {
-    bytes as f64 / seconds.max(1e-12) / 1e9
+    f64_from(bytes) / seconds.max(1e-12) / 1e9
 }
 
 fn busy(d: Duration) {
@@ -286,7 +287,7 @@ fn gpu_run(
     let total = warmup + b.batches;
     let _ctx = ContextGuard::push(gpu.0).map_err(err("context"))?;
     let stream = Stream::new().map_err(err("stream"))?;
-    let sums = DeviceBuffer::new(total as usize * 8).map_err(err("cuMemAlloc"))?;
+    let sums = DeviceBuffer::new(usize_from(total) * 8).map_err(err("cuMemAlloc"))?;
     sums.memset(0).map_err(err("cuMemsetD8"))?;
     let (t0, t1) = (
         Event::new(true).map_err(err("event"))?,
@@ -350,11 +351,11 @@ fn gpu_run(
         t1.elapsed_ms_since(&t0)
             .map_err(err("cuEventElapsedTime"))?,
     );
-    let mut raw = vec![0u8; total as usize * 8];
+    let mut raw = vec![0u8; usize_from(total) * 8];
     sums.read(&mut raw).map_err(err("cuMemcpyDtoH"))?;
     let words = (b.batch_bytes / 4) as u64;
     let sums_ok = (0..total).all(|i| {
-        let got = u64::from_le_bytes(raw[i as usize * 8..][..8].try_into().expect("8 bytes"));
+        let got = u64::from_le_bytes(raw[usize_from(i) * 8..][..8].try_into().expect("8 bytes"));
         got == pattern_checksum(batch_key(i), words)
     });
     // A tail under one word is not summed by the kernel: measure with
@@ -586,7 +587,7 @@ pub fn pinned_copy_under_writes(
     let cpus = rt.place(crate::runtime::Target::Gpu(gpu))?.cpus;
     let stop = AtomicBool::new(false);
     let written = AtomicU64::new(0);
-    let per_thread = target_gbps * 1e9 / writers.max(1) as f64;
+    let per_thread = target_gbps * 1e9 / crate::num::f64_from_usize(writers.max(1));
     let started = Instant::now();
     let copy = std::thread::scope(|s| {
         for _ in 0..writers {
@@ -604,7 +605,7 @@ pub fn pinned_copy_under_writes(
                         fill_pattern(key, piece);
                         done += piece.len() as u64;
                         if per_thread > 0.0 {
-                            let due = Duration::from_secs_f64(done as f64 / per_thread);
+                            let due = Duration::from_secs_f64(f64_from(done) / per_thread);
                             if let Some(ahead) = due.checked_sub(t.elapsed()) {
                                 std::thread::sleep(ahead);
                             }
@@ -625,7 +626,7 @@ pub fn pinned_copy_under_writes(
         r
     })?;
     let secs = started.elapsed().as_secs_f64();
-    Ok((copy, written.load(Ordering::Relaxed) as f64 / secs / 1e9))
+    Ok((copy, f64_from(written.load(Ordering::Relaxed)) / secs / 1e9))
 }
 
 /// Milliseconds of one busy-wait kernel launch ([`SPIN_MS`] on

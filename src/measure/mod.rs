@@ -18,3 +18,9 @@ pub mod copy;
 pub mod kernels;
 pub mod loader;
 pub mod pinning;
+
+/// Milliseconds per GiB of `d` spent on `bytes` bytes (how regions and
+/// pinned allocations are timed).
+pub(crate) fn ms_per_gib(d: std::time::Duration, bytes: usize) -> f64 {
+    d.as_secs_f64() * 1e3 * f64::from(1u32 << 30) / crate::num::f64_from_usize(bytes)
+}

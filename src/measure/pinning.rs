@@ -6,16 +6,11 @@
 use std::time::Instant;
 
 use super::arena::Stats;
+use super::ms_per_gib;
 use crate::arena::region::{Region, RegionOptions, StepTimes};
 use crate::arena::{Backend, OffNode, RegionMethods, RuntimeError};
 use crate::platform::cuda;
 use crate::runtime::Runtime;
-
-const GIB: f64 = (1u64 << 30) as f64;
-
-fn per_gib(d: std::time::Duration, bytes: usize) -> f64 {
-    d.as_secs_f64() * 1e3 * GIB / bytes as f64
-}
 
 /// What [`region_create`] measured.
 #[derive(Debug, Clone)]
@@ -98,7 +93,7 @@ pub fn region_create(
     for _ in 0..reps.max(1) {
         let t = Instant::now();
         let r = Region::create(&opts)?;
-        create.push(per_gib(t.elapsed(), r.len()));
+        create.push(ms_per_gib(t.elapsed(), r.len()));
         times.push(*r.times());
         last = Some((
             r.methods(),
@@ -109,7 +104,7 @@ pub fn region_create(
         let t = Instant::now();
         let len = r.len();
         drop(r);
-        release.push(per_gib(t.elapsed(), len));
+        release.push(ms_per_gib(t.elapsed(), len));
     }
     let (methods, pages, on, len) = last.expect("at least one repetition");
     let names = StepTimes::default().steps().map(|(n, _)| n);
@@ -118,7 +113,10 @@ pub fn region_create(
         .enumerate()
         .filter(|(i, _)| times.iter().any(|t| !t.steps()[*i].1.is_zero()))
         .map(|(i, name)| {
-            let v = times.iter().map(|t| per_gib(t.steps()[i].1, len)).collect();
+            let v = times
+                .iter()
+                .map(|t| ms_per_gib(t.steps()[i].1, len))
+                .collect();
             (*name, Stats::of(v))
         })
         .collect();
@@ -168,14 +166,14 @@ pub fn verify_costs(
         for (i, &n) in counts.iter().enumerate() {
             let t = Instant::now();
             match r.count_pages_move_pages_on(n) {
-                Ok(_) => samples[i].push(per_gib(t.elapsed(), r.len())),
+                Ok(_) => samples[i].push(ms_per_gib(t.elapsed(), r.len())),
                 Err(e) if crate::platform::numa::is_refusal(&e) => refused = true,
                 Err(e) => return Err(io(e)),
             }
         }
         let t = Instant::now();
         r.count_pages_numa_maps().map_err(io)?;
-        nm.push(per_gib(t.elapsed(), r.len()));
+        nm.push(ms_per_gib(t.elapsed(), r.len()));
     }
     Ok(VerifyCosts {
         move_pages: (!refused).then(|| {
@@ -212,8 +210,8 @@ fn in_turn<S: Copy>(
         for (i, &setting) in settings.iter().enumerate() {
             let t = Instant::now();
             let r = make(setting)?;
-            create[i].push(per_gib(t.elapsed(), r.len()));
-            verify[i].push(per_gib(r.times().verify, r.len()));
+            create[i].push(ms_per_gib(t.elapsed(), r.len()));
+            verify[i].push(ms_per_gib(r.times().verify, r.len()));
         }
     }
     Ok(create
@@ -338,7 +336,7 @@ pub fn register_parts(
         if let Some(e) = first_err {
             return Err(fail(e));
         }
-        samples.push(per_gib(d, len));
+        samples.push(ms_per_gib(d, len));
     }
     drop(r);
     Ok(Stats::of(samples))
@@ -422,7 +420,7 @@ pub fn span_copy(
     // other reference to its memory exists.
     let mem = unsafe { std::slice::from_raw_parts_mut(r.ptr(), r.len()) };
     for (i, b) in mem.iter_mut().enumerate() {
-        *b = (i % 251) as u8;
+        *b = (i % 251).to_le_bytes()[0];
     }
     let _ctx = cuda::ContextGuard::push(gpu.0).map_err(cuda_err)?;
     let dev = cuda::DeviceBuffer::new(part).map_err(cuda_err)?;
@@ -440,7 +438,7 @@ pub fn span_copy(
                 dev.read(&mut back)?;
                 verified &= back == src;
             } else {
-                v.push(part as f64 / took / 1e9);
+                v.push(crate::num::f64_from_usize(part) / took / 1e9);
             }
         }
         Ok(Stats::of(v))

@@ -186,10 +186,8 @@ pub(crate) fn pread_once(file: &File, buf: &mut [u8], offset: u64) -> io::Result
     // SAFETY: the kernel writes at most buf.len() bytes into buf, borrowed
     // mutably for the call; the descriptor is open for the borrow of `file`.
     let n = unsafe { libc::pread(file.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), off) };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(n as usize)
+    // A negative count is the error; any other is at most buf.len().
+    usize::try_from(n).map_err(|_| io::Error::last_os_error())
 }
 
 /// What one `preadv2(RWF_NOWAIT)` gave.
@@ -217,8 +215,8 @@ pub(crate) fn pread_nowait_once(file: &File, buf: &mut [u8], offset: u64) -> io:
     // SAFETY: one iovec over buf, borrowed mutably for the call; the
     // descriptor is open for the borrow of `file`.
     let n = unsafe { libc::preadv2(file.as_raw_fd(), &iov, 1, off, libc::RWF_NOWAIT) };
-    if n >= 0 {
-        return Ok(NoWait::Read(n as usize));
+    if let Ok(n) = usize::try_from(n) {
+        return Ok(NoWait::Read(n));
     }
     let e = io::Error::last_os_error();
     match e.raw_os_error() {
@@ -232,11 +230,7 @@ pub(crate) fn pread_nowait_once(file: &File, buf: &mut [u8], offset: u64) -> io:
 pub(crate) fn page_size() -> u64 {
     // SAFETY: sysconf has no preconditions.
     let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    if p > 0 {
-        p as u64
-    } else {
-        4096
-    }
+    u64::try_from(p).ok().filter(|&p| p > 0).unwrap_or(4096)
 }
 
 /// `cachestat(2)`'s number on the architectures numapin is built for (new

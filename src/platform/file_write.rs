@@ -70,10 +70,8 @@ pub(crate) fn pwrite_once(file: &File, buf: &[u8], offset: u64) -> io::Result<us
     // SAFETY: the kernel reads at most buf.len() bytes from buf, borrowed
     // for the call; the descriptor is open for the borrow of `file`.
     let n = unsafe { libc::pwrite(file.as_raw_fd(), buf.as_ptr().cast(), buf.len(), off) };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(n as usize)
+    // A negative count is the error; any other is at most buf.len().
+    usize::try_from(n).map_err(|_| io::Error::last_os_error())
 }
 
 /// `fallocate(fd, 0, 0, len)`: reserves the file's blocks (and sets its
@@ -222,6 +220,6 @@ mod tests {
         rename(&p, &q).expect("rename");
         unlink(&q).expect("unlink");
         assert!(!q.exists());
-        assert!(process_alive(std::process::id() as i32));
+        assert!(process_alive(nix::unistd::getpid().as_raw()));
     }
 }

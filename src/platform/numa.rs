@@ -126,7 +126,7 @@ pub(crate) unsafe fn mbind_node(addr: *mut u8, len: usize, node: u32) -> io::Res
             libc::SYS_mbind,
             addr,
             len,
-            libc::MPOL_BIND as libc::c_long,
+            libc::c_long::from(libc::MPOL_BIND),
             mask.as_ptr(),
             maxnode(&mask),
             MPOL_MF_STRICT,
@@ -148,7 +148,7 @@ pub(crate) unsafe fn mbind_default(addr: *mut u8, len: usize) -> io::Result<()> 
             libc::SYS_mbind,
             addr,
             len,
-            libc::MPOL_DEFAULT as libc::c_long,
+            libc::c_long::from(libc::MPOL_DEFAULT),
             std::ptr::null::<libc::c_ulong>(),
             0 as libc::c_ulong,
             0 as libc::c_ulong,
@@ -199,7 +199,7 @@ pub(crate) unsafe fn set_mempolicy_home_node(
             SYS_SET_MEMPOLICY_HOME_NODE,
             addr as libc::c_ulong,
             len as libc::c_ulong,
-            node as libc::c_ulong,
+            libc::c_ulong::from(node),
             0 as libc::c_ulong,
         )
     })
@@ -277,9 +277,11 @@ pub(crate) fn get_mempolicy() -> io::Result<(i32, Vec<u32>)> {
             0 as libc::c_ulong,
         )
     })?;
-    let nodes = (0..words * bits)
-        .filter(|&i| mask[i / bits] & (1 << (i % bits)) != 0)
-        .map(|i| i as u32)
+    let nodes = (0..MAX_NODES)
+        .filter(|&n| {
+            let i = n as usize;
+            mask[i / bits] & (1 << (i % bits)) != 0
+        })
         .collect();
     Ok((mode, nodes))
 }
@@ -464,6 +466,7 @@ pub(crate) fn map_hugetlb(len: usize, page_bytes: usize) -> io::Result<*mut u8> 
             format!("a hugetlb mapping of {len} bytes in {page_bytes}-byte pages"),
         ));
     }
+    #[allow(clippy::cast_possible_wrap)] // trailing_zeros of a usize is at most 64
     let size_bits = (page_bytes.trailing_zeros() as libc::c_int) << MAP_HUGE_SHIFT;
     // SAFETY: an anonymous private mapping at an address of the kernel's
     // choosing touches no existing memory.
@@ -643,7 +646,7 @@ mod tests {
             return;
         }
         // One page more than the pool has free.
-        let len = (free as usize + 1) * (2 << 20);
+        let len = (crate::num::usize_from(free) + 1) * (2 << 20);
         // SAFETY: an anonymous private mapping of the kernel's choosing.
         let p = unsafe {
             libc::mmap(

@@ -67,8 +67,11 @@ pub(crate) fn proc_path(fd: &OwnedFd) -> std::path::PathBuf {
 /// again).
 pub(crate) fn futex_wait(word: &AtomicU32, expected: u32, timeout: Duration) {
     let ts = libc::timespec {
-        tv_sec: timeout.as_secs().min(i32::MAX as u64) as libc::time_t,
-        tv_nsec: timeout.subsec_nanos() as libc::c_long,
+        // At most i32::MAX seconds (68 years): a wait that long is forever.
+        tv_sec: libc::time_t::try_from(timeout.as_secs())
+            .unwrap_or(libc::time_t::MAX)
+            .min(libc::time_t::from(i32::MAX)),
+        tv_nsec: libc::c_long::from(timeout.subsec_nanos()),
     };
     // SAFETY: `word` is a live AtomicU32; FUTEX_WAIT (not PRIVATE: other
     // processes wake it) only reads it and sleeps at most `timeout`.
@@ -169,11 +172,14 @@ impl SeqFile {
                 &*self.ptr.add(12).cast::<AtomicU32>(),
             )
         };
-        let k = data.len().min(self.len - SEQ_DATA_AT);
+        // The length word is 32 bits: data past 4 GiB is cut as past the room.
+        let k = u32::try_from(data.len().min(self.len - SEQ_DATA_AT)).unwrap_or(u32::MAX);
         seq.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         // SAFETY: SEQ_DATA_AT + k <= len; `data` is not in the mapping.
-        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.add(SEQ_DATA_AT), k) };
-        n.store(k as u32, std::sync::atomic::Ordering::Release);
+        unsafe {
+            std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.add(SEQ_DATA_AT), k as usize);
+        };
+        n.store(k, std::sync::atomic::Ordering::Release);
         m.store(magic, std::sync::atomic::Ordering::Release);
         seq.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
     }

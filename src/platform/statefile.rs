@@ -189,18 +189,24 @@ pub(crate) enum Lock {
     Unlock,
 }
 
+/// A lock type or `SEEK_SET` as `struct flock`'s `short` fields hold it.
+#[allow(clippy::cast_possible_truncation)] // F_RDLCK, F_WRLCK, F_UNLCK, SEEK_SET are 0..=2
+const fn short(v: libc::c_int) -> libc::c_short {
+    v as libc::c_short
+}
+
 fn flock(start: u64, len: u64, kind: Lock) -> io::Result<libc::flock> {
     let off = |v: u64| {
         libc::off_t::try_from(v).map_err(|_| io::Error::from_raw_os_error(libc::EOVERFLOW))
     };
     // SAFETY: flock is plain data; every field is set below or zero.
     let mut l: libc::flock = unsafe { std::mem::zeroed() };
-    l.l_type = match kind {
+    l.l_type = short(match kind {
         Lock::Read => libc::F_RDLCK,
         Lock::Write => libc::F_WRLCK,
         Lock::Unlock => libc::F_UNLCK,
-    } as libc::c_short;
-    l.l_whence = libc::SEEK_SET as libc::c_short;
+    });
+    l.l_whence = short(libc::SEEK_SET);
     l.l_start = off(start)?;
     l.l_len = off(len)?;
     // OFD locks require l_pid = 0.
@@ -233,7 +239,7 @@ pub(crate) fn locked_by_other(fd: RawFd, start: u64, len: u64) -> io::Result<boo
     if unsafe { libc::fcntl(fd, libc::F_OFD_GETLK, &mut l) } != 0 {
         return Err(io::Error::last_os_error());
     }
-    Ok(l.l_type != libc::F_UNLCK as libc::c_short)
+    Ok(l.l_type != short(libc::F_UNLCK))
 }
 
 /// Reads up to `buf.len()` bytes at `offset` (fewer only at the end of the
@@ -246,17 +252,18 @@ pub(crate) fn read_at(fd: RawFd, buf: &mut [u8], offset: u64) -> io::Result<usiz
         let rest = &mut buf[done..];
         // SAFETY: pread writes at most rest.len() bytes into `rest`.
         let n = unsafe { libc::pread(fd, rest.as_mut_ptr().cast(), rest.len(), at) };
-        if n < 0 {
+        // A negative count is the error.
+        let Ok(n) = usize::try_from(n) else {
             let e = io::Error::last_os_error();
             if e.kind() == io::ErrorKind::Interrupted {
                 continue;
             }
             return Err(e);
-        }
+        };
         if n == 0 {
             break;
         }
-        done += n as usize;
+        done += n;
     }
     Ok(done)
 }
@@ -270,14 +277,15 @@ pub(crate) fn write_at(fd: RawFd, data: &[u8], offset: u64) -> io::Result<()> {
     loop {
         // SAFETY: pwrite reads data.len() bytes from `data`.
         let n = unsafe { libc::pwrite(fd, data.as_ptr().cast(), data.len(), at) };
-        if n < 0 {
+        // A negative count is the error.
+        let Ok(n) = usize::try_from(n) else {
             let e = io::Error::last_os_error();
             if e.kind() == io::ErrorKind::Interrupted {
                 continue;
             }
             return Err(e);
-        }
-        if n as usize != data.len() {
+        };
+        if n != data.len() {
             return Err(io::Error::new(
                 io::ErrorKind::WriteZero,
                 format!("wrote {n} of {} bytes", data.len()),

@@ -15,7 +15,7 @@ pub(crate) fn sched_getaffinity_self() -> io::Result<CpuList> {
     let max = nix::sched::CpuSet::count();
     Ok((0..max)
         .filter(|&c| set.is_set(c).unwrap_or(false))
-        .map(|c| c as u32)
+        .map(crate::num::u32_saturating)
         .collect())
 }
 

@@ -40,7 +40,7 @@ fn lists(gpus: &[(usize, &[(u32, u64)])]) -> DriverLists {
             .map(|(i, procs)| DriverGpu {
                 bus_id: Some(bus(*i)),
                 gpu: None,
-                minor: Some(*i as u32),
+                minor: Some(u32::try_from(*i).unwrap()),
                 processes: procs
                     .iter()
                     .map(|&(pid, mib)| DriverProcess {

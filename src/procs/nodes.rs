@@ -47,7 +47,10 @@ pub fn node_use(topo: &Topology, reports: &[ProcessReport]) -> (Vec<NodeUse>, Ve
                 NodeUse {
                     node: n.os_index,
                     memory_bytes: n.memory_bytes,
-                    default_budget_bytes: (n.memory_bytes as f64 * DEFAULT_BUDGET_FRACTION) as u64,
+                    default_budget_bytes: crate::num::share(
+                        n.memory_bytes,
+                        DEFAULT_BUDGET_FRACTION,
+                    ),
                     ..NodeUse::default()
                 },
             )
@@ -89,11 +92,11 @@ pub fn node_use(topo: &Topology, reports: &[ProcessReport]) -> (Vec<NodeUse>, Ve
             Check::warn(
                 "node_budget",
                 format!(
-                    "numapin pins {} on node {} over the processes listed, more than one runtime's default budget ({}, {}% of the node's {}): together they may leave the node short",
+                    "numapin pins {} on node {} over the processes listed, more than one runtime's default budget ({}, {:.0}% of the node's {}): together they may leave the node short",
                     fmt_bytes(r.numapin_pinned_bytes),
                     r.node,
                     fmt_bytes(r.default_budget_bytes),
-                    (DEFAULT_BUDGET_FRACTION * 100.0) as u32,
+                    DEFAULT_BUDGET_FRACTION * 100.0,
                     fmt_bytes(r.memory_bytes)
                 ),
                 "keep the machine budget on (the default; NUMAPIN_MACHINE_BUDGET=auto, a fraction such as 0.5 or bytes such as 64GiB per node), which every numapin process of a user shares, or give each process a share of the node: `RuntimeConfig::with_budget_bytes`, `numapin.configure(budget_bytes=...)`",

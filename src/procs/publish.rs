@@ -155,7 +155,7 @@ impl Published {
         if word(8..12) % 2 == 1 {
             return Err("being written (odd counter)".into());
         }
-        let len = word(12..16) as usize;
+        let len = crate::num::usize_from(word(12..16));
         let data = image
             .get(16..16 + len.min(STATS_FILE_BYTES))
             .filter(|_| len <= STATS_FILE_BYTES - 16)
@@ -198,7 +198,7 @@ mod tests {
     pub(crate) fn image(seq: u32, json: &str) -> Vec<u8> {
         let mut v = STATS_MAGIC.to_le_bytes().to_vec();
         v.extend(seq.to_le_bytes());
-        v.extend((json.len() as u32).to_le_bytes());
+        v.extend(u32::try_from(json.len()).unwrap().to_le_bytes());
         v.extend(json.as_bytes());
         v.resize(STATS_FILE_BYTES, 0);
         v

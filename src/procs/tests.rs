@@ -573,7 +573,7 @@ fn stats_image(pid: u32, nodes: &str) -> Vec<u8> {
     let json = format!(r#"{{"version":1,"pid":{pid},"runtimes":[{{"nodes":[{nodes}]}}]}}"#);
     let mut v = STATS_MAGIC.to_le_bytes().to_vec();
     v.extend(2u32.to_le_bytes());
-    v.extend((json.len() as u32).to_le_bytes());
+    v.extend(u32::try_from(json.len()).unwrap().to_le_bytes());
     v.extend(json.as_bytes());
     v.resize(STATS_FILE_BYTES, 0);
     v

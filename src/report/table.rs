@@ -47,7 +47,7 @@ impl Table {
 /// Bytes as a person reads them (`1.5 GiB`).
 pub(crate) fn bytes(b: u64) -> String {
     const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
-    let mut v = b as f64;
+    let mut v = crate::num::f64_from(b);
     let mut u = 0;
     while v >= 1024.0 && u + 1 < UNITS.len() {
         v /= 1024.0;

@@ -1,17 +1,22 @@
 //! The [`Runtime`]: one pinned arena per NUMA node with memory, built from
 //! a [`Topology`], lending [`PinnedBuf`]s by node or by GPU.
 //!
-//! ```no_run
+//! ```
 //! use numapin::runtime::{Runtime, RuntimeConfig, Target};
-//! use numapin::topology::{ProbeOptions, Topology};
-//! use numapin::CudaOrdinal;
+//! use numapin::topology::{CudaMode, ProbeOptions, Topology};
 //!
-//! let topo = Topology::probe(&ProbeOptions::from_process())?;
-//! let mut config = RuntimeConfig::default();
-//! config.budget_bytes = Some(8 << 30);
+//! // This machine; CudaMode::Off finds GPUs on the PCI bus without the driver.
+//! let topo = Topology::probe(&ProbeOptions::from_process().with_cuda(CudaMode::Off))?;
+//! // Regions of 2 MiB (the default, 256 MiB, suits a trainer), 1 GiB per node.
+//! let config = RuntimeConfig::default()
+//!     .with_region_bytes(2 << 20)
+//!     .with_budget_bytes(Some(1 << 30));
 //! let rt = std::sync::Arc::new(Runtime::new(topo, config)?);
-//! let mut buf = rt.alloc(Target::Gpu(CudaOrdinal(0)), 64 << 20)?; // on GPU 0's node
+//! // Target::Gpu(CudaOrdinal(0)) puts it on GPU 0's node; here, this thread's.
+//! let node = rt.calling_thread_node();
+//! let mut buf = rt.alloc(Target::HostNode(node), 1 << 20)?;
 //! buf.as_mut_slice_of::<f32>().fill(1.0);
+//! assert_eq!(buf.node(), node);
 //! # Ok::<(), numapin::Error>(())
 //! ```
 //!
@@ -232,7 +237,7 @@ fn cgroup_cap(config: &RuntimeConfig) -> Option<Arc<arena::CgroupCap>> {
     };
     let l = limits.tightest()?;
     let f = config.budget_fraction;
-    let cap = (l.bytes as f64 * f) as u64;
+    let cap = crate::num::share(l.bytes, f);
     Some(Arc::new(arena::CgroupCap::new(
         cap,
         format!(
@@ -335,7 +340,7 @@ fn make_arenas(
         .map(|n| {
             let mut budget = config
                 .budget_bytes
-                .unwrap_or((n.memory_bytes as f64 * f) as u64);
+                .unwrap_or(crate::num::share(n.memory_bytes, f));
             if let Some(s) = &cap {
                 budget = budget.min(s.limit());
             }
@@ -382,6 +387,21 @@ impl Runtime {
     /// region size, budget fraction, machine budget, hugetlb pages with a
     /// driver backend), or a `NUMAPIN_MACHINE_BUDGET` or
     /// `NUMAPIN_MACHINE_BUDGET_DIR` that cannot be read.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use numapin::runtime::{Runtime, RuntimeConfig, RuntimeError};
+    /// use numapin::topology::{CudaMode, ProbeOptions, Topology};
+    ///
+    /// let topo = Topology::probe(&ProbeOptions::from_process().with_cuda(CudaMode::Off))?;
+    /// let rt = Runtime::new(topo.clone(), RuntimeConfig::default())?;
+    /// assert!(rt.arena_nodes().count() >= 1, "one arena per node with memory");
+    /// // A setting out of range is refused before anything is made.
+    /// let odd = RuntimeConfig::default().with_alignment(3000);
+    /// assert!(matches!(Runtime::new(topo, odd), Err(RuntimeError::Config { .. })));
+    /// # Ok::<(), numapin::Error>(())
+    /// ```
     pub fn new(topology: Topology, config: RuntimeConfig) -> Result<Runtime, RuntimeError> {
         check_config(&config)?;
         let region_bytes = arena::alloc::round_up(
@@ -462,6 +482,22 @@ impl Runtime {
     /// be made, its errors ([`RuntimeError::Memlock`],
     /// [`RuntimeError::System`], [`RuntimeError::OffNode`],
     /// [`RuntimeError::HugePages`], ...).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use numapin::topology::{CudaMode, ProbeOptions, Topology};
+    /// use numapin::runtime::{Runtime, RuntimeConfig, RuntimeError, Target};
+    ///
+    /// # let topo = Topology::probe(&ProbeOptions::from_process().with_cuda(CudaMode::Off))?;
+    /// let rt = Runtime::new(topo, RuntimeConfig::default().with_region_bytes(2 << 20))?;
+    /// // For a GPU: rt.alloc(Target::Gpu(CudaOrdinal(0)), bytes), on its node.
+    /// let mut buf = rt.alloc(Target::Host, 1 << 20)?;
+    /// buf.fill(7);
+    /// assert_eq!((buf.len(), buf[0]), (1 << 20, 7));
+    /// assert!(matches!(rt.alloc(Target::Host, 0), Err(RuntimeError::BadRequest { .. })));
+    /// # Ok::<(), numapin::Error>(())
+    /// ```
     #[inline]
     pub fn alloc(&self, target: Target, bytes: usize) -> Result<PinnedBuf, RuntimeError> {
         self.alloc_with(target, bytes, &AllocOptions::default())
@@ -475,6 +511,26 @@ impl Runtime {
     ///
     /// As [`Runtime::alloc`]; with [`AllocOptions::wait`], the budget
     /// errors come only once the wait is over.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// # use numapin::topology::{CudaMode, ProbeOptions, Topology};
+    /// use numapin::runtime::{AllocOptions, Runtime, RuntimeConfig, RuntimeError, Target};
+    ///
+    /// # let topo = Topology::probe(&ProbeOptions::from_process().with_cuda(CudaMode::Off))?;
+    /// // A budget of 4 MiB per node.
+    /// let config = RuntimeConfig::default().with_budget_bytes(Some(4 << 20));
+    /// let rt = Runtime::new(topo, config)?;
+    /// // A staging slot: its region is its own size (2 MiB), not a standard one.
+    /// let slot = rt.alloc_with(Target::Host, 1 << 20, &AllocOptions::default().with_staging(true))?;
+    /// // Over the budget: wait up to 10 ms for frees, then the budget's error.
+    /// let wait = AllocOptions::default().with_wait(Some(Duration::from_millis(10)));
+    /// let over = rt.alloc_with(Target::HostNode(slot.node()), 8 << 20, &wait);
+    /// assert!(matches!(over, Err(RuntimeError::BudgetExceeded { .. })), "{over:?}");
+    /// # Ok::<(), numapin::Error>(())
+    /// ```
     #[inline]
     pub fn alloc_with(
         &self,
@@ -530,6 +586,24 @@ impl Runtime {
     }
 
     /// Counters per node with memory, by node number.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use numapin::topology::{CudaMode, ProbeOptions, Topology};
+    /// use numapin::runtime::{Runtime, RuntimeConfig, Target};
+    ///
+    /// # let topo = Topology::probe(&ProbeOptions::from_process().with_cuda(CudaMode::Off))?;
+    /// let rt = Runtime::new(topo, RuntimeConfig::default().with_region_bytes(2 << 20))?;
+    /// let buf = rt.alloc(Target::Host, 1 << 20)?;
+    /// let here = rt.stats().into_iter().find(|s| s.node == buf.node()).expect("its node");
+    /// assert_eq!((here.regions, here.bytes_in_use), (1, 1 << 20));
+    /// assert!(here.bytes_reserved >= 2 << 20 && here.budget > 0);
+    /// drop(buf);
+    /// let after = rt.stats().into_iter().find(|s| s.node == here.node).expect("its node");
+    /// assert_eq!(after.bytes_in_use, 0, "back in its arena, the region kept");
+    /// # Ok::<(), numapin::Error>(())
+    /// ```
     pub fn stats(&self) -> Vec<NodeStats> {
         self.arenas.iter().map(|a| a.stats()).collect()
     }

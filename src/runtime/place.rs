@@ -85,6 +85,29 @@ impl Runtime {
     /// have, [`RuntimeError::UnknownGpuIndex`] for an index past its GPUs,
     /// and [`RuntimeError::UnknownNode`] or [`RuntimeError::NoMemory`] for a
     /// [`Target::HostNode`] this process cannot pin memory on.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use numapin::topology::{CudaMode, ProbeOptions, Topology};
+    /// use numapin::runtime::{Runtime, RuntimeConfig, RuntimeError, Target};
+    ///
+    /// # let topo = Topology::probe(&ProbeOptions::from_process().with_cuda(CudaMode::Off))?;
+    /// let rt = Runtime::new(topo, RuntimeConfig::default())?;
+    /// // Each GPU's CPUs and node (Target::Gpu(ordinal) with CUDA).
+    /// for gpu in &rt.topology().gpus {
+    ///     let site = rt.place(Target::HostForGpu(gpu.index))?;
+    ///     println!("GPU {}: node {}, CPUs {}", gpu.index, site.node, site.cpus.to_cpulist());
+    ///     for w in &site.warnings {
+    ///         println!("  {w}");
+    ///     }
+    /// }
+    /// let here = rt.place(Target::Host)?;
+    /// assert!(!here.cpus.is_empty() && rt.arena_nodes().any(|n| n == here.node));
+    /// let nowhere = rt.place(Target::HostNode(numapin::topology::MAX_NODES));
+    /// assert!(matches!(nowhere, Err(RuntimeError::UnknownNode { .. })));
+    /// # Ok::<(), numapin::Error>(())
+    /// ```
     pub fn place(&self, target: Target) -> Result<Site, RuntimeError> {
         let topo = self.topology();
         match target {

@@ -16,20 +16,25 @@
 //! the processes: a memfd's pages go when the last process mapping them
 //! exits, crashes included.
 //!
-//! ```no_run
+//! ```
 //! use std::time::Duration;
 //! use numapin::runtime::{Runtime, RuntimeConfig, Target};
 //! use numapin::shared::{AttachedRegion, SharedRegion};
-//! use numapin::topology::{ProbeOptions, Topology};
-//! use numapin::CudaOrdinal;
+//! use numapin::topology::{CudaMode, ProbeOptions, Topology};
 //!
-//! let rt = Runtime::new(Topology::probe(&ProbeOptions::from_process())?, RuntimeConfig::default())?;
-//! // Rank 0 makes it near GPU 0...
-//! let mut kv = SharedRegion::create(&rt, Target::Gpu(CudaOrdinal(0)), 1 << 30, "kv-tier")?;
+//! let topo = Topology::probe(&ProbeOptions::from_process().with_cuda(CudaMode::Off))?;
+//! let rt = Runtime::new(topo, RuntimeConfig::default())?;
+//! // Rank 0 makes it near its GPU (Target::Gpu(CudaOrdinal(0))), here on
+//! // this thread's node...
+//! let name = format!("kv-tier-{}", std::process::id());
+//! let mut kv = SharedRegion::create(&rt, Target::Host, 1 << 20, &name)?;
 //! kv.as_mut_slice()[0] = 1;
-//! // ...and the other ranks of the machine attach to it by name.
-//! let other = AttachedRegion::attach("kv-tier", Duration::from_secs(30))?;
-//! assert_eq!(other.as_slice()[0], 1);
+//! // ...and the other ranks of the machine attach to it by name (here, in
+//! // the same process), waiting up to 30 s for it to be made.
+//! let mut other = AttachedRegion::attach(&name, Duration::from_secs(30))?;
+//! assert_eq!((other.as_slice()[0], other.node(), other.len()), (1, kv.node(), 1 << 20));
+//! other.as_mut_slice()[1] = 2;
+//! assert_eq!(kv.as_slice()[1], 2, "one memory");
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 

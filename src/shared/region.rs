@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use super::SharedError;
 use crate::arena::{RuntimeError, SharedFile, SharedPart};
+use crate::num::usize_from;
 use crate::platform::{cuda, numa, shm};
 use crate::runtime::{Runtime, Target};
 
@@ -264,7 +265,7 @@ impl AttachedRegion {
         })?;
         let len = bytes.next_multiple_of(GRANULE);
         let flen = shm::len(fd.as_raw_fd()).map_err(|e| bad("cannot read its length", Some(e)))?;
-        if (flen as usize) < HEADER + len {
+        if usize_from(flen) < HEADER + len {
             return Err(bad(
                 "shorter than its header says: not numapin shared memory",
                 Some(std::io::Error::from_raw_os_error(libc::EINVAL)),
@@ -353,18 +354,19 @@ impl AttachedRegion {
 /// `(bytes, node)` from a ready header; `None` when there is none yet or
 /// it is not numapin's.
 fn read_header(fd: &OwnedFd) -> Option<(usize, u32)> {
-    if (shm::len(fd.as_raw_fd()).ok()? as usize) < HEADER {
+    if usize_from(shm::len(fd.as_raw_fd()).ok()?) < HEADER {
         return None;
     }
     let p = numa::map_shared(fd.as_raw_fd(), HEADER, 0).ok()?;
     // SAFETY: a mapping of HEADER bytes of the file; Header is atomics.
     let h = unsafe { &*p.cast::<Header>() };
-    let r = (h.magic.load(Ordering::Acquire) == MAGIC).then(|| {
-        (
-            h.bytes.load(Ordering::Relaxed) as usize,
-            h.node.load(Ordering::Relaxed) as u32,
-        )
-    });
+    // A node number past u32 is not numapin's (it was cut to 32 bits).
+    let r = (h.magic.load(Ordering::Acquire) == MAGIC)
+        .then(|| {
+            let node = u32::try_from(h.node.load(Ordering::Relaxed)).ok()?;
+            Some((usize_from(h.bytes.load(Ordering::Relaxed)), node))
+        })
+        .flatten();
     // SAFETY: our mapping, referenced by nothing else.
     let _ = unsafe { numa::unmap(p, HEADER) };
     r.filter(|&(b, _)| b > 0 && b <= isize::MAX as usize / 2)

@@ -233,7 +233,9 @@ mod tests {
     fn parallel_copies_are_exact_at_every_size_and_alignment() {
         let _g = serial();
         let cpus = crate::platform::sys::sched_getaffinity_self().unwrap();
-        let src: Vec<u8> = (0..(9 << 20) + 77).map(|i| (i * 31 % 251) as u8).collect();
+        let src: Vec<u8> = (0..(9 << 20) + 77)
+            .map(|i| u8::try_from(i * 31 % 251).unwrap())
+            .collect();
         for (off, len) in [
             (0, 1),
             (3, 4 << 20),

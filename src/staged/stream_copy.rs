@@ -75,7 +75,7 @@ mod tests {
     #[test]
     fn large_and_unaligned_copies_are_exact() {
         let src: Vec<u8> = (0..(1usize << 20) + 77)
-            .map(|i| (i * 31 % 251) as u8)
+            .map(|i| u8::try_from(i * 31 % 251).unwrap())
             .collect();
         for (doff, soff) in [(0, 0), (1, 0), (0, 3), (7, 9), (15, 1)] {
             let mut dst = vec![0u8; src.len() + 32];
@@ -89,7 +89,7 @@ mod tests {
     proptest! {
         #[test]
         fn any_copy_is_exact(len in 0usize..600_000, off in 0usize..16, seed in any::<u8>()) {
-            let src: Vec<u8> = (0..len).map(|i| (i as u8).wrapping_mul(seed | 1)).collect();
+            let src: Vec<u8> = (0..len).map(|i| i.to_le_bytes()[0].wrapping_mul(seed | 1)).collect();
             let mut dst = vec![0u8; len + 16];
             copy(&mut dst[off..off + len], &src);
             prop_assert_eq!(&dst[off..off + len], &src[..]);

@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
+use crate::num::usize_from;
 use crate::runtime::{Runtime, Target};
 
 use super::plan::host_pieces;
@@ -48,7 +49,7 @@ pub(super) fn read(
         return Ok(report);
     }
     let threads = super::thread_count(opts, place.cpus.len(), items.len());
-    let bounce_len = sources.iter().map(Source::alignment).max().unwrap_or(4096) as usize;
+    let bounce_len = usize_from(sources.iter().map(Source::alignment).max().unwrap_or(4096));
     // One aligned block per worker for the unaligned ends of direct reads.
     let mut bounces = Vec::with_capacity(threads);
     for _ in 0..threads {

@@ -15,6 +15,7 @@
 
 use std::io;
 
+use crate::num::usize_from;
 use crate::platform::file::{self as sys, NoWait};
 
 #[cfg(test)]
@@ -194,8 +195,9 @@ fn direct(
     mut bounce: Option<&mut [u8]>,
     c: &mut Counts,
 ) -> Result<usize, StorageError> {
-    let a = src.alignment() as usize;
-    if src.direct_file().is_none() || (room.as_ptr() as usize) % a != (offset % a as u64) as usize {
+    let a = usize_from(src.alignment());
+    if src.direct_file().is_none() || (room.as_ptr() as usize) % a != usize_from(offset % a as u64)
+    {
         return Ok(got);
     }
     let bounce_ok = bounce
@@ -229,7 +231,7 @@ fn direct(
             // that belongs here.
             let b = bounce.as_deref_mut().expect("checked above");
             let block = at / a as u64 * a as u64;
-            let skip = (at - block) as usize;
+            let skip = usize_from(at - block);
             let n = match call(src, Call::Direct, &mut b[..a], block) {
                 Ok(NoWait::Read(n)) => n,
                 Ok(_) => 0,

@@ -207,7 +207,7 @@ impl ReadReport {
 /// `bytes` in `seconds`, in GB/s (10^9); 0 for no time.
 pub(crate) fn gbps(bytes: u64, seconds: f64) -> f64 {
     if seconds > 0.0 {
-        bytes as f64 / seconds / 1e9
+        crate::num::f64_from(bytes) / seconds / 1e9
     } else {
         0.0
     }
@@ -274,6 +274,30 @@ pub fn read_to_device(
 ///
 /// # Errors
 /// As [`read_to_device`], without the CUDA ones.
+///
+/// # Examples
+///
+/// ```
+/// use numapin::runtime::{Runtime, RuntimeConfig, Target};
+/// use numapin::storage::{self, ReadOptions, Source};
+/// use numapin::topology::{CudaMode, ProbeOptions, Topology};
+///
+/// let topo = Topology::probe(&ProbeOptions::from_process().with_cuda(CudaMode::Off))?;
+/// let rt = Runtime::new(topo, RuntimeConfig::default().with_region_bytes(2 << 20))?;
+/// let dir = tempfile::tempdir()?;
+/// let path = dir.path().join("shard.bin");
+/// std::fs::write(&path, (0..=255u8).cycle().take(1 << 20).collect::<Vec<u8>>())?;
+///
+/// let src = Source::open(&path)?;
+/// let mut dst = vec![0u8; 64 << 10];
+/// // Threads on this thread's node read it (Target::Gpu(..) for a GPU's).
+/// let node = Target::HostNode(rt.calling_thread_node());
+/// let report = storage::read_to_host(&rt, &src, 4096 + 3, &mut dst, node, &ReadOptions::default())?;
+/// assert_eq!(report.bytes, 64 << 10);
+/// assert_eq!(&dst[..3], &[3, 4, 5]);
+/// println!("{}", report.summary());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub fn read_to_host(
     rt: &Runtime,
     src: &Source,
@@ -424,11 +448,13 @@ fn check_ranges(
 
 /// Bytes per slot: `chunk` rounded up to every source's alignment.
 fn slot_bytes(sources: &[Source], chunk: usize) -> usize {
-    let a = sources
-        .iter()
-        .map(|s| s.alignment())
-        .max()
-        .unwrap_or(source::MIN_ALIGN) as usize;
+    let a = crate::num::usize_from(
+        sources
+            .iter()
+            .map(|s| s.alignment())
+            .max()
+            .unwrap_or(source::MIN_ALIGN),
+    );
     chunk.div_ceil(a) * a
 }
 

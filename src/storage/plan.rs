@@ -3,6 +3,8 @@
 //! split), each with the copies out of its slot; for host memory, pieces
 //! of each range cut at aligned file offsets, read in place.
 
+use crate::num::usize_from;
+
 /// A range to read: `len` bytes of source `source` at `offset`, to `dst`
 /// (a device address, or an index the caller maps).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,14 +77,14 @@ pub(crate) fn pieces(
             }
             let p = plan.pieces.last_mut().expect("a piece was just ensured");
             let take = left.min(p.start + slot64 - off);
-            let slot_off = (off - p.start) as usize;
+            let slot_off = usize_from(off - p.start);
             plan.segments.push(Segment {
                 slot_off,
-                len: take as usize,
+                len: usize_from(take),
                 dst,
             });
             p.segs.end = plan.segments.len();
-            p.need = p.need.max(slot_off + take as usize);
+            p.need = p.need.max(slot_off + usize_from(take));
             off += take;
             dst += take;
             left -= take;
@@ -110,7 +112,7 @@ pub(crate) fn host_pieces(
         } else {
             (at + chunk as u64).min(end)
         };
-        out.push((at, (at - offset) as usize, (next - at) as usize));
+        out.push((at, usize_from(at - offset), usize_from(next - at)));
         at = next;
     }
     out

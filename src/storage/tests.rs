@@ -7,6 +7,7 @@ use super::faults::{self, Injected};
 use super::io::read_exact_at;
 use super::{IoMode, Source, StorageError};
 
+#[allow(clippy::cast_possible_truncation)] // a byte pattern: the low bits are the point
 fn pattern(len: usize) -> Vec<u8> {
     (0..len).map(|i| (i * 7 + i / 251) as u8).collect()
 }

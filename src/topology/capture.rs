@@ -136,7 +136,8 @@ fn link_stays_inside(member: &Path, target: &Path) -> bool {
     if target.is_absolute() {
         return false;
     }
-    let mut depth = member.components().count().saturating_sub(1) as i64;
+    let mut depth =
+        i64::try_from(member.components().count().saturating_sub(1)).unwrap_or(i64::MAX);
     for c in target.components() {
         match c {
             Component::ParentDir => depth -= 1,

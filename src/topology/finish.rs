@@ -15,6 +15,7 @@ use super::{
 };
 use crate::cpulist::CpuList;
 use crate::gpu::{CudaOrdinal, GpuIndex};
+use crate::num::u32_saturating;
 use crate::platform::cuda::{CudaDevice, Enumeration};
 
 /// `raw` finished: `cuda` is what the driver said (live probe only), `live`
@@ -132,7 +133,7 @@ fn driver_ordinals(
                 .gpus
                 .iter()
                 .position(|g| g.pci_bus_id == d.pci_bus_id)
-                .map(|p| GpuIndex(p as u32));
+                .map(|p| GpuIndex(u32_saturating(p)));
             let instances = devices.iter().filter(|o| o.pci_bus_id == d.pci_bus_id);
             let mig = instances.count() > 1
                 || token(d).is_some_and(|t| t.to_ascii_uppercase().starts_with("MIG-"));
@@ -232,7 +233,7 @@ fn assumed_ordinals(
     visible: Option<&VisibleDevices>,
     warnings: &mut Vec<Warning>,
 ) -> Result<Vec<VisibleEntry>> {
-    let pci_order: Vec<u32> = (0..gpus.len() as u32).collect();
+    let pci_order: Vec<u32> = (0..u32_saturating(gpus.len())).collect();
     if order == DeviceOrder::FastestFirst {
         let mut models: Vec<u16> = gpus.iter().map(|g| g.device).collect();
         models.sort_unstable();
@@ -276,10 +277,10 @@ fn numbered(gpus: Vec<RawGpu>, ordinals: &[VisibleEntry]) -> Vec<Gpu> {
     gpus.into_iter()
         .enumerate()
         .map(|(i, g)| Gpu {
-            index: GpuIndex(i as u32),
+            index: GpuIndex(u32_saturating(i)),
             cuda_ordinal: ordinals
                 .iter()
-                .find(|e| e.gpu == Some(GpuIndex(i as u32)))
+                .find(|e| e.gpu == Some(GpuIndex(u32_saturating(i))))
                 .map(|e| e.ordinal),
             pci_bus_id: g.pci_bus_id,
             name: g.name,

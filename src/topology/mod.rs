@@ -407,6 +407,25 @@ impl Topology {
     /// `CUDA_VISIBLE_DEVICES`/`CUDA_DEVICE_ORDER` numapin cannot read;
     /// [`TopologyError::System`] when hwloc cannot discover the machine;
     /// [`TopologyError::Input`] when what it finds is over the [`limits`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use numapin::topology::{CudaMode, ProbeOptions, Topology};
+    ///
+    /// // ProbeOptions::from_process() alone also asks the CUDA driver for
+    /// // the GPUs this process sees; CudaMode::Off reads the PCI bus only.
+    /// let t = Topology::probe(&ProbeOptions::from_process().with_cuda(CudaMode::Off))?;
+    /// assert_eq!(t.source, "live");
+    /// assert!(!t.numa_nodes.is_empty() && !t.allowed.cpus.is_empty());
+    /// for gpu in &t.gpus {
+    ///     println!("GPU {} {} on node {:?}", gpu.index, gpu.pci_bus_id, gpu.numa_node);
+    /// }
+    /// for w in &t.warnings {
+    ///     println!("{}", w.message);
+    /// }
+    /// # Ok::<(), numapin::topology::TopologyError>(())
+    /// ```
     pub fn probe(opts: &ProbeOptions) -> Result<Self> {
         let raw = hwloc::discover_live(opts)?;
         let cuda = if opts.cuda == CudaMode::Auto {
@@ -428,6 +447,23 @@ impl Topology {
     /// contradicts itself; [`TopologyError::System`] when this process or
     /// machine fails reading it (too many open files, no memory, an I/O error
     /// of the device, hwloc's reader process).
+    ///
+    /// # Examples
+    ///
+    /// A DGX H100 as `lstopo --of xml` saved it (in numapin's repository):
+    ///
+    /// ```
+    /// use std::path::Path;
+    /// use numapin::topology::{ProbeOptions, Topology};
+    ///
+    /// let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("topology/dgx-h100.xml");
+    /// let t = Topology::load(&path, &ProbeOptions::default())?;
+    /// assert_eq!((t.numa_nodes.len(), t.gpus.len()), (2, 8));
+    /// // Four GPUs per socket; GPU 7 hangs off node 1.
+    /// assert_eq!(t.gpus[7].numa_node, Some(1));
+    /// assert_eq!(t.gpus[7].local_cpus.to_cpulist(), "56-111,168-223");
+    /// # Ok::<(), numapin::topology::TopologyError>(())
+    /// ```
     pub fn load(path: &Path, opts: &ProbeOptions) -> Result<Self> {
         let source = input::shown(path);
         let data = match input::read(path)? {

@@ -201,7 +201,7 @@ fn check_allowed(t: &Topology, listed: &Listed, source: &str) -> Result<()> {
 fn check_cores(t: &Topology, listed: &Listed, source: &str) -> Result<()> {
     let mut claims = Claims::new();
     for (i, c) in t.cores.iter().enumerate() {
-        if let Some((cpu, _)) = claims.claim(&c.cpus, i as u32) {
+        if let Some((cpu, _)) = claims.claim(&c.cpus, crate::num::u32_saturating(i)) {
             return Err(bad(source, format!("two cores hold CPU {cpu}")));
         }
         if let Some(n) = c.numa_node.filter(|n| !listed.nodes.contains(n)) {

@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use super::TopologyError as Error;
 use crate::gpu::{CudaOrdinal, GpuIndex};
+use crate::num::u32_saturating;
 
 /// CUDA's device enumeration order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -282,7 +283,7 @@ impl VisibleDevices {
                 }
             }
             out.push(VisibleEntry {
-                ordinal: CudaOrdinal(out.len() as u32),
+                ordinal: CudaOrdinal(u32_saturating(out.len())),
                 entry: text.clone(),
                 gpu,
                 mig,
@@ -331,7 +332,7 @@ impl super::Topology {
                 .iter()
                 .enumerate()
                 .map(|(i, &g)| VisibleEntry {
-                    ordinal: CudaOrdinal(i as u32),
+                    ordinal: CudaOrdinal(u32_saturating(i)),
                     entry: "*".into(),
                     gpu: Some(GpuIndex(g)),
                     mig: false,
@@ -362,7 +363,7 @@ impl super::Topology {
     /// GPU indices in CUDA's enumeration order `target`, as far as this
     /// description knows it, and a note when it had to assume PCI order.
     fn enumeration_order(&self, target: DeviceOrder) -> (Vec<u32>, Vec<String>) {
-        let n = self.gpus.len() as u32;
+        let n = u32_saturating(self.gpus.len());
         let pci: Vec<u32> = (0..n).collect();
         let own = DeviceOrder::from_env(Some(&self.cuda.device_order)).unwrap_or_default();
         if target == DeviceOrder::PciBusId || self.cuda.ordinal_source != "driver" {
@@ -576,7 +577,7 @@ mod tests {
         d.cuda.ordinal_source = "driver".into();
         d.cuda.ordinals.reverse();
         for (i, e) in d.cuda.ordinals.iter_mut().enumerate() {
-            e.ordinal = CudaOrdinal(i as u32);
+            e.ordinal = CudaOrdinal(u32::try_from(i).unwrap());
         }
         let v = d.with_cuda_env(&env(Some("0"), None)).unwrap();
         assert_eq!(ordinals(&v), [(0, Some(7))]);

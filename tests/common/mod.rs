@@ -131,7 +131,7 @@ pub(crate) fn add_gpu(
     package: Option<u32>,
     local_cpus: CpuList,
 ) {
-    let i = t.gpus.len() as u32;
+    let i = u32::try_from(t.gpus.len()).unwrap();
     t.gpus.push(Gpu {
         index: numapin::GpuIndex(i),
         cuda_ordinal: Some(numapin::CudaOrdinal(i)),

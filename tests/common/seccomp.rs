@@ -137,8 +137,11 @@ pub(crate) fn evaluate(prog: &[libc::sock_filter], nr: u32, arch: u32) -> Option
 /// across `execve`): `PR_SET_NO_NEW_PRIVS`, then `PR_SET_SECCOMP`. Makes
 /// only the two `prctl` calls, so it may run between `fork` and `exec`.
 pub(crate) fn install(prog: &[libc::sock_filter]) -> std::io::Result<()> {
+    // The kernel takes at most 4,096 instructions (BPF_MAXINSNS).
+    let len =
+        u16::try_from(prog.len()).map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
     let fprog = libc::sock_fprog {
-        len: prog.len() as u16,
+        len,
         filter: prog.as_ptr() as *mut libc::sock_filter,
     };
     // SAFETY: PR_SET_NO_NEW_PRIVS takes integer arguments only.
@@ -150,7 +153,7 @@ pub(crate) fn install(prog: &[libc::sock_filter]) -> std::io::Result<()> {
     let r = unsafe {
         libc::prctl(
             libc::PR_SET_SECCOMP,
-            libc::SECCOMP_MODE_FILTER as libc::c_ulong,
+            libc::c_ulong::from(libc::SECCOMP_MODE_FILTER),
             &fprog as *const libc::sock_fprog,
             0,
             0,

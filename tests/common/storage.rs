@@ -1,6 +1,8 @@
 //! What the storage tests share: a runtime without CUDA, the calling
 //! thread's node as a target, the arena's leak check, byte patterns, every
 //! safetensors dtype numapin handles.
+// Test data: counts, sizes, indices and byte patterns far inside every type's range.
+#![allow(clippy::cast_possible_truncation)]
 
 use numapin::storage::safetensors::Dtype;
 use numapin::topology::{CudaMode, ProbeOptions};

@@ -570,16 +570,16 @@ pub(super) fn ratios(results: &[BenchResult]) -> Vec<(String, f64)> {
         }
     }
     // Producer scaling: rate(n) / (n x rate(1)).
-    let scaling: Vec<(u64, f64)> = results
+    let scaling: Vec<(u32, f64)> = results
         .iter()
         .filter(|r| r.name == "loader_producers_scaling")
-        .filter_map(|r| Some((r.param("workers")?.as_u64()?, r.median)))
+        .filter_map(|r| Some((u32::try_from(r.param("workers")?.as_u64()?).ok()?, r.median)))
         .collect();
     if let Some(&(_, one)) = scaling.iter().find(|(n, _)| *n == 1) {
         for &(n, rate) in scaling.iter().filter(|(n, _)| *n > 1) {
             out.push((
                 format!("producers alone, {n} workers / ({n} x 1 worker)"),
-                rate / (n as f64 * one),
+                rate / (f64::from(n) * one),
             ));
         }
     }

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use super::format::{self, Record, BLOCK};
 use crate::arena::RuntimeError;
+use crate::num::usize_from;
 use crate::platform::statefile::{self as sf, Access, Facts, Lock};
 
 /// How long a process waits for another to give the header lock back
@@ -202,8 +203,8 @@ pub(super) fn live_records(
             None,
         ));
     }
-    let mut buf = vec![0u8; len.next_multiple_of(BLOCK as u64) as usize];
-    let got = sf::read_at(fd, &mut buf[..len as usize], 0)
+    let mut buf = vec![0u8; usize_from(len.next_multiple_of(BLOCK as u64))];
+    let got = sf::read_at(fd, &mut buf[..usize_from(len)], 0)
         .map_err(|e| refused(path, "reading it failed", Some(e)))?;
     format::check_file(&buf[..BLOCK], got as u64).map_err(|p| refused(path, p, None))?;
     let mut live = Vec::new();

@@ -52,6 +52,11 @@ const ENTRY: usize = 24;
 const _: () = assert!(ENTRY_AT + ENTRIES * ENTRY <= BLOCK);
 const _: () = assert!(4096 % BLOCK == 0);
 
+/// The layout's sizes as the header holds them: block, records, entries.
+#[allow(clippy::cast_possible_truncation)] // each far below 2^32 (asserted below)
+const SHAPE: (u32, u32, u32) = (BLOCK as u32, MAX_RECORDS as u32, ENTRIES as u32);
+const _: () = assert!(BLOCK < 1 << 32 && MAX_RECORDS < 1 << 32 && ENTRIES < 1 << 32);
+
 /// The byte range of record `i` (its lock's range too).
 pub(crate) fn record_range(i: usize) -> (u64, u64) {
     ((BLOCK * (i + 1)) as u64, BLOCK as u64)
@@ -98,9 +103,9 @@ pub(crate) fn header() -> [u8; BLOCK] {
     let mut b = [0u8; BLOCK];
     b[0..8].copy_from_slice(&MAGIC.to_le_bytes());
     b[8..12].copy_from_slice(&VERSION.to_le_bytes());
-    b[12..16].copy_from_slice(&(BLOCK as u32).to_le_bytes());
-    b[16..20].copy_from_slice(&(MAX_RECORDS as u32).to_le_bytes());
-    b[20..24].copy_from_slice(&(ENTRIES as u32).to_le_bytes());
+    b[12..16].copy_from_slice(&SHAPE.0.to_le_bytes());
+    b[16..20].copy_from_slice(&SHAPE.1.to_le_bytes());
+    b[20..24].copy_from_slice(&SHAPE.2.to_le_bytes());
     b
 }
 
@@ -131,9 +136,7 @@ pub(crate) fn check_file(head: &[u8], len: u64) -> Result<(), String> {
         ));
     }
     let shape = (u32_at(head, 12), u32_at(head, 16), u32_at(head, 20));
-    if shape != (BLOCK as u32, MAX_RECORDS as u32, ENTRIES as u32)
-        || head[24..BLOCK].iter().any(|&b| b != 0)
-    {
+    if shape != SHAPE || head[24..BLOCK].iter().any(|&b| b != 0) {
         return Err(format!(
             "its header is corrupted (blocks {}, records {}, entries {}, or stray bytes)",
             shape.0, shape.1, shape.2
@@ -156,7 +159,7 @@ pub(crate) fn encode(r: &Record) -> [u8; BLOCK] {
         };
     }
     let entries = &r.entries[..r.entries.len().min(ENTRIES)];
-    b[24..28].copy_from_slice(&(entries.len() as u32).to_le_bytes());
+    b[24..28].copy_from_slice(&crate::num::u32_saturating(entries.len()).to_le_bytes());
     for (k, e) in entries.iter().enumerate() {
         let at = ENTRY_AT + k * ENTRY;
         b[at..at + 4].copy_from_slice(&e.node.to_le_bytes());

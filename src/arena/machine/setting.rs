@@ -44,7 +44,7 @@ impl MachineBudget {
     /// The limit on a node of `node_memory` bytes for a runtime whose own
     /// budget there is `own_budget`; `None` when off.
     pub fn limit_for(self, node_memory: u64, own_budget: u64) -> Option<u64> {
-        let share = |f: f64| (node_memory as f64 * f) as u64;
+        let share = |f: f64| crate::num::share(node_memory, f);
         match self {
             MachineBudget::Auto => Some(share(DEFAULT_BUDGET_FRACTION).max(own_budget)),
             MachineBudget::Off => None,
@@ -129,11 +129,10 @@ impl FromStr for MachineBudget {
         if let Some((unit, scale)) = UNITS.iter().find(|(u, _)| lower.ends_with(u)) {
             let number = lower[..lower.len() - unit.len()].trim_end();
             let v = decimal(number).ok_or_else(|| err("not a number before the unit"))?;
-            // Whole numbers exactly; others through f64.
+            // Whole numbers exactly; others through f64 (saturating).
             let bytes = match number.parse::<u64>() {
                 Ok(n) => n.saturating_mul(*scale),
-                Err(_) if v * (*scale as f64) < u64::MAX as f64 => (v * *scale as f64) as u64,
-                Err(_) => u64::MAX,
+                Err(_) => crate::num::share(*scale, v),
             };
             if bytes == 0 || bytes > u64::MAX / 2 {
                 return Err(err("bytes out of range (at least 1 byte)"));

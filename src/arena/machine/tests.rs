@@ -224,7 +224,7 @@ fn hostile_state_files_are_refused_and_left_alone() {
     let d = dir();
     refused_as(d.path(), "more than a state file", |p| {
         let mut big = format::header().to_vec();
-        big.resize(format::MAX_FILE as usize + 1, 0);
+        big.resize(crate::num::usize_from(format::MAX_FILE) + 1, 0);
         write_private(p, &big);
     });
     let d = dir();

@@ -138,8 +138,9 @@ impl Region {
             unsafe {
                 numa::page_nodes(from as *mut u8, len, step, |batch| {
                     for &s in batch {
-                        if s >= 0 {
-                            c.add(s as u32, each);
+                        // A negative entry is an errno: no page there.
+                        if let Ok(s) = u32::try_from(s) {
+                            c.add(s, each);
                         } else {
                             c.missing += each;
                         }

@@ -489,7 +489,7 @@ fn iommu_verdicts() {
         gpu_domains: domains
             .iter()
             .enumerate()
-            .map(|(i, d)| (GpuIndex(i as u32), d.map(String::from)))
+            .map(|(i, d)| (GpuIndex(u32::try_from(i).unwrap()), d.map(String::from)))
             .collect(),
     };
     // No IOMMU.

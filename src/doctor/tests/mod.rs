@@ -64,7 +64,7 @@ pub(super) fn machine(nodes: u32) -> Topology {
 
 /// Adds an NVIDIA GPU on `node` (its CPUs local), CUDA ordinal in order.
 pub(super) fn gpu(t: &mut Topology, node: Option<u32>) -> &mut Gpu {
-    let i = t.gpus.len() as u32;
+    let i = u32::try_from(t.gpus.len()).unwrap();
     let local = match node {
         Some(n) => t.node(n).unwrap().cpus.clone(),
         None => t.all_cpus(),

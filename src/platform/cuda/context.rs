@@ -4,16 +4,23 @@ use std::sync::OnceLock;
 
 use cudarc::driver::sys;
 
-use super::{check, driver_version, CudaResult};
+use super::{call_error, check, driver_version, CudaResult};
 pub(crate) use sys::{CUcontext, CUdevice};
+
+/// `ordinal` as the driver's `int`: one past `i32::MAX` names no device,
+/// the driver's own answer for a number it does not know.
+pub(crate) fn c_ordinal(call: &'static str, ordinal: u32) -> CudaResult<i32> {
+    i32::try_from(ordinal).map_err(|_| call_error(call, sys::CUresult::CUDA_ERROR_INVALID_DEVICE))
+}
 
 /// The driver handle of ordinal `ordinal`.
 pub(crate) fn device(ordinal: u32) -> CudaResult<CUdevice> {
     driver_version()?;
+    let ordinal = c_ordinal("cuDeviceGet", ordinal)?;
     let mut dev = 0;
     // SAFETY: dev is a valid out-pointer; the driver is initialised.
     check("cuDeviceGet", unsafe {
-        sys::cuDeviceGet(&mut dev, ordinal as i32)
+        sys::cuDeviceGet(&mut dev, ordinal)
     })?;
     Ok(dev)
 }
@@ -131,5 +138,5 @@ pub(crate) fn multiprocessor_count(ordinal: u32) -> CudaResult<u32> {
         ordinal,
         sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
     )
-    .map(|v| v.max(1) as u32)
+    .map(|v| u32::try_from(v).unwrap_or(0).max(1))
 }

@@ -13,22 +13,31 @@
 
 use cudarc::driver::sys;
 
+use super::context::c_ordinal;
 use super::memory::HostAlloc;
-use super::{check, driver_version, ensure_context, CudaResult};
+use super::{call_error, check, driver_version, ensure_context, CudaResult};
 use sys::{CUdeviceptr, CUmemGenericAllocationHandle};
 
 fn location(kind: sys::CUmemLocationType, id: i32) -> sys::CUmemLocation {
     sys::CUmemLocation { type_: kind, id }
 }
 
-fn prop(node: u32) -> sys::CUmemAllocationProp {
-    sys::CUmemAllocationProp {
+/// A host-NUMA location: node numbers past `i32::MAX` are invalid values
+/// to the driver.
+fn host_numa(call: &'static str, node: u32) -> CudaResult<sys::CUmemLocation> {
+    let id = i32::try_from(node)
+        .map_err(|_| call_error(call, sys::CUresult::CUDA_ERROR_INVALID_VALUE))?;
+    Ok(location(
+        sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST_NUMA,
+        id,
+    ))
+}
+
+fn prop(call: &'static str, node: u32) -> CudaResult<sys::CUmemAllocationProp> {
+    Ok(sys::CUmemAllocationProp {
         type_: sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
         requestedHandleTypes: sys::CUmemAllocationHandleType(0),
-        location: location(
-            sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST_NUMA,
-            node as i32,
-        ),
+        location: host_numa(call, node)?,
         win32HandleMetaData: std::ptr::null_mut(),
         allocFlags: sys::CUmemAllocationProp_st__bindgen_ty_1 {
             compressionType: 0,
@@ -36,7 +45,7 @@ fn prop(node: u32) -> sys::CUmemAllocationProp {
             usage: 0,
             reserved: [0; 4],
         },
-    }
+    })
 }
 
 /// The size `cuMemCreate` rounds host-NUMA allocations on `node` to
@@ -44,7 +53,7 @@ fn prop(node: u32) -> sys::CUmemAllocationProp {
 pub(crate) fn numa_granularity(node: u32) -> CudaResult<usize> {
     driver_version()?;
     ensure_context()?;
-    let p = prop(node);
+    let p = prop("cuMemGetAllocationGranularity", node)?;
     let mut g = 0usize;
     // SAFETY: g is an out-pointer; p is a fully initialised property.
     check("cuMemGetAllocationGranularity", unsafe {
@@ -80,7 +89,7 @@ impl NumaAlloc {
     pub(crate) fn new(node: u32, len: usize, devices: &[u32]) -> CudaResult<NumaAlloc> {
         let g = numa_granularity(node)?;
         let len = len.max(1).div_ceil(g) * g;
-        let p = prop(node);
+        let p = prop("cuMemCreate", node)?;
         let mut handle: CUmemGenericAllocationHandle = 0;
         // SAFETY: handle is an out-pointer, p a valid property.
         check("cuMemCreate", unsafe {
@@ -105,19 +114,18 @@ impl NumaAlloc {
         let rw = sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
         let mut descs = vec![sys::CUmemAccessDesc {
             // The id is ignored for a host-NUMA location.
-            location: location(
-                sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST_NUMA,
-                node as i32,
-            ),
+            location: host_numa("cuMemSetAccess", node)?,
             flags: rw,
         }];
-        descs.extend(devices.iter().map(|&d| sys::CUmemAccessDesc {
-            location: location(
-                sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
-                d as i32,
-            ),
-            flags: rw,
-        }));
+        for &d in devices {
+            descs.push(sys::CUmemAccessDesc {
+                location: location(
+                    sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+                    c_ordinal("cuMemSetAccess", d)?,
+                ),
+                flags: rw,
+            });
+        }
         // SAFETY: the range is fully mapped above; descs outlives the call.
         check("cuMemSetAccess", unsafe {
             sys::cuMemSetAccess(ptr, len, descs.as_ptr(), descs.len())
@@ -127,7 +135,7 @@ impl NumaAlloc {
 
     /// The first byte, as a host pointer.
     pub(crate) fn ptr(&self) -> *mut u8 {
-        self.ptr as usize as *mut u8
+        crate::num::usize_from(self.ptr) as *mut u8
     }
 
     /// Bytes (a multiple of the granularity).

@@ -468,7 +468,8 @@ pub(crate) fn device_range(ptr: CUdeviceptr) -> CudaResult<DeviceRange> {
         )?;
     }
     Ok(DeviceRange {
-        ordinal: ordinal.max(0) as u32,
+        // Device memory has a device's ordinal (never negative).
+        ordinal: u32::try_from(ordinal).unwrap_or(0),
         start,
         size,
     })

@@ -121,6 +121,11 @@ pub(crate) fn check(call: &'static str, r: sys::CUresult) -> CudaResult<()> {
     if r == sys::CUresult::CUDA_SUCCESS {
         return Ok(());
     }
+    Err(call_error(call, r))
+}
+
+/// The [`CudaError`] of `call` failing with `r` (not `CUDA_SUCCESS`).
+pub(crate) fn call_error(call: &'static str, r: sys::CUresult) -> CudaError {
     let mut name_ptr: *const std::ffi::c_char = std::ptr::null();
     let mut desc_ptr: *const std::ffi::c_char = std::ptr::null();
     // SAFETY: the driver is loaded (we only get a CUresult from it); both
@@ -138,12 +143,12 @@ pub(crate) fn check(call: &'static str, r: sys::CUresult) -> CudaResult<()> {
             Some(unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
         }
     };
-    Err(CudaError::Call {
+    CudaError::Call {
         call,
         name: text(name_ptr).unwrap_or_else(|| format!("CUDA error {}", r as u32)),
         description: text(desc_ptr).unwrap_or_default(),
         code: r as u32,
-    })
+    }
 }
 
 static DRIVER: OnceLock<Result<u32, NoDriver>> = OnceLock::new();
@@ -176,7 +181,8 @@ pub fn driver_version() -> CudaResult<u32> {
                 check("cuDriverGetVersion", unsafe {
                     sys::cuDriverGetVersion(&mut v)
                 })?;
-                Ok::<u32, CudaError>(v as u32)
+                // A version is positive; a negative one reads as 0 (unknown).
+                Ok::<u32, CudaError>(u32::try_from(v).unwrap_or(0))
             });
             match init {
                 Ok(Ok(v)) => Ok(v),
@@ -202,7 +208,7 @@ fn installed_driver_version() -> Option<u32> {
         let mut v = 0;
         // SAFETY: v is a valid out-pointer; cuDriverGetVersion needs no cuInit.
         let r = unsafe { sys::cuDriverGetVersion(&mut v) };
-        (r == sys::CUresult::CUDA_SUCCESS).then_some(v as u32)
+        (r == sys::CUresult::CUDA_SUCCESS).then(|| u32::try_from(v).unwrap_or(0))
     })
     .ok()
     .flatten()
@@ -282,7 +288,8 @@ pub fn device_count() -> CudaResult<u32> {
     check("cuDeviceGetCount", unsafe {
         sys::cuDeviceGetCount(&mut count)
     })?;
-    Ok(count.max(0) as u32)
+    // A count is never negative; one that were would mean no device.
+    Ok(u32::try_from(count).unwrap_or(0))
 }
 
 fn list_devices() -> CudaResult<Vec<CudaDevice>> {
@@ -293,7 +300,7 @@ fn list_devices() -> CudaResult<Vec<CudaDevice>> {
         let mut bus = [0 as std::ffi::c_char; 64];
         // SAFETY: the buffer is 64 bytes and we pass its length.
         check("cuDeviceGetPCIBusId", unsafe {
-            sys::cuDeviceGetPCIBusId(bus.as_mut_ptr(), bus.len() as i32, dev)
+            sys::cuDeviceGetPCIBusId(bus.as_mut_ptr(), 64, dev)
         })?;
         // SAFETY: the driver NUL-terminates within the given length.
         let bus = unsafe { CStr::from_ptr(bus.as_ptr()) }
@@ -302,7 +309,7 @@ fn list_devices() -> CudaResult<Vec<CudaDevice>> {
         let mut name = [0 as std::ffi::c_char; 256];
         // SAFETY: as above.
         check("cuDeviceGetName", unsafe {
-            sys::cuDeviceGetName(name.as_mut_ptr(), name.len() as i32, dev)
+            sys::cuDeviceGetName(name.as_mut_ptr(), 256, dev)
         })?;
         // SAFETY: as above.
         let name = unsafe { CStr::from_ptr(name.as_ptr()) }
@@ -325,7 +332,10 @@ fn list_devices() -> CudaResult<Vec<CudaDevice>> {
 
 /// Formats a UUID as `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`.
 pub(crate) fn format_uuid(b: &[std::ffi::c_char; 16]) -> String {
-    let h: Vec<String> = b.iter().map(|x| format!("{:02x}", *x as u8)).collect();
+    let h: Vec<String> = b
+        .iter()
+        .map(|x| format!("{:02x}", crate::num::c_byte(*x)))
+        .collect();
     format!(
         "GPU-{}-{}-{}-{}-{}",
         h[0..4].concat(),

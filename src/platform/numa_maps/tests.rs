@@ -317,7 +317,7 @@ fn render(vs: &[MVma]) -> Rendered {
         let units = v
             .pages
             .iter()
-            .flat_map(|&s| std::iter::repeat_n(s, v.unit as usize))
+            .flat_map(|&s| std::iter::repeat_n(s, crate::num::usize_from(v.unit)))
             .collect();
         out.push((start, end, units));
         cursor = end;
@@ -368,7 +368,7 @@ proptest! {
         prop_assert_eq!(whole, p.straddling == 0);
         for node in 0..4i8 {
             let t = truth.get(&node).copied().unwrap_or(0);
-            let bnd = p.on(node as u32);
+            let bnd = p.on(u32::try_from(node).unwrap());
             prop_assert!(bnd.min <= t && t <= bnd.max, "node {} truth {} bounds {:?}", node, t, bnd);
             if whole { prop_assert_eq!(bnd, Bounds { min: t, max: t }); }
         }
@@ -476,8 +476,8 @@ fn agrees_with_move_pages_here() {
     unsafe {
         crate::platform::numa::page_nodes(m.ptr(), m.len, PAGE, |b| {
             for &s in b {
-                if s >= 0 {
-                    *per_node.entry(s as u32).or_default() += PAGE as u64
+                if let Ok(s) = u32::try_from(s) {
+                    *per_node.entry(s).or_default() += PAGE as u64
                 } else {
                     absent += PAGE as u64
                 }
@@ -522,7 +522,7 @@ fn policies_from_lines() {
     let p = task_policy(&here).expect("a stack line");
     // Test threads inherit the main thread's policy and none changes it.
     let mode = crate::platform::numa::get_mempolicy().unwrap().0 & 0xff;
-    let word = ["default", "prefer", "bind", "interleave", "local"][mode as usize];
+    let word = ["default", "prefer", "bind", "interleave", "local"][usize::try_from(mode).unwrap()];
     assert!(
         p.starts_with(word),
         "numa_maps says {p}, get_mempolicy mode {mode}"

@@ -80,7 +80,7 @@ impl Api for Fake {
     }
 
     fn count(&self) -> Result<u32, Status> {
-        Ok(self.gpus.len() as u32)
+        Ok(u32::try_from(self.gpus.len()).unwrap())
     }
 
     fn device(&self, index: u32) -> Result<Device, Status> {
@@ -92,7 +92,7 @@ impl Api for Fake {
     }
 
     fn minor(&self, d: Device) -> Result<u32, Status> {
-        Ok(d.0 as u32 + 9)
+        Ok(u32::try_from(d.0).unwrap() + 9)
     }
 
     fn processes(
@@ -113,7 +113,7 @@ impl Api for Fake {
                 closed = g.1.wait(closed).unwrap();
             }
         }
-        let index = d.0 as u32 - 1;
+        let index = u32::try_from(d.0).unwrap() - 1;
         if let Some((i, l, code)) = self.fail {
             if (i, l) == (index, list) {
                 return Err(Status::Code(code));
@@ -132,7 +132,7 @@ impl Api for Fake {
         }
         let extra = self.extra.load(Ordering::SeqCst);
         procs.extend((0..extra).map(|k| (90_000 + k, 1)));
-        *count = procs.len() as u32;
+        *count = u32::try_from(procs.len()).unwrap();
         let Some(buf) = buf.filter(|b| b.len() * 8 / MAX_ENTRY >= procs.len()) else {
             return if procs.is_empty() {
                 Ok(())

@@ -119,7 +119,7 @@ fn status(r: Ret) -> Result<(), Status> {
     if r == 0 {
         Ok(())
     } else {
-        Err(Status::Code(r as u32))
+        Err(Status::Code(crate::num::u32_bits(r)))
     }
 }
 
@@ -128,7 +128,7 @@ fn c_text(buf: &[c_char]) -> String {
     let bytes: Vec<u8> = buf
         .iter()
         .take_while(|&&c| c != 0)
-        .map(|&c| c as u8)
+        .map(|&c| crate::num::c_byte(c))
         .collect();
     String::from_utf8_lossy(&bytes).into_owned()
 }
@@ -157,7 +157,7 @@ impl Api for Library {
         let mut buf = [0 as c_char; 96];
         // SAFETY: the buffer is 96 bytes and its length is passed; NVML
         // writes a NUL-terminated string within it.
-        status(unsafe { f(buf.as_mut_ptr(), buf.len() as c_uint) })?;
+        status(unsafe { f(buf.as_mut_ptr(), 96) })?;
         Ok(c_text(&buf))
     }
 
@@ -230,7 +230,7 @@ impl Api for Library {
         let f = self.error_string?;
         // SAFETY: nvmlErrorString takes any code and returns a pointer to
         // a static NUL-terminated string (or null).
-        let p = unsafe { f(code as Ret) };
+        let p = unsafe { f(crate::num::i32_bits(code)) };
         if p.is_null() {
             return None;
         }

@@ -95,7 +95,7 @@ impl Header {
                     Ordering::Acquire,
                 ) {
                     Ok(_) => {
-                        let slot = (w * 64) as u32 + bit;
+                        let slot = crate::num::u32_saturating(w * 64) + bit;
                         self.holder[slot as usize].store(me, Ordering::Release);
                         self.taken_in[slot as usize]
                             .store(self.generation.load(Ordering::Acquire), Ordering::Release);

@@ -6,6 +6,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::{lock, pool_error, SlotPool};
+use crate::num::u32_saturating;
 use crate::shared::SharedError;
 
 impl SlotPool {
@@ -16,7 +17,7 @@ impl SlotPool {
         let h = self.header();
         let leased = lock(&self.leased);
         for slot in 0..self.usable() {
-            if !leased.contains_key(&(slot as u32)) {
+            if !leased.contains_key(&u32_saturating(slot)) {
                 h.free_slot(slot);
             }
         }
@@ -39,7 +40,7 @@ impl SlotPool {
         let leased = lock(&self.leased);
         let mut back = 0;
         for slot in 0..self.usable() {
-            if h.is_free(slot) || leased.contains_key(&(slot as u32)) {
+            if h.is_free(slot) || leased.contains_key(&u32_saturating(slot)) {
                 continue;
             }
             if h.taken_in[slot].load(Ordering::Acquire) < generation {

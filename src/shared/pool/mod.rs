@@ -42,6 +42,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::SharedError;
 use crate::arena::{NodeArena, SharedPart};
+use crate::num::usize_from;
 use crate::platform::{numa, shm};
 use header::{Header, HEADER, MAGIC, STATE_READY};
 
@@ -166,7 +167,7 @@ impl SlotPool {
             source,
         };
         let fd = shm::open(path).map_err(|e| bad("cannot open the slot pool", Some(e)))?;
-        if shm::len(fd.as_raw_fd()).is_ok_and(|l| (l as usize) < HEADER) {
+        if shm::len(fd.as_raw_fd()).is_ok_and(|l| usize_from(l) < HEADER) {
             return Err(bad("not a numapin slot pool (too short)", None));
         }
         let pool = SlotPool::with_fd(fd, false)?;
@@ -187,7 +188,7 @@ impl SlotPool {
         let h = self.header();
         (
             h.nslots.load(Ordering::Acquire) as usize,
-            h.slot_bytes.load(Ordering::Acquire) as usize,
+            usize_from(h.slot_bytes.load(Ordering::Acquire)),
         )
     }
 

@@ -9,6 +9,7 @@ use super::header::STATE_PROVISIONING;
 use super::header::STATE_READY;
 use super::{lock, pool_error, Maker, Part, SlotPool, HEADER, MAX_SLOTS, SLOT_GRANULE};
 use crate::arena::SharedFile;
+use crate::num::u32_saturating;
 use crate::platform::shm;
 use crate::runtime::{Runtime, Target};
 use crate::shared::SharedError;
@@ -95,8 +96,9 @@ impl SlotPool {
         let h = self.header();
         h.slot_bytes.store(b as u64, Ordering::Release);
         self.make_part(0, first)?;
-        h.nslots.store(nslots as u32, Ordering::Release);
-        h.usable.store(first as u32, Ordering::Release);
+        // Both at most MAX_SLOTS (checked above).
+        h.nslots.store(u32_saturating(nslots), Ordering::Release);
+        h.usable.store(u32_saturating(first), Ordering::Release);
         h.set_free(0, first);
         // Closed meanwhile: stays closed.
         let _ = h.state.compare_exchange(
@@ -114,7 +116,7 @@ impl SlotPool {
         let maker = lock(&self.maker)
             .clone()
             .ok_or_else(|| pool_error("the slot pool is not provisioned"))?;
-        let b = self.header().slot_bytes.load(Ordering::Acquire) as usize;
+        let b = crate::num::usize_from(self.header().slot_bytes.load(Ordering::Acquire));
         let file = SharedFile {
             fd: self.fd.as_raw_fd(),
             offset: (HEADER + from * b) as u64,
@@ -142,7 +144,7 @@ impl SlotPool {
         }
         self.make_part(from, to)?;
         let h = self.header();
-        h.usable.store(to as u32, Ordering::Release);
+        h.usable.store(u32_saturating(to), Ordering::Release);
         h.set_free(from, to);
         h.wake();
         Ok(to)

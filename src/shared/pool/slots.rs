@@ -80,7 +80,7 @@ impl SlotPool {
     pub fn acquire(&self, timeout: Duration) -> Option<u32> {
         let h = self.header();
         let deadline = Instant::now() + timeout;
-        let me = std::process::id() as i32;
+        let me = nix::unistd::getpid().as_raw();
         loop {
             let seq = h.seq.load(Ordering::Acquire);
             if h.state.load(Ordering::Acquire) != STATE_READY {

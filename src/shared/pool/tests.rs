@@ -66,8 +66,14 @@ fn a_request_reaches_the_provisioner_and_wakes_the_waiting_worker() {
     let (o, st) = (owner.clone(), stop.clone());
     let provisioner = std::thread::spawn(move || {
         let bytes = o.wait_request(&st)?;
-        o.provision(rt(), Target::Host, (2, bytes as usize), 2, false)
-            .ok()?;
+        o.provision(
+            rt(),
+            Target::Host,
+            (2, crate::num::usize_from(bytes)),
+            2,
+            false,
+        )
+        .ok()?;
         Some(bytes)
     });
     assert!(
@@ -95,7 +101,7 @@ fn a_failed_provisioning_stops_the_waiting_and_a_stopped_provisioner_returns() {
     // Over the node's budget: the pool stays unprovisioned, to try again,
     // with nothing made.
     let own = own_rt();
-    let budget = own.stats()[0].budget as usize;
+    let budget = crate::num::usize_from(own.stats()[0].budget);
     let r = owner.provision(&own, Target::Host, (4, budget / 2), 4, false);
     assert!(matches!(r, Err(super::SharedError::Runtime(_))), "{r:?}");
     assert!(!owner.ready() && owner.parts.lock().unwrap().is_empty());

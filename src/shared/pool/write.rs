@@ -53,7 +53,7 @@ impl SlotPool {
                 .ok_or_else(past)?;
         }
         let base = self.slot_ptr(slot)?;
-        let me = std::process::id() as i32;
+        let me = nix::unistd::getpid().as_raw();
         if self.header().holder[slot as usize].load(Ordering::Acquire) != me {
             return Err(pool_error(format!(
                 "slot {slot} is not held by this process (take it with acquire first)"
@@ -109,9 +109,9 @@ mod tests {
         // SAFETY: the slot is this process's (taken above), 8 MiB long.
         let mem = unsafe { std::slice::from_raw_parts_mut(base, 8 * MIB) };
         mem.fill(0xEE);
-        let a: Vec<u8> = (0..1000).map(|i| (i % 251) as u8).collect();
+        let a: Vec<u8> = (0..1000).map(|i| u8::try_from(i % 251).unwrap()).collect();
         let b: Vec<u8> = (0..(4 * MIB + 33))
-            .map(|i| (i % 241) as u8 ^ 0x5A)
+            .map(|i| u8::try_from(i % 241).unwrap() ^ 0x5A)
             .collect();
         let cpus: CpuList = (0..2).collect();
         let pad = |i: usize| [24, 0][i];

@@ -91,7 +91,7 @@ pub(super) fn check_len(n: u64, file_len: u64, path: &Path) -> Result<usize> {
             "pass a whole safetensors file",
         ));
     }
-    Ok(n as usize)
+    Ok(crate::num::usize_from(n))
 }
 
 /// The tensors of `header` (the bytes after the 8-byte length) of a file
@@ -144,7 +144,7 @@ pub(super) fn parse(header: &[u8], file_len: u64, path: &Path) -> Result<Vec<Ten
             shape: e.shape,
             source: 0,
             offset: start + e.begin,
-            len: (e.end - e.begin) as usize,
+            len: crate::num::usize_from(e.end - e.begin),
             name: e.name,
         })
         .collect();
@@ -429,7 +429,7 @@ impl<'de> Visitor<'de> for InfoSeed<'_> {
         let shape = shape.ok_or_else(|| missing("shape"))?;
         let offsets = offsets.ok_or_else(|| missing("data_offsets"))?;
         check_info(name, dtype, &shape, &offsets).map_err(de::Error::custom)?;
-        let shape = shape.into_iter().map(|d| d as usize).collect();
+        let shape = shape.into_iter().map(crate::num::usize_from).collect();
         Ok((dtype, shape, offsets[0], offsets[1]))
     }
 }

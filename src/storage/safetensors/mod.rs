@@ -642,6 +642,40 @@ impl Checkpoint {
     /// the node's budget is short. The
     /// options are checked before anything is allocated; nothing stays
     /// allocated after an error.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use numapin::runtime::{Runtime, RuntimeConfig, Target};
+    /// use numapin::storage::safetensors::{save, Checkpoint, Dtype, SaveOptions, SaveTensor};
+    /// use numapin::storage::write::Data;
+    /// use numapin::storage::ReadOptions;
+    /// use numapin::topology::{CudaMode, ProbeOptions, Topology};
+    ///
+    /// let topo = Topology::probe(&ProbeOptions::from_process().with_cuda(CudaMode::Off))?;
+    /// let rt = Runtime::new(topo, RuntimeConfig::default().with_region_bytes(2 << 20))?;
+    /// let dir = tempfile::tempdir()?;
+    /// let path = dir.path().join("model.safetensors");
+    /// let w: Vec<u8> = [1.0f32, 2.0, 3.0, 4.0].iter().flat_map(|x| x.to_le_bytes()).collect();
+    /// let b = [7u8, 8];
+    /// let tensors = [
+    ///     SaveTensor::new("w", Dtype::F32, vec![2, 2], Data::Host(&w)),
+    ///     SaveTensor::new("b", Dtype::U8, vec![2], Data::Host(&b)),
+    /// ];
+    /// save(&rt, &path, &tensors, Target::Host, &SaveOptions::default())?;
+    ///
+    /// let ck = Checkpoint::open(&path)?;
+    /// let all = ck.select(None, None)?;
+    /// // Pinned buffers on this thread's node (Target::Gpu(..): a GPU's node).
+    /// let node = Target::HostNode(rt.calling_thread_node());
+    /// let loaded = ck.load_to_host(&rt, node, &all, &ReadOptions::default())?;
+    /// for t in &loaded.tensors {
+    ///     let entry = &ck.tensors()[t.entry];
+    ///     let want: &[u8] = if entry.name == "w" { &w } else { &b };
+    ///     assert_eq!(t.bytes(), want, "{}", entry.name);
+    /// }
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn load_to_host(
         &self,
         rt: &Runtime,
@@ -656,7 +690,7 @@ impl Checkpoint {
             let t = &self.tensors[i];
             // The tensor's first byte sits where the file's does modulo
             // the alignment, so its whole blocks can be read in place.
-            let pad = (t.offset % self.files[t.source].align) as usize;
+            let pad = crate::num::usize_from(t.offset % self.files[t.source].align);
             let buf = rt
                 .alloc(Target::HostNode(node), (pad + t.len).max(1))
                 .map_err(|source| StorageError::TensorMemory {

@@ -261,6 +261,42 @@ pub fn index_json(
 /// [`StorageError::Request`] for tensors that do not make a header
 /// ([`header`]); otherwise as [`write::write_files`]. Nothing is left
 /// behind by a failure, and the files there before are untouched.
+///
+/// # Examples
+///
+/// Three tensors from host memory in shards of at most 1 KiB of tensors
+/// (filled in order, as Hugging Face's `save_torch_state_dict` fills
+/// them), read back with the `safetensors` crate:
+///
+/// ```
+/// use numapin::runtime::{Runtime, RuntimeConfig, Target};
+/// use numapin::storage::safetensors::{save, Dtype, SaveOptions, SaveTensor};
+/// use numapin::storage::write::Data;
+/// use numapin::topology::{CudaMode, ProbeOptions, Topology};
+///
+/// let topo = Topology::probe(&ProbeOptions::from_process().with_cuda(CudaMode::Off))?;
+/// let rt = Runtime::new(topo, RuntimeConfig::default().with_region_bytes(2 << 20))?;
+/// let (a, b, c) = (vec![1u8; 1000], vec![2u8; 1000], vec![3u8; 24]);
+/// let tensors = [
+///     SaveTensor::new("layer.0", Dtype::U8, vec![1000], Data::Host(&a)),
+///     SaveTensor::new("layer.1", Dtype::U8, vec![10, 100], Data::Host(&b)),
+///     SaveTensor::new("bias", Dtype::F32, vec![6], Data::Host(&c)),
+/// ];
+/// let dir = tempfile::tempdir()?;
+/// let opts = SaveOptions::default().with_max_shard_size(Some(1024));
+/// // Through pinned slots on this thread's node (for device data, the GPU's).
+/// let report = save(&rt, dir.path(), &tensors, Target::Host, &opts)?;
+/// assert_eq!(report.files.len(), 3, "two shards and the index");
+/// assert!(dir.path().join("model.safetensors.index.json").is_file());
+///
+/// let second = std::fs::read(dir.path().join("model-00002-of-00002.safetensors"))?;
+/// let st = safetensors::SafeTensors::deserialize(&second)?;
+/// let mut names = st.names();
+/// names.sort();
+/// assert_eq!(names, ["bias", "layer.1"]);
+/// assert_eq!(st.tensor("layer.1")?.shape(), [10, 100]);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub fn save(
     rt: &Runtime,
     path: impl AsRef<Path>,
@@ -519,7 +555,7 @@ mod tests {
         let refs: Vec<&SaveTensor<'_>> = ts.iter().collect();
         let (order, start) = header(&refs, None).expect("header");
         assert_eq!(order, vec![1, 2, 0]);
-        let n = u64::from_le_bytes(start[..8].try_into().expect("8 bytes")) as usize;
+        let n = crate::num::usize_from(u64::from_le_bytes(start[..8].try_into().expect("8 bytes")));
         assert_eq!(n % 8, 0);
         assert_eq!(start.len(), 8 + n);
         let json = std::str::from_utf8(&start[8..]).expect("utf-8");

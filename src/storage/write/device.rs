@@ -122,7 +122,7 @@ fn fill(
     for (part, in_part, at, len) in job.layouts[c.file].segments(c.offset, c.len) {
         match job.parts[c.file][part] {
             Data::Host(b) => {
-                let from = in_part as usize;
+                let from = crate::num::usize_from(in_part);
                 slot[at..at + len].copy_from_slice(&b[from..from + len]);
             }
             Data::Device { gpu, ptr, .. } => {

@@ -127,7 +127,7 @@ impl Dest {
     ) -> Result<Counts, StorageError> {
         let mut c = Counts::default();
         let mut done = 0usize;
-        let a = self.align as usize;
+        let a = crate::num::usize_from(self.align);
         let lined_up = (buf.as_ptr() as usize) % a == 0 && offset % self.align == 0;
         if lined_up {
             let whole = buf.len() / a * a;

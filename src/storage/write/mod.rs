@@ -328,19 +328,22 @@ fn copy_and_write(
     opts: &WriteOptions,
     report: &mut WriteReport,
 ) -> Result<()> {
-    let align = dests
-        .iter()
-        .map(io::Dest::alignment)
-        .max()
-        .unwrap_or(MIN_ALIGN) as usize;
+    let align = crate::num::usize_from(
+        dests
+            .iter()
+            .map(io::Dest::alignment)
+            .max()
+            .unwrap_or(MIN_ALIGN),
+    );
     let lens: Vec<u64> = files.iter().map(FileParts::len).collect();
     // Slots no larger than the largest file (an index, a small save).
-    let largest = lens
-        .iter()
-        .copied()
-        .max()
-        .unwrap_or(0)
-        .min(opts.chunk_bytes as u64) as usize;
+    let largest = crate::num::usize_from(
+        lens.iter()
+            .copied()
+            .max()
+            .unwrap_or(0)
+            .min(opts.chunk_bytes as u64),
+    );
     let slot = largest.max(1).div_ceil(align) * align;
     let chunks = plan::chunks(&lens, slot);
     if chunks.is_empty() {

@@ -3,6 +3,8 @@
 //! chunk but a file's last is whole aligned blocks), and each chunk is
 //! filled from the parts it overlaps.
 
+use crate::num::usize_from;
+
 /// One write: `len` bytes of file `file` at `offset`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Chunk {
@@ -43,7 +45,12 @@ impl Layout {
             let from = s.max(offset);
             let to = e.min(end);
             if to > from {
-                out.push((i, from - s, (from - offset) as usize, (to - from) as usize));
+                out.push((
+                    i,
+                    from - s,
+                    usize_from(from - offset),
+                    usize_from(to - from),
+                ));
             }
             i += 1;
         }
@@ -58,7 +65,7 @@ pub(crate) fn chunks(lens: &[u64], chunk: usize) -> Vec<Chunk> {
     for (file, &len) in lens.iter().enumerate() {
         let mut at = 0u64;
         while at < len {
-            let n = (len - at).min(chunk as u64) as usize;
+            let n = usize_from((len - at).min(chunk as u64));
             out.push(Chunk {
                 file,
                 offset: at,
@@ -98,7 +105,7 @@ mod tests {
         ) {
             let layout = Layout::new(lens.iter().copied());
             let total = *layout.starts.last().expect("an end");
-            let mut seen = vec![0u8; total as usize];
+            let mut seen = vec![0u8; usize_from(total)];
             for c in chunks(&[total], chunk) {
                 prop_assert!(c.offset % chunk as u64 == 0);
                 let mut filled = 0;
@@ -107,7 +114,7 @@ mod tests {
                     prop_assert!(in_part + n as u64 <= lens[part]);
                     let file_off = layout.starts[part] + in_part;
                     prop_assert_eq!(file_off, c.offset + in_chunk as u64);
-                    for b in &mut seen[file_off as usize..file_off as usize + n] {
+                    for b in &mut seen[usize_from(file_off)..usize_from(file_off) + n] {
                         *b += 1;
                     }
                     filled += n;

@@ -158,7 +158,7 @@ pub(crate) fn remove_stale(target: &Target) -> usize {
     let Ok(entries) = std::fs::read_dir(target.dir()) else {
         return 0;
     };
-    let me = std::process::id() as i32;
+    let me = nix::unistd::getpid().as_raw();
     let mut removed = 0;
     for e in entries.flatten() {
         let n = e.file_name();

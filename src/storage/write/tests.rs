@@ -22,6 +22,7 @@ fn runtime() -> Runtime {
     Runtime::new(t, c).expect("runtime")
 }
 
+#[allow(clippy::cast_possible_truncation)] // a byte pattern: the low bits are the point
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len)
         .map(|i| (i as u8).wrapping_mul(29).wrapping_add(seed) ^ (i >> 11) as u8)
@@ -265,7 +266,7 @@ proptest! {
         let rt = runtime();
         let d = tempfile::tempdir().expect("a temporary folder");
         let p = d.path().join("p.bin");
-        let parts: Vec<Vec<u8>> = lens.iter().enumerate().map(|(i, &n)| pattern(n, i as u8)).collect();
+        let parts: Vec<Vec<u8>> = lens.iter().enumerate().map(|(i, &n)| pattern(n, u8::try_from(i).unwrap())).collect();
         let refs: Vec<&[u8]> = parts.iter().map(Vec::as_slice).collect();
         let _g = Injected::new(faults::Faults { eintr_every: eintr, short_max: short, ..Default::default() });
         let opts = WriteOptions::default()

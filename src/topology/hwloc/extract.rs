@@ -68,7 +68,7 @@ fn packages(topo: &Hw, source: &str) -> Result<Vec<Package>> {
     objs.iter()
         .map(|p| {
             Ok(Package {
-                index: p.logical_index() as u32,
+                index: crate::num::u32_saturating(p.logical_index()),
                 cpus: cpus_of(p.cpuset(), source)?,
                 numa_nodes: Vec::new(),
             })
@@ -118,7 +118,7 @@ fn node_rows(d: &Distances<'_>, nodes: &[NumaNode]) -> Option<Vec<(usize, Vec<u3
     let idx: Vec<usize> = objs
         .iter()
         .filter_map(|o| {
-            let os = o.and_then(|o| o.os_index())? as u32;
+            let os = u32::try_from(o.and_then(|o| o.os_index())?).ok()?;
             nodes.iter().position(|x| x.os_index == os)
         })
         .collect();
@@ -132,8 +132,7 @@ fn node_rows(d: &Distances<'_>, nodes: &[NumaNode]) -> Option<Vec<(usize, Vec<u3
             row[ib] = values
                 .get(a * n + b)
                 .copied()
-                .unwrap_or(0)
-                .min(u64::from(u32::MAX)) as u32;
+                .map_or(0, |v| u32::try_from(v).unwrap_or(u32::MAX));
         }
         (ia, row)
     });

@@ -8,6 +8,7 @@ use hwlocality::object::TopologyObject;
 
 use super::sets::{cpus_of, nodes_of};
 use crate::cpulist::CpuList;
+use crate::num::u32_saturating;
 use crate::topology::{Package, RawTopology, TopologyError as Error};
 
 type Result<T, E = Error> = std::result::Result<T, E>;
@@ -52,10 +53,10 @@ pub(crate) fn io_locality(
     };
     let package = anc.and_then(|o| {
         if o.object_type() == ObjectType::Package {
-            Some(o.logical_index() as u32)
+            Some(u32_saturating(o.logical_index()))
         } else {
             o.first_ancestor_with_type(ObjectType::Package)
-                .map(|p| p.logical_index() as u32)
+                .map(|p| u32_saturating(p.logical_index()))
         }
     });
     let package = package.or_else(|| package_holding(&raw.packages, &local_cpus));

@@ -13,6 +13,7 @@ use hwlocality::Topology as Hw;
 use super::locality::package_holding;
 use super::sets::cpus_of;
 use crate::cpulist::CpuList;
+use crate::num::u32_saturating;
 use crate::topology::limits::{self, MAX_NODES};
 use crate::topology::{NodeKind, NumaNode, Package, TopologyError as Error};
 
@@ -91,7 +92,7 @@ fn node(
     source: &str,
 ) -> Result<NumaNode> {
     let os_index = n.os_index().unwrap_or(i);
-    if os_index >= MAX_NODES as usize {
+    let Some(os_index) = u32::try_from(os_index).ok().filter(|&o| o < MAX_NODES) else {
         return Err(limits::over(
             source,
             format!(
@@ -99,7 +100,7 @@ fn node(
                 MAX_NODES - 1
             ),
         ));
-    }
+    };
     let memory_bytes = match n.attributes() {
         Some(ObjectAttributes::NUMANode(a)) => a.local_memory().map_or(0, |m| m.get()),
         _ => 0,
@@ -110,11 +111,11 @@ fn node(
         package_holding(packages, cpus.own)
     } else {
         n.first_ancestor_with_type(ObjectType::Package)
-            .map(|p| p.logical_index() as u32)
+            .map(|p| u32_saturating(p.logical_index()))
             .or_else(|| package_holding(packages, cpus.full))
     };
     Ok(NumaNode {
-        os_index: os_index as u32,
+        os_index,
         package,
         cpus: cpus.own.clone(),
         memory_bytes,

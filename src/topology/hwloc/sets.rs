@@ -30,7 +30,9 @@ fn members<B: std::borrow::Borrow<Bitmap>>(
         b.last_set().map(usize::from),
         bound,
     )?;
-    Ok(b.iter_set().map(|i| usize::from(i) as u32).collect())
+    Ok(b.iter_set()
+        .map(|i| crate::num::u32_saturating(usize::from(i)))
+        .collect())
 }
 
 /// A CPU set as a list, within [`MAX_CPUS`].

@@ -67,11 +67,14 @@ fn hex16(attrs: &HashMap<String, String>, key: &str) -> Option<u16> {
 /// A `<pci>` element's class as 16 bits (`0x0207`), from NCCL's 24-bit form.
 pub(crate) fn class16(text: &str) -> Option<u16> {
     let raw = u32::from_str_radix(text.trim().trim_start_matches("0x"), 16).ok()?;
-    Some(if raw > 0xffff {
-        (raw >> 8) as u16
+    // 24 bits: class, subclass, programming interface; the first two kept
+    // (of a longer value too, as before).
+    let class = if raw > 0xffff {
+        (raw >> 8) & 0xffff
     } else {
-        raw as u16
-    })
+        raw
+    };
+    u16::try_from(class).ok()
 }
 
 /// An element's PCIe link (`link_speed="16.0 GT/s PCIe" link_width="16"`).
