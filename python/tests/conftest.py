@@ -123,8 +123,17 @@ def numapin_fds() -> list[str]:
     return out
 
 
+def _resource_tracker() -> int | None:
+    """The pid of multiprocessing's resource tracker, if one was started: a
+    spawn-context test (test_replica.py) starts it once and it lives as long
+    as this process, by design, so it is not a child left behind."""
+    tracker = sys.modules.get("multiprocessing.resource_tracker")
+    return getattr(getattr(tracker, "_resource_tracker", None), "_pid", None)
+
+
 def children() -> list[int]:
-    """Live child processes of this process (zombies not yet reaped included)."""
+    """Live child processes of this process (zombies not yet reaped
+    included), multiprocessing's resource tracker left out."""
     kids: list[int] = []
     for task in os.listdir("/proc/self/task"):
         try:
@@ -132,7 +141,8 @@ def children() -> list[int]:
                 kids += [int(p) for p in f.read().split()]
         except OSError:
             pass
-    return kids
+    tracker = _resource_tracker()
+    return [k for k in kids if k != tracker]
 
 
 def shm_files() -> list[str]:
