@@ -12,6 +12,7 @@ use pyo3::types::{PyBytes, PyCapsule, PyTuple};
 use crate::dlpack::{self, TensorDesc, FLAG_IS_COPIED, KDL_CPU};
 use crate::dtype::DType;
 use crate::errors::{self, input_error};
+use crate::lent;
 use crate::memory::Memory;
 
 /// A numapin-owned host buffer viewed as a tensor of `dtype` and `shape`.
@@ -81,8 +82,14 @@ impl PinnedBuffer {
 
     pub(crate) fn new(mem: Memory, dtype: DType, shape: Vec<i64>) -> Self {
         let strides = contiguous_strides(&shape);
+        let mem = Arc::new(mem);
+        if let Some(what) = mem.lent_as() {
+            // Forgotten by the memory's Drop, at the same address.
+            let key = Arc::as_ptr(&mem) as usize;
+            lent::note(key, mem.as_ptr() as usize, mem.len(), what);
+        }
         PinnedBuffer {
-            mem: Arc::new(mem),
+            mem,
             dtype,
             shape,
             strides,

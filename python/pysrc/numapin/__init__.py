@@ -390,7 +390,11 @@ def empty(
     asynchronous DMA), and goes back to numapin's arena when the last
     tensor, view or slice over it is gone. As with any memory a framework
     does not own, keep the tensor alive until an asynchronous copy from it
-    has completed (or use :func:`copy_to_device`).
+    has completed (or use :func:`copy_to_device`). Like all of numapin's
+    pinned memory, it is not mapped in a forked child (``MADV_DONTFORK``:
+    a worker of torch's DataLoader reading it dies with ``SIGSEGV``, and
+    :class:`numapin.torch.DataLoader` refuses a dataset holding it; keep a
+    dataset's data in ordinary memory; docs/python.md, "Processes").
     """
     if like not in ("torch", "numpy"):
         _check_like(like, "")
@@ -414,7 +418,8 @@ def pin(x: Any, *, gpu: int | None = None, node: int | None = None) -> Any:
     otherwise; 0-d for scalars); a NumPy array in a foreign byte order gives
     one of the same values in native order. Sparse, quantized and non-CPU
     tensors, and arrays of objects, strings, records or dates, are an
-    :class:`InputError`."""
+    :class:`InputError`. The copy is not mapped in a forked child, as
+    :func:`empty`'s memory is not."""
     gpu, node = _gpu_node(gpu, node)
     target = _default_gpu(gpu, node)
     torch = sys.modules.get("torch")

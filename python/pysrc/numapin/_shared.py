@@ -21,6 +21,11 @@ class SharedBuffer:
     while any process holds the buffer or a view of it, and goes with the
     last one, crashes included: nothing is left in ``/dev/shm``. The job
     orders its own reads and writes across processes.
+
+    A forked child does not inherit the mapping (``MADV_DONTFORK``): views
+    made before the fork end the child with ``SIGSEGV`` when it reads them
+    (:class:`numapin.torch.DataLoader` refuses a dataset holding one); the
+    child attaches the buffer by name instead.
     """
 
     def __init__(self, inner: _numapin.SharedBuffer) -> None:
