@@ -6,11 +6,10 @@ crash, a hang or a bare exception from below numapin."""
 from __future__ import annotations
 
 import os
-import shutil
 
 import pytest
 
-from conftest import FIXTURES, run_py
+from conftest import FIXTURES, run_py, requires
 
 pytest.importorskip("numpy")
 
@@ -151,7 +150,7 @@ def both(workers):
 """
 
 
-@pytest.mark.skipif(shutil.which("prlimit") is None, reason="prlimit (util-linux) is not installed")
+@requires("tool", "prlimit")
 @pytest.mark.parametrize("limit", ["--fsize=0", "--fsize=4096", "--nofile=32", "--as=6000000000"])
 def test_limits_give_errors_with_the_fix_or_work_as_torch(limit):
     out = cases(LOADER + """
