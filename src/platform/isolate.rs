@@ -141,14 +141,20 @@ fn in_child_with_deadline<T: Serialize + DeserializeOwned + Send>(
             } else {
                 format!(": {}", crate::report::shorten(&last))
             };
+            let reply = |buf: &[u8]| {
+                serde_json::from_slice(buf).unwrap_or_else(|e| {
+                    Err(crashed(format!(
+                        "internal error: bad reply from the reader ({e})"
+                    )))
+                })
+            };
+            // ECHILD: the reader was reaped without us (the caller ignores
+            // SIGCHLD, or a handler of its reaped every child): it has
+            // ended, and its reply alone says how.
+            let reaped = matches!(status, Err(nix::errno::Errno::ECHILD));
             match status {
-                Ok(nix::sys::wait::WaitStatus::Exited(_, 0)) if read.is_ok() => {
-                    serde_json::from_slice(&buf).unwrap_or_else(|e| {
-                        Err(crashed(format!(
-                            "internal error: bad reply from the reader ({e})"
-                        )))
-                    })
-                }
+                Ok(nix::sys::wait::WaitStatus::Exited(_, 0)) if read.is_ok() => reply(&buf),
+                _ if reaped && read.is_ok() && !buf.is_empty() => reply(&buf),
                 // The reader was stopped by numapin: report why, not the
                 // SIGKILL it took.
                 _ if timed_out => Err(ChildError {
@@ -172,6 +178,9 @@ fn in_child_with_deadline<T: Serialize + DeserializeOwned + Send>(
                 Ok(nix::sys::wait::WaitStatus::Signaled(_, sig, _)) => {
                     Err(crashed(format!("hwloc crashed reading it ({sig}){tail}")))
                 }
+                _ if reaped => Err(crashed(format!(
+                    "the reader ended without a reply (a crash; its exit status is not known: this process ignores SIGCHLD, so the system reaped it){tail}"
+                ))),
                 other => Err(crashed(format!("the reader failed ({other:?}){tail}"))),
             }
         }
@@ -360,6 +369,46 @@ mod tests {
             );
         }
         assert!(!alive, "reader {reader} outlived its parent's SIGKILL");
+    }
+
+    /// Started by `a_caller_ignoring_sigchld_still_gets_the_reply` in a
+    /// process of its own (the disposition is process-wide): with SIGCHLD
+    /// ignored, a reader's reply and a reader's crash.
+    #[test]
+    #[ignore = "runs in a child process: started by a_caller_ignoring_sigchld_still_gets_the_reply"]
+    fn sigchld_ignored_role() {
+        if std::env::var_os("NUMAPIN_SIGCHLD_ROLE").is_none() {
+            return;
+        }
+        // SAFETY: SIG_IGN is a valid disposition; this process runs this
+        // test alone.
+        unsafe { libc::signal(libc::SIGCHLD, libc::SIG_IGN) };
+        let v = in_child("x.xml", || Ok(41u32 + 1));
+        println!("reply: {v:?}");
+        let e = in_child::<u32>("x.xml", || std::process::abort()).unwrap_err();
+        println!("crash: {}", e.problem);
+    }
+
+    #[test]
+    fn a_caller_ignoring_sigchld_still_gets_the_reply() {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "platform::isolate::tests::sigchld_ignored_role",
+                "--ignored",
+                "--test-threads=1",
+                "--nocapture",
+            ])
+            .env("NUMAPIN_SIGCHLD_ROLE", "1")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{text}");
+        assert!(text.contains("reply: Ok(42)"), "{text}");
+        assert!(
+            text.contains("crash: the reader ended without a reply (a crash; its exit status is not known: this process ignores SIGCHLD"),
+            "{text}"
+        );
     }
 
     #[test]
