@@ -37,7 +37,21 @@ fn contiguous_strides(shape: &[i64]) -> Vec<i64> {
     strides
 }
 
+/// Most dimensions a buffer may have (DLPack allows 2^31 - 1; the Python
+/// half's `MAX_RANK`).
+pub(crate) const MAX_RANK: usize = 65536;
+
 pub(crate) fn nbytes_of(py: Python<'_>, shape: &[i64], dtype: DType) -> PyResult<usize> {
+    if shape.len() > MAX_RANK {
+        return Err(input_error(
+            py,
+            format!(
+                "shape of {} dimensions: more than numapin hands out ({MAX_RANK})",
+                shape.len()
+            ),
+            "use fewer dimensions (reshape)",
+        ));
+    }
     let mut n = dtype.itemsize();
     for &d in shape {
         let d = usize::try_from(d).map_err(|_| {

@@ -88,6 +88,8 @@ class SharedBuffer:
         name = numapin._dtype_name(dtype, like)
         numapin._check_like(like, name)
         dims = None if shape is None else list(numapin._shape(shape))
+        if dims is not None:
+            numapin._check_rank(dims, like)
         offset = numapin._int(offset, "offset", hi=2**63 - 1, fix="pass a byte offset inside the buffer (0 or more)")
         return numapin._wrap(self._inner.view(name, dims, offset=offset), like)
 
