@@ -119,28 +119,10 @@ fn in_child_with_deadline<T: Serialize + DeserializeOwned + Send>(
             }
             let status = nix::sys::wait::waitpid(child, None);
             drop(registered);
-            // The end of what the reader wrote to stderr (hwloc's last
-            // message); a hostile file can make hwloc write without end.
-            let mut tail = Vec::new();
-            let end = errlog.seek(std::io::SeekFrom::End(0)).unwrap_or(0);
-            let _ = errlog.seek(std::io::SeekFrom::Start(end.saturating_sub(64 << 10)));
-            let _ = errlog.take(64 << 10).read_to_end(&mut tail);
-            let log = String::from_utf8_lossy(&tail);
-            let last = log
-                .lines()
-                .rev()
-                .find(|l| !l.trim().is_empty())
-                .unwrap_or("")
-                .trim()
-                .to_string();
+            let tail = log_tail(&mut errlog);
             let timed_out = read
                 .as_ref()
                 .is_err_and(|e| e.kind() == std::io::ErrorKind::TimedOut);
-            let tail = if last.is_empty() {
-                String::new()
-            } else {
-                format!(": {}", crate::report::shorten(&last))
-            };
             let reply = |buf: &[u8]| {
                 serde_json::from_slice(buf).unwrap_or_else(|e| {
                     Err(crashed(format!(
@@ -184,6 +166,28 @@ fn in_child_with_deadline<T: Serialize + DeserializeOwned + Send>(
                 other => Err(crashed(format!("the reader failed ({other:?}){tail}"))),
             }
         }
+    }
+}
+
+/// The last line the reader wrote to stderr (hwloc's last message) as
+/// `": line"`, or nothing; a hostile file can make hwloc write without
+/// end, so only the log's last 64 KiB are read.
+fn log_tail(errlog: &mut std::fs::File) -> String {
+    let mut tail = Vec::new();
+    let end = errlog.seek(std::io::SeekFrom::End(0)).unwrap_or(0);
+    let _ = errlog.seek(std::io::SeekFrom::Start(end.saturating_sub(64 << 10)));
+    let _ = errlog.take(64 << 10).read_to_end(&mut tail);
+    let log = String::from_utf8_lossy(&tail);
+    let last = log
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("")
+        .trim();
+    if last.is_empty() {
+        String::new()
+    } else {
+        format!(": {}", crate::report::shorten(last))
     }
 }
 
