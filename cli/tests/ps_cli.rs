@@ -451,7 +451,10 @@ fn hostile_proc_folders_give_lines() {
 #[test]
 fn another_users_process_gives_lines_not_guesses() {
     if !nix::unistd::geteuid().is_root() {
-        eprintln!("skipped: needs root to run numapin as user nobody");
+        common::skip(
+            common::Need::Root,
+            "needs root to run numapin as user nobody",
+        );
         return;
     }
     let d = tempfile::tempdir().unwrap();
@@ -647,7 +650,10 @@ fn fake_nvml(dir: &Path, no_v3: bool) -> Option<PathBuf> {
         Ok(o) if o.status.success() => Some(lib),
         Ok(o) => panic!("the fake NVML does not build:\n{}", text(&o)),
         Err(e) => {
-            eprintln!("skipped: no C compiler to build the fake NVML ({e})");
+            common::skip(
+                common::Need::Tool,
+                &format!("no C compiler to build the fake NVML ({e})"),
+            );
             None
         }
     }

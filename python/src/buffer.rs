@@ -12,6 +12,7 @@ use pyo3::types::{PyBytes, PyCapsule, PyTuple};
 use crate::dlpack::{self, TensorDesc, FLAG_IS_COPIED, KDL_CPU};
 use crate::dtype::DType;
 use crate::errors::{self, input_error};
+use crate::lent;
 use crate::memory::Memory;
 
 /// A numapin-owned host buffer viewed as a tensor of `dtype` and `shape`.
@@ -36,7 +37,21 @@ fn contiguous_strides(shape: &[i64]) -> Vec<i64> {
     strides
 }
 
+/// Most dimensions a buffer may have (DLPack allows 2^31 - 1; the Python
+/// half's `MAX_RANK`).
+pub(crate) const MAX_RANK: usize = 65536;
+
 pub(crate) fn nbytes_of(py: Python<'_>, shape: &[i64], dtype: DType) -> PyResult<usize> {
+    if shape.len() > MAX_RANK {
+        return Err(input_error(
+            py,
+            format!(
+                "shape of {} dimensions: more than numapin hands out ({MAX_RANK})",
+                shape.len()
+            ),
+            "use fewer dimensions (reshape)",
+        ));
+    }
     let mut n = dtype.itemsize();
     for &d in shape {
         let d = usize::try_from(d).map_err(|_| {
@@ -81,8 +96,14 @@ impl PinnedBuffer {
 
     pub(crate) fn new(mem: Memory, dtype: DType, shape: Vec<i64>) -> Self {
         let strides = contiguous_strides(&shape);
+        let mem = Arc::new(mem);
+        if let Some(what) = mem.lent_as() {
+            // Forgotten by the memory's Drop, at the same address.
+            let key = Arc::as_ptr(&mem) as usize;
+            lent::note(key, mem.as_ptr() as usize, mem.len(), what);
+        }
         PinnedBuffer {
-            mem: Arc::new(mem),
+            mem,
             dtype,
             shape,
             strides,

@@ -21,6 +21,7 @@
 //! | `place.rs` | `place()`: the runtime's one placement |
 //! | `buffer.rs` | `PinnedBuffer` and its DLPack export (`dlpack.rs`) |
 //! | `memory.rs` | the memory a buffer is over, of each kind |
+//! | `lent.rs` | where the memory lent to Python lies (for the DataLoader's fork check) |
 //! | `dtype.rs` | the element types, `dtypes()` |
 //! | `pin.rs` | `empty()`, `pin_address()`, `pin_buffer()` |
 //! | `copy.rs` | staged copies to and from a GPU |
@@ -41,6 +42,7 @@ mod dlpack;
 mod doctor;
 mod dtype;
 mod errors;
+mod lent;
 mod loader;
 mod memory;
 mod pin;
@@ -74,6 +76,7 @@ fn _numapin(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(stats::trim, m)?)?;
     m.add_function(wrap_pyfunction!(place::place, m)?)?;
     m.add_function(wrap_pyfunction!(dtype::dtypes, m)?)?;
+    m.add_function(wrap_pyfunction!(lent::_lent_at, m)?)?;
     m.add_function(wrap_pyfunction!(cli::run_cli, m)?)?;
     m.add_function(wrap_pyfunction!(
         buffer::_delete_export_on_foreign_thread,

@@ -8,6 +8,8 @@ use std::sync::Arc;
 use numapin::shared::{AttachedRegion, SharedRegion, SlotLease, SlotPool};
 use numapin::PinnedBuf;
 
+use crate::lent;
+
 /// A value holding memory of the process that made it: the arena's buffers
 /// and shared memory, which are `MADV_DONTFORK`. Dropped in a forked child
 /// (whose inherited tensor, array or `SharedBuffer` goes), it is forgotten:
@@ -159,6 +161,15 @@ pub(crate) enum Memory {
     },
 }
 
+impl Drop for Memory {
+    fn drop(&mut self) {
+        // Noted by `PinnedBuffer::new` under this address (inside its Arc).
+        if self.lent_as().is_some() {
+            lent::forget(std::ptr::from_ref(self) as usize);
+        }
+    }
+}
+
 // SAFETY: the raw pointers in the slot variants are addresses into the
 // pool's shared mapping, which the Arc they sit beside keeps mapped;
 // `PinnedBuf` and boxed bytes are Send.
@@ -219,6 +230,23 @@ impl Memory {
             Memory::Shared { held, .. } => Some(held.node()),
             Memory::Slot { lease, .. } => lease.pool().node(),
             _ => None,
+        }
+    }
+
+    /// What made memory that a forked child does not have (the arena's and
+    /// shared memory, `MADV_DONTFORK`), as the DataLoader's refusal names
+    /// it; `None` for memory a child has (heap bytes, a worker's view of
+    /// another process's pool, which the worker maps itself).
+    pub(crate) fn lent_as(&self) -> Option<&'static str> {
+        match self {
+            Memory::Pinned { .. } => Some("numapin.empty() or numapin.pin()"),
+            Memory::PinnedAt { .. } => Some("numapin.load_safetensors(device=None)"),
+            Memory::Part { .. } => Some("numapin.torch.CheckpointStager (its staged copy)"),
+            Memory::Slot { .. } => {
+                Some("numapin.torch.DataLoader(device=None) (a pinned CPU batch)")
+            }
+            Memory::Shared { .. } => Some("a numapin.SharedBuffer"),
+            Memory::Heap(_) | Memory::Mapped { .. } => None,
         }
     }
 

@@ -69,37 +69,93 @@ def cuda_ok() -> bool:
     return bool(torch.cuda.is_available())
 
 
-# NUMAPIN_REQUIRE (a comma list, or "all"): tests skipped for want of a
-# listed need fail instead, on a machine where they must run (as in the
-# Rust tests). A skip's reason names its need by these words.
+# NUMAPIN_REQUIRE (a comma list of needs, or "all"): tests skipped for
+# want of a listed need fail instead, on a machine where they must run (as
+# the Rust tests' `common::skip(Need, why)`). A skip says what it needs by
+# `requires(need)` (a mark, checked before the test) or `skip(need, why)`
+# (in its body); a plain `pytest.skip` needs nothing that NUMAPIN_REQUIRE
+# names (a test that runs only where CUDA is *not* there, say), whatever
+# words its reason uses.
 NEEDS = {
-    "gpu": ("cuda", "gpu"),
-    "root": ("root",),
-    "shared": ("shared/topologies",),
-    "tool": ("not installed", "needs script"),
-    "wheel": ("wheel",),
+    "gpu": "a CUDA GPU and torch with CUDA",
+    "root": "root",
+    "shared": "../shared/topologies, the real machines' data",
+    "tool": "a program the test drives",
+    "wheel": "the wheel ./dev.sh test builds (NUMAPIN_WHEEL)",
 }
 
 
-def _required(reason: str) -> str | None:
+class NeedSkip(pytest.skip.Exception):  # type: ignore[misc,name-defined]
+    """A skip for want of ``need`` (one of NEEDS)."""
+
+    def __init__(self, need: str, why: str, at_test: bool = False) -> None:
+        assert need in NEEDS, need
+        super().__init__(why, _use_item_location=at_test)
+        self.need = need
+
+
+# Reported as pytest reports its own skips ("SKIPPED ...: why").
+NeedSkip.__module__, NeedSkip.__qualname__ = "builtins", "Skipped"
+
+
+def skip(need: str, why: str) -> None:
+    """Skips the calling test for want of ``need`` (NUMAPIN_REQUIRE can make
+    that a failure)."""
+    raise NeedSkip(need, why)
+
+
+def _met(need: str, arg: str | None) -> str | None:
+    """Why ``need`` (with ``arg``: the program, for "tool") is not met here,
+    or None when it is."""
+    import shutil
+
+    if need == "gpu":
+        return None if cuda_ok() else "needs a CUDA GPU and torch with CUDA"
+    if need == "root":
+        return None if os.geteuid() == 0 else "needs root"
+    if need == "shared":
+        return None if (ROOT.parent / "shared" / "topologies").is_dir() else "../shared/topologies is not there"
+    if need == "tool":
+        missing = [t for t in (arg or "").split() if shutil.which(t) is None]
+        return f"{', '.join(missing)} not installed" if missing else None
+    if need == "wheel":
+        return None if os.environ.get("NUMAPIN_WHEEL") else "NUMAPIN_WHEEL unset: ./dev.sh test builds the wheel and names it"
+    raise AssertionError(need)
+
+
+def requires(need: str, arg: str | None = None, why: str | None = None):
+    """A mark: the test (or, as ``pytestmark``, the module) runs only where
+    ``need`` is met (``"tool"``: every program in ``arg``, space-separated),
+    and is a ``NeedSkip`` otherwise."""
+    assert need in NEEDS, need
+    return pytest.mark.numapin_requires(need, arg, why)
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "numapin_requires(need, arg, why): runs only where the need is met")
+
+
+def pytest_runtest_setup(item):
+    for mark in item.iter_markers("numapin_requires"):
+        need, arg, why = mark.args
+        missing = _met(need, arg)
+        if missing is not None:
+            raise NeedSkip(need, why or missing, at_test=True)
+
+
+def _required(need: str) -> bool:
     want = {n.strip() for n in os.environ.get("NUMAPIN_REQUIRE", "").split(",") if n.strip()}
-    low = reason.lower()
-    for need, words in NEEDS.items():
-        if ("all" in want or need in want) and any(w in low for w in words):
-            return need
-    return None
+    return "all" in want or need in want
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
-    if report.skipped and isinstance(report.longrepr, tuple):
-        reason = str(report.longrepr[2])
-        need = _required(reason)
-        if need is not None:
-            report.outcome = "failed"
-            report.longrepr = f"NUMAPIN_REQUIRE asks for {need}, and this test was skipped: {reason}"
+    exc = call.excinfo.value if call.excinfo is not None else None
+    if report.skipped and isinstance(exc, NeedSkip) and _required(exc.need):
+        report.outcome = "failed"
+        report.longrepr = f"NUMAPIN_REQUIRE asks for {exc.need}, and this test was skipped: {exc.msg}"
 
 
 def _machine_budget_file(name: str) -> bool:

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import os
-import shutil
 
 import pytest
 
 import numapin
-from conftest import FIXTURES, run_py
+from conftest import FIXTURES, run_py, requires
 
 
 def test_binding_to_a_node_moves_every_thread_and_the_memory_policy():
@@ -34,7 +33,7 @@ def test_binding_to_a_node_moves_every_thread_and_the_memory_policy():
     assert r.stdout.startswith("ok NUMA node"), r.stdout
 
 
-@pytest.mark.skipif(shutil.which("taskset") is None, reason="taskset is not installed")
+@requires("tool", "taskset")
 def test_under_taskset_the_binding_stays_inside_the_allowed_cpus():
     cpu = min(os.sched_getaffinity(0))
     r = run_py(

@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 import numapin
-from conftest import FIXTURES, run_py
+from conftest import FIXTURES, run_py, skip
 from test_topology import cli
 
 # The checks every report on this machine holds, in report order.
@@ -101,7 +101,7 @@ def test_a_low_memlock_limit_fails_with_its_fix_as_nobody():
     """As an unprivileged user with an 8 MiB limit (root has CAP_IPC_LOCK,
     which the limit does not bind), the memlock check fails with the fix."""
     if os.geteuid() != 0:
-        pytest.skip("needs root to start a child as nobody")
+        skip("root", "needs root to start a child as nobody")
     code = """
         import json, os, resource
         resource.setrlimit(resource.RLIMIT_MEMLOCK, (8 << 20, 8 << 20))

@@ -7,9 +7,9 @@ import gc
 
 import pytest
 
-from conftest import cuda_ok
+from conftest import requires
 
-pytestmark = pytest.mark.skipif(not cuda_ok(), reason="needs a CUDA GPU and torch with CUDA")
+pytestmark = requires("gpu")
 
 
 def test_empty_is_pinned_registered_and_copies_asynchronously():

@@ -13,9 +13,9 @@ import struct
 
 import pytest
 
-from conftest import cuda_ok, run_py
+from conftest import run_py, requires
 
-pytestmark = pytest.mark.skipif(not cuda_ok(), reason="needs a CUDA GPU and torch with CUDA")
+pytestmark = requires("gpu")
 
 torch = pytest.importorskip("torch")
 st = pytest.importorskip("safetensors.torch")

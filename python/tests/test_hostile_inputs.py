@@ -137,6 +137,63 @@ def test_numpy_dtype_spellings(dtype, no_leak):
     del a
 
 
+# Names torch and NumPy read alike, and the two they read otherwise: each
+# is read as the library of `like=` reads it.
+AMBIGUOUS = {"float": ("float32", "float64"), "int": ("int32", "int64")}
+ALIKE = {"long": "int64", "half": "float16", "double": "float64", "short": "int16", "cdouble": "complex128"}
+
+
+@pytest.mark.parametrize("name", list(AMBIGUOUS) + list(ALIKE) + ["cfloat", "chalf"])
+def test_dtype_names_are_read_as_the_library_of_like_reads_them(name, no_leak):
+    t = numapin.empty(3, name)
+    assert t.dtype == getattr(torch, name), name
+    if name in ("cfloat", "chalf"):  # torch's names only
+        e = refused(lambda: numapin.empty(3, name, like="numpy"), numapin.InputError)
+        assert "complex64" in str(e) or "complex32" in str(e), str(e)
+    else:
+        a = numapin.empty(3, name, like="numpy")
+        assert a.dtype == np.dtype(name), name
+        want_torch, want_numpy = AMBIGUOUS.get(name, (ALIKE.get(name),) * 2)
+        assert (str(t.dtype), a.dtype.name) == (f"torch.{want_torch}", want_numpy)
+        del a
+    del t
+
+
+def test_shared_buffer_views_read_dtype_names_the_same_way(no_leak):
+    import os
+
+    sb = numapin.SharedBuffer.create(f"hostile-dtype-{os.getpid()}", 4096)
+    assert sb.view("float").dtype == torch.float32
+    assert sb.view("float", like="numpy").dtype == np.float64
+    e = refused(lambda: sb.view("uint8", (1,) * 65, like="numpy"), numapin.InputError)
+    assert "at most 64" in str(e)
+    del sb
+
+
+@pytest.mark.parametrize("ndim", [65, 100, 1000])
+def test_more_dimensions_than_numpy_allows_are_refused_before_allocating(ndim, no_leak):
+    # NumPy itself raises RuntimeError (from DLPack) or ValueError for them.
+    e = refused(lambda: numapin.empty((1,) * ndim, "uint8", like="numpy"), numapin.InputError)
+    assert f"shape of {ndim} dimensions: a NumPy array has at most 64" in str(e) and "fix:" in str(e)
+    # torch takes them (through DLPack).
+    t = numapin.empty((1,) * ndim, "uint8")
+    assert t.dim() == ndim
+    del t
+
+
+def test_a_shape_of_endless_dimensions_is_refused_without_reading_it_all():
+    def endless():
+        while True:
+            yield 1
+
+    for shape in (endless(), range(10**12), (1,) * 65537):
+        e = refused(lambda: numapin.empty(shape, "uint8"), numapin.InputError)
+        assert "more than 65536 dimensions" in str(e), str(e)
+    # The compiled module's own check, for its direct callers.
+    e = refused(lambda: numapin._numapin.empty([1] * 65537, "uint8"), numapin.InputError)
+    assert "65537 dimensions" in str(e)
+
+
 def test_like_must_be_torch_or_numpy():
     refused(lambda: numapin.empty(3, "float32", like="jax"), numapin.InputError)
     refused(lambda: numapin.empty(3, "float32", like=None), numapin.InputError, TypeError)

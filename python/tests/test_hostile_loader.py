@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import gc
 import os
-import shutil
 import signal
 import warnings
 
 import pytest
 
-from conftest import children, run_py
+from conftest import children, run_py, requires
 
 torch = pytest.importorskip("torch")
 np = pytest.importorskip("numpy")
@@ -525,8 +524,7 @@ def test_at_the_fewest_descriptors_torchs_loader_needs_numapins_works_too():
     assert lines[2].startswith("numapin at 8 LimitError: ") and "ulimit -n" in lines[2], r.stdout
 
 
-@pytest.mark.skipif(shutil.which("prlimit") is None or shutil.which("setpriv") is None,
-                    reason="prlimit/setpriv (util-linux) are not installed")
+@requires("tool", "prlimit setpriv")
 def test_a_64k_memlock_limit_gives_torchs_batches_with_a_warning():
     # Without CAP_IPC_LOCK, with the 64 KiB limit many containers set and
     # no CUDA: nothing can be pinned. Torch's loader works; numapin's gives

@@ -6,11 +6,10 @@ crash, a hang or a bare exception from below numapin."""
 from __future__ import annotations
 
 import os
-import shutil
 
 import pytest
 
-from conftest import FIXTURES, run_py
+from conftest import FIXTURES, run_py, requires
 
 pytest.importorskip("numpy")
 
@@ -151,7 +150,7 @@ def both(workers):
 """
 
 
-@pytest.mark.skipif(shutil.which("prlimit") is None, reason="prlimit (util-linux) is not installed")
+@requires("tool", "prlimit")
 @pytest.mark.parametrize("limit", ["--fsize=0", "--fsize=4096", "--nofile=32", "--as=6000000000"])
 def test_limits_give_errors_with_the_fix_or_work_as_torch(limit):
     out = cases(LOADER + """
@@ -165,16 +164,27 @@ case("shared", lambda: numapin.SharedBuffer.create("hostile-limit", 1 << 20).nby
         assert out[name].endswith("OK True") or "torch fails" in out[name] or " ERROR " in out[name], out
 
 
-def test_sigchld_ignored_by_the_host_program():
+def test_sigchld_ignored_by_the_host_program(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
     out = cases(LOADER + f"""
-import signal
+import os, signal
 signal.signal(signal.SIGCHLD, signal.SIG_IGN)
 case("topology_file", lambda: len(numapin.topology({str(FIXTURES / 'dgx-h100.xml')!r}).gpus))
+case("doctor_file", lambda: len(numapin.doctor({str(FIXTURES / 'dgx-h100.xml')!r}, cuda=False, pin_probe=False)) > 0)
+open("bad.xml", "w").write("<topology><object type='Machine'")
+case("bad_file", lambda: numapin.topology("bad.xml"))
 case("loader2", lambda: both(2))
 case("empty", lambda: numapin.empty(8, "uint8", like="numpy").shape)
+case("no_child_left", lambda: os.listdir(f"/proc/{{os.getpid()}}/task") and
+     sum(len(open(f"/proc/self/task/{{t}}/children").read().split()) for t in os.listdir("/proc/self/task")))
 """)
     assert out["loader2"].endswith("OK True") or "torch fails" in out["loader2"], out
-    assert " OK " in out["topology_file"] or " ERROR " in out["topology_file"], out
+    # The topology reader's child is waited for and its reply read: the
+    # DGX's 8 GPUs, never "the reader failed" (it is reaped by the system).
+    assert out["topology_file"].endswith("OK 8"), out
+    assert out["doctor_file"].endswith("OK True"), out
+    assert " ERROR InputError " in out["bad_file"] and "not well-formed XML" in out["bad_file"], out
+    assert out["no_child_left"].endswith("OK 0"), out
 
 
 # Environment ----------------------------------------------------------------

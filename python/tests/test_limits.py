@@ -3,13 +3,11 @@ limit many distributions and containers set."""
 
 from __future__ import annotations
 
-import os
-import shutil
 import sys
 
 import pytest
 
-from conftest import run_py
+from conftest import run_py, requires
 
 CODE = """
 import numapin
@@ -29,8 +27,7 @@ def limited(prefix_user: list[str]) -> list[str]:
             "--inh-caps", "-ipc_lock", *prefix_user]
 
 
-@pytest.mark.skipif(shutil.which("prlimit") is None or shutil.which("setpriv") is None,
-                    reason="prlimit/setpriv (util-linux) are not installed")
+@requires("tool", "prlimit setpriv")
 def test_a_64k_memlock_limit_without_cuda_is_a_limit_error_with_the_fix():
     r = run_py(CODE, prefix=limited([]), env={"NUMAPIN_NO_CUDA": "1"})
     assert r.returncode == 0, r.stderr
@@ -41,8 +38,8 @@ def test_a_64k_memlock_limit_without_cuda_is_a_limit_error_with_the_fix():
     assert "ulimit -l" in text and "--ulimit memlock=-1" in text, text
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
-                    reason="needs root to become nobody")
+@requires("root", why="needs root to become nobody")
+@requires("tool", "setpriv")
 def test_as_nobody_too_when_the_interpreter_is_reachable():
     probe = run_py("import numapin; print('ok')",
                    prefix=["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"])

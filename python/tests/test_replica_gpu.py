@@ -9,9 +9,9 @@ import os
 
 import pytest
 
-from conftest import cuda_ok
+from conftest import requires, skip
 
-pytestmark = pytest.mark.skipif(not cuda_ok(), reason="needs a CUDA GPU and torch with CUDA")
+pytestmark = requires("gpu")
 
 torch = pytest.importorskip("torch")
 st = pytest.importorskip("safetensors.torch")
@@ -45,7 +45,7 @@ def _gpu_ranks(rank: int, world: int, tmp: str) -> dict:
 def test_gpu_replica_over_nccl_every_rank_every_tensor(tmp_path):
     world = min(torch.cuda.device_count(), 4)
     if not dist.is_nccl_available():
-        pytest.skip("torch without NCCL (needs a CUDA build)")
+        skip("gpu", "torch without NCCL (needs a CUDA build)")
     ts = _checkpoint()
     ts.update({f"w{i}": torch.randn(1024, 1024 + i) for i in range(6)})  # tensors broadcast in place
     _sharded(tmp_path, ts, 3)

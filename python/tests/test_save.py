@@ -24,7 +24,7 @@ torch = pytest.importorskip("torch")
 st = pytest.importorskip("safetensors.torch")
 
 import numapin  # noqa: E402
-from conftest import run_py  # noqa: E402
+from conftest import run_py, skip  # noqa: E402
 from test_storage import _checkpoint, _same, _tensor  # noqa: E402
 
 #: Every dtype, an empty tensor, a scalar, odd sizes, one over several chunks.
@@ -231,7 +231,7 @@ def _mount_tmpfs(d, opts):
     d.mkdir()
     r = subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(d)], capture_output=True)
     if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs (needs root and mount): {r.stderr.decode().strip()}")
+        skip("root", f"cannot mount a tmpfs (needs root and mount): {r.stderr.decode().strip()}")
 
 
 def _umount(d):
@@ -289,7 +289,7 @@ def test_a_file_over_ulimit_f_is_refused_before_anything_is_written(tmp_path):
 
 def test_a_folder_this_user_may_not_write_is_a_limit_error(tmp_path):
     if os.geteuid() != 0:
-        pytest.skip("needs root to run a child as user nobody")
+        skip("root", "needs root to run a child as user nobody")
     import shutil
     import tempfile
 

@@ -10,9 +10,9 @@ import gc
 
 import pytest
 
-from conftest import cuda_ok, in_use, run_py
+from conftest import in_use, run_py, requires
 
-pytestmark = pytest.mark.skipif(not cuda_ok(), reason="needs a CUDA GPU and torch with CUDA")
+pytestmark = requires("gpu")
 
 torch = pytest.importorskip("torch")
 st = pytest.importorskip("safetensors.torch")

@@ -9,9 +9,9 @@ import json
 
 import pytest
 
-from conftest import cuda_ok
+from conftest import requires
 
-pytestmark = pytest.mark.skipif(not cuda_ok(), reason="needs a CUDA GPU and torch with CUDA")
+pytestmark = requires("gpu")
 
 torch = pytest.importorskip("torch")
 st = pytest.importorskip("safetensors.torch")

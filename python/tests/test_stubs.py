@@ -12,10 +12,12 @@ import tempfile
 
 import pytest
 
+from conftest import skip
+
 
 def test_the_stubs_match_the_compiled_module():
     if importlib.util.find_spec("mypy") is None:
-        pytest.skip("mypy not installed (./dev.sh test installs it)")
+        skip("tool", "mypy not installed (./dev.sh test installs it)")
     with tempfile.TemporaryDirectory() as cwd:
         # From an empty folder: the installed package, not the source tree.
         r = subprocess.run(

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import numapin
-from conftest import FIXTURES, ROOT, run_py
+from conftest import FIXTURES, ROOT, run_py, skip
 
 
 def cli() -> str | None:
@@ -88,7 +88,7 @@ def test_shared_real_machines_read_when_present():
     shared = ROOT.parent / "shared" / "topologies" / "nccl"
     files = sorted(shared.glob("*")) if shared.is_dir() else []
     if not files:
-        pytest.skip("../shared/topologies is not there")
+        skip("shared", "../shared/topologies is not there")
     for f in files:
         t = numapin.topology(f)
         assert t.gpus, f

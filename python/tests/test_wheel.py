@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FIXTURES, ROOT
+from conftest import FIXTURES, ROOT, requires
 
 WHEEL = os.environ.get("NUMAPIN_WHEEL")
 # The platform tag python/build-wheel.sh asks for: glibc 2.28 and later.
@@ -32,7 +32,7 @@ WANT_TAG = "manylinux_2_28"
 # The libraries the extension links that a machine may lack.
 HIDDEN = ("libhwloc.so", "libudev.so")
 
-pytestmark = pytest.mark.skipif(not WHEEL, reason="NUMAPIN_WHEEL unset: ./dev.sh test builds the wheel and names it")
+pytestmark = requires("wheel")
 
 
 def binary() -> Path:

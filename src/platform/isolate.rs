@@ -119,36 +119,24 @@ fn in_child_with_deadline<T: Serialize + DeserializeOwned + Send>(
             }
             let status = nix::sys::wait::waitpid(child, None);
             drop(registered);
-            // The end of what the reader wrote to stderr (hwloc's last
-            // message); a hostile file can make hwloc write without end.
-            let mut tail = Vec::new();
-            let end = errlog.seek(std::io::SeekFrom::End(0)).unwrap_or(0);
-            let _ = errlog.seek(std::io::SeekFrom::Start(end.saturating_sub(64 << 10)));
-            let _ = errlog.take(64 << 10).read_to_end(&mut tail);
-            let log = String::from_utf8_lossy(&tail);
-            let last = log
-                .lines()
-                .rev()
-                .find(|l| !l.trim().is_empty())
-                .unwrap_or("")
-                .trim()
-                .to_string();
+            let tail = log_tail(&mut errlog);
             let timed_out = read
                 .as_ref()
                 .is_err_and(|e| e.kind() == std::io::ErrorKind::TimedOut);
-            let tail = if last.is_empty() {
-                String::new()
-            } else {
-                format!(": {}", crate::report::shorten(&last))
+            let reply = |buf: &[u8]| {
+                serde_json::from_slice(buf).unwrap_or_else(|e| {
+                    Err(crashed(format!(
+                        "internal error: bad reply from the reader ({e})"
+                    )))
+                })
             };
+            // ECHILD: the reader was reaped without us (the caller ignores
+            // SIGCHLD, or a handler of its reaped every child): it has
+            // ended, and its reply alone says how.
+            let reaped = matches!(status, Err(nix::errno::Errno::ECHILD));
             match status {
-                Ok(nix::sys::wait::WaitStatus::Exited(_, 0)) if read.is_ok() => {
-                    serde_json::from_slice(&buf).unwrap_or_else(|e| {
-                        Err(crashed(format!(
-                            "internal error: bad reply from the reader ({e})"
-                        )))
-                    })
-                }
+                Ok(nix::sys::wait::WaitStatus::Exited(_, 0)) if read.is_ok() => reply(&buf),
+                _ if reaped && read.is_ok() && !buf.is_empty() => reply(&buf),
                 // The reader was stopped by numapin: report why, not the
                 // SIGKILL it took.
                 _ if timed_out => Err(ChildError {
@@ -172,9 +160,34 @@ fn in_child_with_deadline<T: Serialize + DeserializeOwned + Send>(
                 Ok(nix::sys::wait::WaitStatus::Signaled(_, sig, _)) => {
                     Err(crashed(format!("hwloc crashed reading it ({sig}){tail}")))
                 }
+                _ if reaped => Err(crashed(format!(
+                    "the reader ended without a reply (a crash; its exit status is not known: this process ignores SIGCHLD, so the system reaped it){tail}"
+                ))),
                 other => Err(crashed(format!("the reader failed ({other:?}){tail}"))),
             }
         }
+    }
+}
+
+/// The last line the reader wrote to stderr (hwloc's last message) as
+/// `": line"`, or nothing; a hostile file can make hwloc write without
+/// end, so only the log's last 64 KiB are read.
+fn log_tail(errlog: &mut std::fs::File) -> String {
+    let mut tail = Vec::new();
+    let end = errlog.seek(std::io::SeekFrom::End(0)).unwrap_or(0);
+    let _ = errlog.seek(std::io::SeekFrom::Start(end.saturating_sub(64 << 10)));
+    let _ = errlog.take(64 << 10).read_to_end(&mut tail);
+    let log = String::from_utf8_lossy(&tail);
+    let last = log
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("")
+        .trim();
+    if last.is_empty() {
+        String::new()
+    } else {
+        format!(": {}", crate::report::shorten(last))
     }
 }
 
@@ -360,6 +373,46 @@ mod tests {
             );
         }
         assert!(!alive, "reader {reader} outlived its parent's SIGKILL");
+    }
+
+    /// Started by `a_caller_ignoring_sigchld_still_gets_the_reply` in a
+    /// process of its own (the disposition is process-wide): with SIGCHLD
+    /// ignored, a reader's reply and a reader's crash.
+    #[test]
+    #[ignore = "runs in a child process: started by a_caller_ignoring_sigchld_still_gets_the_reply"]
+    fn sigchld_ignored_role() {
+        if std::env::var_os("NUMAPIN_SIGCHLD_ROLE").is_none() {
+            return;
+        }
+        // SAFETY: SIG_IGN is a valid disposition; this process runs this
+        // test alone.
+        unsafe { libc::signal(libc::SIGCHLD, libc::SIG_IGN) };
+        let v = in_child("x.xml", || Ok(41u32 + 1));
+        println!("reply: {v:?}");
+        let e = in_child::<u32>("x.xml", || std::process::abort()).unwrap_err();
+        println!("crash: {}", e.problem);
+    }
+
+    #[test]
+    fn a_caller_ignoring_sigchld_still_gets_the_reply() {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "platform::isolate::tests::sigchld_ignored_role",
+                "--ignored",
+                "--test-threads=1",
+                "--nocapture",
+            ])
+            .env("NUMAPIN_SIGCHLD_ROLE", "1")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{text}");
+        assert!(text.contains("reply: Ok(42)"), "{text}");
+        assert!(
+            text.contains("crash: the reader ended without a reply (a crash; its exit status is not known: this process ignores SIGCHLD"),
+            "{text}"
+        );
     }
 
     #[test]

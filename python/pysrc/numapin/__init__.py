@@ -31,6 +31,7 @@ message ends with what to do (also in ``err.fix``).
 
 from __future__ import annotations
 
+import itertools
 import json
 import operator
 import os
@@ -246,10 +247,35 @@ def _gpu_node(gpu: Any, node: Any) -> tuple[int | None, int | None]:
     )
 
 
+#: Most dimensions a shape may have (DLPack, which hands tensors to torch,
+#: allows 2^31 - 1; this bound keeps reading a shape short). NumPy allows
+#: fewer: :func:`_numpy_max_rank`.
+MAX_RANK = 65536
+
+
+def _numpy_max_rank() -> int:
+    """The most dimensions a NumPy array may have (64 from NumPy 2, 32
+    before)."""
+    import numpy as np
+
+    return 64 if int(np.__version__.split(".")[0]) >= 2 else 32
+
+
+def _check_rank(dims: Any, like: str) -> None:
+    """An :class:`InputError` for a shape of more dimensions than ``like``'s
+    arrays may have, before anything is allocated."""
+    if like == "numpy" and len(dims) > (most := _numpy_max_rank()):
+        raise InputError(
+            f"shape of {len(dims)} dimensions: a NumPy array has at most {most}\n"
+            '  fix: use fewer dimensions (reshape), or like="torch"'
+        )
+
+
 def _shape(shape: Any) -> tuple[int, ...]:
     """``shape`` (an integer or a sequence of them: Python, NumPy or torch
     integers) as a tuple; a bool, string or non-integer is a ``TypeError``,
-    a negative or overflowing size an :class:`InputError`."""
+    a negative or overflowing size, or more than :data:`MAX_RANK`
+    dimensions (read no further), an :class:`InputError`."""
     fix = "give the shape as an integer or a tuple of integers, e.g. (2, 3)"
     if shape is None or isinstance(shape, (str, bytes, bytearray)) or _is_bool(shape):
         raise TypeError(f"shape={shape!r} is not a shape\n  fix: {fix}")
@@ -257,9 +283,14 @@ def _shape(shape: Any) -> tuple[int, ...]:
         dims: list[Any] = [operator.index(shape)]
     except TypeError:
         try:
-            dims = list(shape)
+            dims = list(itertools.islice(iter(shape), MAX_RANK + 1))
         except TypeError:
             raise TypeError(f"shape={shape!r} is not a shape ({type(shape).__name__})\n  fix: {fix}") from None
+    if len(dims) > MAX_RANK:
+        raise InputError(
+            f"shape of more than {MAX_RANK} dimensions: more than numapin hands out\n"
+            "  fix: use fewer dimensions (reshape)"
+        )
     out = []
     for d in dims:
         if _is_bool(d) or d is None or isinstance(d, (str, bytes)):
@@ -300,14 +331,29 @@ def _numpy_dtype_name(dt: Any, given: Any) -> str:
     return dt.name
 
 
+#: torch's other names for its dtypes (``torch.float`` is ``torch.float32``),
+#: how a string is read with ``like="torch"``. NumPy reads some of them
+#: otherwise (``"float"`` is float64 and ``"int"`` int64 there), as it does
+#: with ``like="numpy"``.
+_TORCH_ALIASES = {
+    "float": "float32", "double": "float64", "half": "float16", "int": "int32", "long": "int64",
+    "short": "int16", "cfloat": "complex64", "cdouble": "complex128", "chalf": "complex32",
+}
+
+
 def _dtype_name(dtype: Any, like: str) -> str:
-    """``torch.float32`` -> ``"float32"``; NumPy dtypes and their spellings
+    """``torch.float32`` -> ``"float32"``; a name read as ``like``'s
+    library reads it (``like="torch"``: torch's names, so ``"float"`` is
+    float32 and ``"int"`` int32; ``like="numpy"``: ``np.dtype``'s, where
+    they are float64 and int64); NumPy dtypes and their other spellings
     (``"f4"``, ``np.float32``, ``float``) through ``np.dtype``. Something
     that is no dtype is a ``TypeError``; a dtype numapin does not hand out
     (objects, strings, records, a foreign byte order) an :class:`InputError`."""
     names = _numapin.dtypes()
     if isinstance(dtype, str) and dtype in names:
         return dtype
+    if isinstance(dtype, str) and like == "torch" and dtype in _TORCH_ALIASES:
+        return _TORCH_ALIASES[dtype]
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(dtype, torch.dtype):
         return str(dtype).removeprefix("torch.")
@@ -324,6 +370,11 @@ def _dtype_name(dtype: Any, like: str) -> str:
     try:
         dt = np.dtype(dtype)
     except (TypeError, ValueError, SyntaxError) as e:
+        if isinstance(dtype, str) and dtype in _TORCH_ALIASES:
+            raise InputError(
+                f"dtype {dtype!r} is torch's name for {_TORCH_ALIASES[dtype]}, which NumPy does not know by it\n"
+                f'  fix: pass "{_TORCH_ALIASES[dtype]}", or like="torch"'
+            ) from None
         if isinstance(dtype, str):
             raise InputError(
                 f"dtype {dtype!r} is not one numapin hands out ({e})\n  fix: use one of {', '.join(names)}"
@@ -391,12 +442,26 @@ def empty(
     tensor, view or slice over it is gone. As with any memory a framework
     does not own, keep the tensor alive until an asynchronous copy from it
     has completed (or use :func:`copy_to_device`).
+
+    ``dtype`` is a torch or NumPy dtype, a Python type (``float`` is
+    float64, as for both), or a name, read as ``like``'s library reads it:
+    with ``like="torch"`` torch's names (``"float"`` float32, ``"int"``
+    int32, ``"long"`` int64, ``"half"``, ``"double"``, ``"cfloat"`` ...),
+    with ``like="numpy"`` NumPy's (``"float"`` float64, ``"int"`` int64,
+    ``"f4"`` ...). A shape of more dimensions than the result may have
+    (NumPy's 64, numapin's 65,536) is an :class:`InputError` before
+    anything is allocated. Like all of numapin's
+    pinned memory, it is not mapped in a forked child (``MADV_DONTFORK``:
+    a worker of torch's DataLoader reading it dies with ``SIGSEGV``, and
+    :class:`numapin.torch.DataLoader` refuses a dataset holding it; keep a
+    dataset's data in ordinary memory; docs/python.md, "Processes").
     """
     if like not in ("torch", "numpy"):
         _check_like(like, "")
     dims = _shape(shape)
     name = _dtype_name(dtype, like)
     _check_like(like, name)
+    _check_rank(dims, like)
     gpu, node = _gpu_node(gpu, node)
     buf = _numapin.empty(dims, name, gpu=_default_gpu(gpu, node), node=node)
     return _wrap(buf, like)
@@ -414,7 +479,8 @@ def pin(x: Any, *, gpu: int | None = None, node: int | None = None) -> Any:
     otherwise; 0-d for scalars); a NumPy array in a foreign byte order gives
     one of the same values in native order. Sparse, quantized and non-CPU
     tensors, and arrays of objects, strings, records or dates, are an
-    :class:`InputError`."""
+    :class:`InputError`. The copy is not mapped in a forked child, as
+    :func:`empty`'s memory is not."""
     gpu, node = _gpu_node(gpu, node)
     target = _default_gpu(gpu, node)
     torch = sys.modules.get("torch")

@@ -23,6 +23,7 @@ __all__ = [
     "dtypes",
     "run_cli",
     "_delete_export_on_foreign_thread",
+    "_lent_at",
     "Checkpoint",
     "open_safetensors",
     "read_to_device",
@@ -140,6 +141,7 @@ def place(gpu: int | None = None, *, node: int | None = None) -> tuple[int, list
 def dtypes() -> list[str]: ...
 def run_cli(args: list[str]) -> int: ...
 def _delete_export_on_foreign_thread(buf: PinnedBuffer) -> int: ...
+def _lent_at(spans: list[tuple[int, int]]) -> tuple[int, str] | None: ...
 
 @final
 class SlotLease:

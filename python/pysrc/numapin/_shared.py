@@ -21,6 +21,11 @@ class SharedBuffer:
     while any process holds the buffer or a view of it, and goes with the
     last one, crashes included: nothing is left in ``/dev/shm``. The job
     orders its own reads and writes across processes.
+
+    A forked child does not inherit the mapping (``MADV_DONTFORK``): views
+    made before the fork end the child with ``SIGSEGV`` when it reads them
+    (:class:`numapin.torch.DataLoader` refuses a dataset holding one); the
+    child attaches the buffer by name instead.
     """
 
     def __init__(self, inner: _numapin.SharedBuffer) -> None:
@@ -83,6 +88,8 @@ class SharedBuffer:
         name = numapin._dtype_name(dtype, like)
         numapin._check_like(like, name)
         dims = None if shape is None else list(numapin._shape(shape))
+        if dims is not None:
+            numapin._check_rank(dims, like)
         offset = numapin._int(offset, "offset", hi=2**63 - 1, fix="pass a byte offset inside the buffer (0 or more)")
         return numapin._wrap(self._inner.view(name, dims, offset=offset), like)
 

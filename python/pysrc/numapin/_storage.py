@@ -222,6 +222,12 @@ def load_safetensors(
     raise :class:`numapin.InputError` naming the file (and the tensor); a
     GPU without room for the tensors a :class:`numapin.Error` before any is
     allocated; nothing stays allocated or open.
+
+    With ``device=None`` the tensors are numapin's pinned memory, which is
+    not mapped in a forked child (``MADV_DONTFORK``: a DataLoader worker
+    forked from this process dies with ``SIGSEGV`` reading them, and
+    :class:`numapin.torch.DataLoader` refuses a dataset holding them; give a
+    dataset ``t.clone()``s; docs/python.md, "Processes").
     """
     # Every argument is checked before a file is opened (the rest in _open).
     if stats is not None and not isinstance(stats, dict):

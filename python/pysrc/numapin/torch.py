@@ -49,6 +49,7 @@ from __future__ import annotations
 import collections
 import errno
 import resource
+import types
 import warnings
 import weakref
 from typing import Any, Callable
@@ -62,6 +63,7 @@ from numapin import _dlprofile
 from numapin import _numapin  # noqa: F401 (numapin.torch._numapin, as before the split)
 from numapin._loader_collate import ALIGN  # noqa: F401 (numapin.torch.ALIGN, as before the split)
 from numapin._loader_collate import HEADROOM, Fallback, Leaf, Plain, SlotBatch, SlotCollate, slottable, tree_map
+from numapin._loader_fork import check_before_fork, start_method
 from numapin._loader_pool import PoolSpec, Slots
 from numapin._loader_worker import NoPool, WorkerInit
 from numapin._stager import CheckpointStager as CheckpointStager
@@ -153,7 +155,17 @@ class DataLoader:
     numapin's (``device``, ``slots``, ``slot_bytes``, ``slot_timeout``);
     a pool that cannot be made for ``slot_bytes`` raises
     :class:`numapin.BudgetError` or :class:`numapin.LimitError`. A failed
-    constructor leaves nothing behind."""
+    constructor leaves nothing behind.
+
+    Pinned CPU batches are numapin's memory, not mapped in a forked child
+    (``MADV_DONTFORK``). Before it forks workers, the loader looks through
+    the dataset (and a ``collate_fn`` or ``worker_init_fn`` that is an
+    object) for tensors and arrays over such memory (from
+    :func:`numapin.empty`, :func:`numapin.pin`,
+    ``load_safetensors(device=None)``, a ``SharedBuffer``, such batches),
+    which would end a worker with ``SIGSEGV``, and raises
+    :class:`numapin.InputError` naming the first, with the fixes (ordinary
+    memory, ``multiprocessing_context="forkserver"``, or no workers)."""
 
     def __init__(
         self,
@@ -243,6 +255,7 @@ class DataLoader:
             prefetch_factor=prefetch_factor,
             persistent_workers=persistent_workers,
         )
+        self._init_fn = worker_init_fn
         self._cpus = self._worker_cpus()
         if workers > 0:
             self._loader.worker_init_fn = WorkerInit(self._cpus, keep_worker_heap, worker_init_fn)
@@ -304,8 +317,26 @@ class DataLoader:
     def __len__(self) -> int:
         return len(self._loader)
 
+    def _check_fork(self) -> None:
+        """Refuses (an :class:`numapin.InputError`) what forked workers,
+        about to start, would die reading: numapin's pinned memory in the
+        dataset (see :mod:`numapin._loader_fork`)."""
+        tl = self._loader
+        if not (isinstance(self.num_workers, int) and self.num_workers > 0):
+            return
+        if self.persistent_workers and getattr(tl, "_iterator", None) is not None:
+            return  # forked already, with the dataset as it was then
+        if start_method(tl.multiprocessing_context) != "fork":
+            return
+        roots = {"dataset": self.dataset}
+        for name, fn in (("collate_fn", self._user_collate), ("worker_init_fn", getattr(self, "_init_fn", None))):
+            if fn is not None and not isinstance(fn, types.FunctionType):
+                roots[name] = fn
+        check_before_fork(roots)
+
     def __iter__(self) -> _Iter:
         assert self._slots is not None, "the loader is closed"
+        self._check_fork()
         busy = any(not i.done and i.slots is self._slots for i in list(self._iters))
         if busy and not self.persistent_workers:
             # torch runs both epochs: this one gets a pool of its own (made
