@@ -122,6 +122,24 @@ impl From<RuntimeError> for Refusal {
 /// The ledgers of this process's runtimes (by folder).
 static LEDGERS: Mutex<Vec<Weak<Ledger>>> = Mutex::new(Vec::new());
 
+/// The longest a process waits at exit for the state file's header lock.
+const EXIT_LOCK_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// Takes the header lock of `fd`, trying every millisecond for at most
+/// [`EXIT_LOCK_WAIT`]; `false` when it stayed busy or cannot be taken.
+fn header_lock_at_exit(fd: RawFd) -> bool {
+    let until = std::time::Instant::now() + EXIT_LOCK_WAIT;
+    loop {
+        match sf::try_lock(fd, 0, BLOCK as u64, Lock::Write) {
+            Ok(true) => return true,
+            Ok(false) if std::time::Instant::now() < until => {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            _ => return false,
+        }
+    }
+}
+
 /// At exit: each ledger that holds a record removes its file when no
 /// other live process holds one (see [`Ledger::leave_at_exit`]).
 extern "C" fn leave_all_at_exit() {
@@ -318,10 +336,13 @@ impl Ledger {
     /// with the process a moment later) and removes the file when no other
     /// live process holds one, so that a job whose processes all end
     /// leaves nothing in the folder, however closely together they end
-    /// (the header lock orders them: the last one removes it). Never
-    /// waits: a lock or a state that is busy leaves the record to the
-    /// kernel and the file to the next process.
-    fn leave_at_exit(&self) {
+    /// (the header lock orders them: the last one removes it). Waits for
+    /// the header lock at most [`EXIT_LOCK_WAIT`] (processes ending
+    /// together each take it in turn; a process that gave up at once would
+    /// leave its record live to the others' look, and the file behind);
+    /// a lock still busy then, or a state busy in this process, leaves the
+    /// record to the kernel and the file to the next process.
+    pub(super) fn leave_at_exit(&self) {
         let Ok(g) = self.inner.try_lock() else {
             return;
         };
@@ -331,7 +352,7 @@ impl Ledger {
         let Some(fd) = open.fd() else {
             return;
         };
-        if !matches!(sf::try_lock(fd, 0, BLOCK as u64, Lock::Write), Ok(true)) {
+        if !header_lock_at_exit(fd) {
             return;
         }
         let held = HeaderLock::taken(fd);

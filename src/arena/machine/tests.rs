@@ -101,6 +101,37 @@ fn the_last_to_leave_removes_the_file_and_holding_nothing_keeps_no_descriptor() 
     short(a.reserve(0, MIB, 8 * MIB));
 }
 
+/// Two processes ending together, each holding its bytes to its end: the
+/// one that finds the header lock taken waits its turn (here a third
+/// description holds the lock for 50 ms), clears its record, and the last
+/// one out removes the file. Giving up at once on the busy lock left its
+/// record live to the other's look, and the file behind.
+#[test]
+fn processes_leaving_at_exit_together_take_turns_and_the_last_removes_the_file() {
+    use crate::platform::statefile::{self as sf, Lock};
+    use std::os::fd::AsRawFd;
+    let d = dir();
+    let (a, b) = (Ledger::new(d.path()), Ledger::new(d.path()));
+    a.reserve(0, MIB, 8 * MIB).expect("fits");
+    b.reserve(0, MIB, 8 * MIB).expect("fits");
+    let other = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(a.path())
+        .expect("open");
+    let fd = other.as_raw_fd();
+    assert!(sf::try_lock(fd, 0, BLOCK as u64, Lock::Write).expect("lock"));
+    let unlock = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        drop(other);
+    });
+    b.leave_at_exit();
+    unlock.join().expect("the unlocking thread");
+    assert!(a.path().exists(), "a still holds its record");
+    a.leave_at_exit();
+    assert!(!a.path().exists(), "the last one out removed the file");
+}
+
 #[test]
 fn a_file_removed_under_live_processes_is_made_again_with_their_records() {
     let d = dir();
