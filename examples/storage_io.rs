@@ -37,6 +37,10 @@ use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
+#[path = "util/args.rs"]
+mod args;
+use args::{list, size};
+
 struct Args {
     file: PathBuf,
     size: u64,
@@ -52,23 +56,6 @@ struct Args {
     gpu: u32,
     reps: usize,
     json: bool,
-}
-
-fn size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let (n, m) = match t.chars().last() {
-        Some('K' | 'k') => (&t[..t.len() - 1], 1u64 << 10),
-        Some('M' | 'm') => (&t[..t.len() - 1], 1 << 20),
-        Some('G' | 'g') => (&t[..t.len() - 1], 1 << 30),
-        _ => (t, 1),
-    };
-    n.parse::<u64>()
-        .map(|v| v * m)
-        .map_err(|e| format!("{s}: {e}"))
-}
-
-fn list<T>(s: &str, f: impl Fn(&str) -> Result<T, String>) -> Result<Vec<T>, String> {
-    s.split(',').map(|x| f(x.trim())).collect()
 }
 
 fn parse() -> Result<Args, String> {
