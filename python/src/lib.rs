@@ -84,6 +84,7 @@ fn _numapin(m: &Bound<'_, PyModule>) -> PyResult<()> {
     )?)?;
     m.add_class::<storage::PyCheckpoint>()?;
     m.add_function(wrap_pyfunction!(storage::open_safetensors, m)?)?;
+    m.add_function(wrap_pyfunction!(storage::check_io, m)?)?;
     m.add_function(wrap_pyfunction!(storage::read_to_device, m)?)?;
     m.add_function(wrap_pyfunction!(storage::read_to_host, m)?)?;
     m.add_function(wrap_pyfunction!(storage::locate, m)?)?;

@@ -121,6 +121,14 @@ pub(crate) struct PyCheckpoint {
 }
 
 /// Opens a `.safetensors` file or a `*.index.json` and its shards.
+/// Checks `io` as the readers take it (a `TypeError` or an `InputError`
+/// naming the accepted modes), so that a caller checks it before opening
+/// a file.
+#[pyfunction]
+pub(crate) fn check_io(io: Choice<IoMode>) {
+    let _ = io;
+}
+
 #[pyfunction]
 pub(crate) fn open_safetensors(py: Python<'_>, path: PathBuf) -> PyResult<PyCheckpoint> {
     let ck = py

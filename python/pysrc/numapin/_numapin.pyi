@@ -26,6 +26,7 @@ __all__ = [
     "_lent_at",
     "Checkpoint",
     "open_safetensors",
+    "check_io",
     "read_to_device",
     "read_to_host",
     "locate",
@@ -255,6 +256,7 @@ class Checkpoint:
     ) -> dict[str, Any]: ...
 
 def open_safetensors(path: str) -> Checkpoint: ...
+def check_io(io: str) -> None: ...
 def read_to_device(
     path: str,
     offset: int,

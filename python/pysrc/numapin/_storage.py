@@ -91,19 +91,12 @@ def _names(names: Any) -> list[str] | None:
     return out
 
 
-#: The I/O modes the reader takes (``numapin::storage::IoMode``).
-IO_MODES = ("auto", "buffered", "direct")
-
-
 def _read_opts(threads: Any, chunk_bytes: Any, io: Any) -> dict[str, Any]:
-    """``threads`` and ``chunk_bytes`` checked for the reader (``io``,
-    one of ``IO_MODES``, is checked here too, before a file is opened)."""
+    """``threads``, ``chunk_bytes`` and ``io`` checked for the reader,
+    before a file is opened."""
     import numapin
 
-    if not isinstance(io, str):
-        raise TypeError(f"io={io!r:.60}: not a string\n  fix: use one of {', '.join(map(repr, IO_MODES))}")
-    if io not in IO_MODES:
-        raise InputError(f"io={io!r:.60} is not an I/O mode\n  fix: use one of {', '.join(map(repr, IO_MODES))}")
+    _numapin.check_io(io)
     return dict(
         threads=numapin._int(threads, "threads", hi=MAX_THREADS, fix="pass 0 (numapin picks) or a thread count"),
         chunk_bytes=numapin._int(
