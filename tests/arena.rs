@@ -2281,3 +2281,55 @@ fn staging_buffers_pin_no_more_than_they_hold() {
         .unwrap_err();
     assert_eq!(e.kind(), numapin::ErrorKind::Input);
 }
+
+/// Under an address-space or data limit a few MiB above what the process
+/// maps (`ulimit -v`, `ulimit -d`), a region that does not fit is a
+/// permission-kind error naming the limit and its fix, never a crash.
+#[test]
+fn an_address_space_limit_gives_a_clear_error() {
+    let _g = serial();
+    if let Some(out) = run_child("child_address_limit", &[], || Ok(())) {
+        assert_child_passed(&out);
+    }
+}
+
+#[test]
+#[ignore = "runs in a child process: started by an_address_space_limit_gives_a_clear_error"]
+fn child_address_limit() {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    if !in_child("child_address_limit") {
+        return;
+    }
+    let rt = runtime(small());
+    let node = first_node(&rt);
+    // The address-space limit counts every mapping; the data limit,
+    // private writable ones.
+    for (res, name, flag, field) in [
+        (Resource::RLIMIT_AS, "RLIMIT_AS", "ulimit -v", "VmSize:"),
+        (Resource::RLIMIT_DATA, "RLIMIT_DATA", "ulimit -d", "VmData:"),
+    ] {
+        let vm_kib: u64 = std::fs::read_to_string("/proc/self/status")
+            .unwrap()
+            .lines()
+            .find_map(|l| l.strip_prefix(field))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .unwrap();
+        let (soft, hard) = getrlimit(res).unwrap();
+        setrlimit(res, (vm_kib << 10) + 4 * MIB as u64, hard).unwrap();
+        let r = rt.alloc(Target::HostNode(node), MIB);
+        setrlimit(res, soft, hard).unwrap();
+        let e = arena_err(r.unwrap_err());
+        let msg = format!("{e}\n  fix: {}", e.fix().unwrap());
+        println!("{name}: {msg}");
+        assert!(
+            matches!(e, RuntimeError::AddressLimit { limit, .. } if limit == name),
+            "{e:?}"
+        );
+        assert_eq!(e.kind(), numapin::ErrorKind::Permission, "{msg}");
+        for part in [name, flag, "region_bytes", "16 MiB region"] {
+            assert!(msg.contains(part), "{part}: {msg}");
+        }
+    }
+    // Without the limit the same request is met.
+    drop(rt.alloc(Target::HostNode(node), MIB).unwrap());
+}

@@ -524,6 +524,139 @@ def test_at_the_fewest_descriptors_torchs_loader_needs_numapins_works_too():
     assert lines[2].startswith("numapin at 8 LimitError: ") and "ulimit -n" in lines[2], r.stdout
 
 
+LITTLE_ADDRESS_SPACE = """
+import os, resource, warnings, torch, numapin, numapin.torch as nt
+from torch.utils.data import DataLoader, TensorDataset
+ds = TensorDataset(torch.arange(64 * 8 * 1024.0).reshape(64, 8 * 1024))
+want = [float(b[0].sum()) for b in DataLoader(ds, batch_size=8)]
+
+LIMIT, FIELD, FLAG, MARGINS = {args}
+
+def limit(margin):
+    # The limit `margin` MiB above what it counts now (every mapping for
+    # RLIMIT_AS, private writable ones for RLIMIT_DATA); returns the old.
+    vm = next(int(l.split()[1]) << 10 for l in open("/proc/self/status") if l.startswith(FIELD))
+    old = resource.getrlimit(getattr(resource, LIMIT))
+    resource.setrlimit(getattr(resource, LIMIT), (vm + (margin << 20), old[1]))
+    return old
+
+def children():
+    me, out = str(os.getpid()), set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if any(l.split()[1:] == [me] for l in open(f"/proc/{pid}/status") if l.startswith("PPid:")):
+                out.add(pid)
+        except OSError:
+            pass
+    return out
+
+def said(e):
+    return "LimitError" if f"ulimit {FLAG}" in str(e) and LIMIT in str(e) else "LimitError without the fix: " + str(e)
+
+# numapin's first use (its runtime, a 256 MiB region) under the limit, then
+# with the limit lifted.
+old = limit(8)
+try:
+    numapin.empty((1024,), "float32", like="numpy")
+    print("runtime|made")
+except numapin.LimitError as e:
+    print("runtime|" + said(e))
+except BaseException as e:
+    print("runtime|" + type(e).__name__ + ": " + str(e).splitlines()[0][:200])
+finally:
+    resource.setrlimit(getattr(resource, LIMIT), old)
+print("after|" + str(numapin.empty((1024,), "float32", like="numpy").shape))
+
+def attempt(kind, margin, workers):
+    before = children()
+    old = limit(margin)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            if kind == "torch":
+                dl = DataLoader(ds, batch_size=8, num_workers=workers)
+            else:
+                dl = nt.DataLoader(ds, batch_size=8, num_workers=workers)
+            got = [float(b[0].sum()) for b in dl]
+            if kind != "torch":
+                dl.close()
+            del dl
+        return "same" if got == want else "WRONG"
+    except numapin.LimitError as e:
+        return said(e)
+    except BaseException as e:
+        return type(e).__name__ + ": " + str(e).splitlines()[0][:120]
+    finally:
+        resource.setrlimit(getattr(resource, LIMIT), old)
+        # What numapin's attempt started it has stopped and waited for.
+        if kind != "torch" and children() - before:
+            print("left|" + " ".join(sorted(children() - before)))
+
+for workers in (2, 0):
+    for margin in MARGINS:
+        print(workers, margin, attempt("torch", margin, workers), attempt("numapin", margin, workers), sep="|")
+"""
+
+
+def test_under_little_address_space_numapins_loader_works_where_torchs_does_or_says_which_limit():
+    # RLIMIT_AS a few MiB above what the process maps: where torch's loader
+    # delivers its batches, numapin's does too (its slots or, where they
+    # cannot be made, torch's path); where it cannot (a worker's queue
+    # thread refused: torch raises OSError or RuntimeError), numapin's raises
+    # a LimitError naming the limit and ulimit -v (-d), with the workers
+    # torch started stopped and waited for. numapin's own first use (its
+    # runtime) under the limit is a LimitError too, and works once it is
+    # lifted. (RLIMIT_DATA is not tried with workers: there, a thread whose
+    # stack comes from glibc's cache starts and then fails its first
+    # allocation, and CPython's Thread.start() waits for it forever, in
+    # torch's loader and numapin's alike.)
+    args = ("RLIMIT_AS", "VmSize:", "-v", (0, 8, 256))
+    r = run_py(LITTLE_ADDRESS_SPACE.replace("{args}", repr(args)), timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    lines = r.stdout.splitlines()
+    assert lines[:2] == ["runtime|LimitError", "after|(1024,)"], r.stdout
+    rows = [line.split("|") for line in lines[2:]]
+    assert len(rows) == 6 and all(len(row) == 4 for row in rows), r.stdout
+    for workers, margin, theirs, ours in rows:
+        assert ours in ("same", "LimitError"), r.stdout
+        if workers == "0" and theirs == "same":
+            assert ours == "same", r.stdout
+    # With (almost) no room, two workers' queues cannot start for either.
+    assert rows[0][2] != "same" and rows[0][3] == "LimitError", r.stdout
+    # Well above the edge both load.
+    assert rows[2][2:] == ["same", "same"] and rows[5][2:] == ["same", "same"], r.stdout
+
+
+def test_under_a_data_limit_the_pool_is_not_made_and_says_so_or_batches_take_torchs_path():
+    # RLIMIT_DATA 8 MiB above what the process holds: less than a slot pool
+    # needs (its thread's stack and thread-local data would abort the
+    # process in glibc). With slot_bytes asked for, a LimitError naming the
+    # limit and ulimit -d, before any thread starts; without, one warning
+    # and torch's path, batch for batch.
+    r = run_py("""
+        import resource, warnings, torch, numapin, numapin.torch as nt
+        from torch.utils.data import DataLoader, TensorDataset
+        ds = TensorDataset(torch.arange(64 * 1024.0).reshape(64, 1024))
+        want = [float(b[0].sum()) for b in DataLoader(ds, batch_size=8)]
+        data = next(int(l.split()[1]) << 10 for l in open("/proc/self/status") if l.startswith("VmData:"))
+        resource.setrlimit(resource.RLIMIT_DATA, (data + (8 << 20), resource.RLIM_INFINITY))
+        try:
+            nt.DataLoader(ds, batch_size=8, slot_bytes=1 << 20)
+            print("made")
+        except numapin.LimitError as e:
+            print("LimitError" if "RLIMIT_DATA" in str(e) and "ulimit -d" in str(e) else str(e))
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            dl = nt.DataLoader(ds, batch_size=8)
+            got = [float(b[0].sum()) for b in dl]
+            dl.close()
+        print("same" if got == want else "WRONG")
+        print(sum("the slot pool could not be made (RLIMIT_DATA" in str(x.message) for x in w))
+    """, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.splitlines() == ["LimitError", "same", "1"], r.stdout + r.stderr[-2000:]
+
+
 @requires("tool", "prlimit setpriv")
 def test_a_64k_memlock_limit_gives_torchs_batches_with_a_warning():
     # Without CAP_IPC_LOCK, with the 64 KiB limit many containers set and

@@ -180,6 +180,22 @@ pub enum RuntimeError {
         #[source]
         source: std::io::Error,
     },
+    /// A region could not be mapped under the process's address-space or
+    /// data limit (`ulimit -v`, `ulimit -d`).
+    #[error("node {node}: a {} region does not fit under the process's {limit} of {}", fmt_bytes(*size), fmt_bytes(*bytes))]
+    AddressLimit {
+        /// The node.
+        node: u32,
+        /// Bytes of the region.
+        size: u64,
+        /// The limit: `RLIMIT_AS` or `RLIMIT_DATA`.
+        limit: &'static str,
+        /// Its soft value, in bytes.
+        bytes: u64,
+        /// The system's error (`ENOMEM` from `mmap`).
+        #[source]
+        source: std::io::Error,
+    },
     /// A region's hugetlb pages could not be had: the node's pool has too
     /// few free pages, the kernel offers no pages of that size there, or
     /// faulting them in failed (another process took the node's free pages
@@ -288,7 +304,9 @@ impl RuntimeError {
             | RuntimeError::HugePages {
                 usable: Some(_), ..
             } => ErrorKind::Budget,
-            RuntimeError::Memlock { .. } => ErrorKind::Permission,
+            RuntimeError::Memlock { .. } | RuntimeError::AddressLimit { .. } => {
+                ErrorKind::Permission
+            }
             RuntimeError::Affinity(e) => e.kind(),
             RuntimeError::NoMemory {
                 source: Some(e), ..
@@ -319,6 +337,7 @@ impl RuntimeError {
             RuntimeError::MachineState { .. } => "point NUMAPIN_MACHINE_BUDGET_DIR at a folder of this user's own that exists (mode 0700), or turn the machine budget off (NUMAPIN_MACHINE_BUDGET=off)".into(),
             RuntimeError::OffNode { how, .. } if how.contains("first touch") => "first touch put the pages elsewhere: the node's CPUs this process may use (cpuset) must exist and the memory policy must be the default (no `numactl --membind` around the container), and the node needs free memory (`numastat -m`); to bind with mbind instead, allow it (`docker run --cap-add SYS_NICE`, Kubernetes securityContext.capabilities.add [\"SYS_NICE\"]); RuntimeConfig::off_node = OffNode::Warn (`placement=\"warn\"` in Python) keeps such regions".into(),
             RuntimeError::OffNode { .. } => "the node is short of free memory or the kernel moved pages (check `numastat -m`, free memory on the node, or lower the budget); RuntimeConfig::off_node = OffNode::Warn (`placement=\"warn\"` in Python) keeps such regions".into(),
+            RuntimeError::AddressLimit { limit, .. } => format!("raise the limit in the shell that starts the process (`ulimit {}`, or `unlimited`), or make smaller regions (RuntimeConfig::region_bytes, `region_bytes=` of numapin.configure in Python)", if *limit == "RLIMIT_AS" { "-v" } else { "-d" }),
             RuntimeError::System { .. } => "check free memory on the node (`numastat -m`) and the process's limits (`ulimit -a`)".into(),
             RuntimeError::HugePages {
                 node,

@@ -211,6 +211,32 @@ pub(crate) fn stat_flags(stat: &[u8]) -> Option<u64> {
     rest.split_ascii_whitespace().nth(6)?.parse().ok()
 }
 
+/// What `/proc/<pid>/stat` says of which process, and which program, a
+/// pid names: its start time in clock ticks since boot (field 22: another
+/// process given the same pid later starts later), and its command (field
+/// 2) with the addresses of its code and stack (fields 26-28, placed anew
+/// by each `exec`, shown as 0 to a reader that may not trace it).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct StatIdentity {
+    pub start: Option<u64>,
+    pub program: (Vec<u8>, [u64; 3]),
+}
+
+/// The [`StatIdentity`] in a `/proc/<pid>/stat`; `None` when it is not one.
+pub(crate) fn stat_identity(stat: &[u8]) -> Option<StatIdentity> {
+    let open = stat.iter().position(|&b| b == b'(')?;
+    let close = stat.iter().rposition(|&b| b == b')')?;
+    let comm = stat.get(open + 1..close)?.to_vec();
+    let rest = std::str::from_utf8(stat.get(close + 1..)?).ok()?;
+    // Field 3 (state) is the first after the parenthesis.
+    let f: Vec<&str> = rest.split_ascii_whitespace().take(26).collect();
+    let num = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok());
+    Some(StatIdentity {
+        start: num(19),
+        program: (comm, [num(23)?, num(24)?, num(25)?]),
+    })
+}
+
 /// Whether `<root>/proc` shows the host's PID namespace (the initial one,
 /// whose pids NVML reports): there, and only there, pid 2 is the kernel
 /// thread `kthreadd` (every kernel thread belongs to the initial namespace;

@@ -42,6 +42,22 @@ pub(crate) fn memlock_limit() -> io::Result<(u64, u64)> {
         .map_err(io::Error::from)
 }
 
+/// The first of `RLIMIT_AS` and `RLIMIT_DATA` that caps this process
+/// (name, soft limit in bytes): a mapping refused with `ENOMEM` under one
+/// is the process's limit, not the machine's memory.
+pub(crate) fn address_limit() -> Option<(&'static str, u64)> {
+    use nix::sys::resource::{getrlimit, Resource};
+    [
+        ("RLIMIT_AS", Resource::RLIMIT_AS),
+        ("RLIMIT_DATA", Resource::RLIMIT_DATA),
+    ]
+    .into_iter()
+    .find_map(|(name, r)| {
+        let (soft, _) = getrlimit(r).ok()?;
+        (soft != nix::sys::resource::RLIM_INFINITY).then_some((name, soft))
+    })
+}
+
 /// Whether this process has CAP_IPC_LOCK in its effective set (which lets it
 /// lock memory beyond RLIMIT_MEMLOCK).
 pub(crate) fn has_cap_ipc_lock() -> bool {

@@ -72,6 +72,7 @@ mod driver;
 mod error;
 mod expect;
 mod facts;
+mod identity;
 mod locality;
 mod nic;
 mod nodes;

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use super::attribution::Attribution;
 use super::devices::{DeviceFiles, FileKind};
 use super::driver::DriverQuery;
+use super::identity::{Change, Identity};
 use super::publish::{self, Publication};
 use super::snapshot::{
     Environment, MemoryUse, OpenGpu, ProcessSnapshot, Threads, Unread, NIC_VARS, RANK_VARS,
@@ -57,6 +58,9 @@ with_setters!(ReadLimits {
     with_max_environ_bytes => max_environ_bytes: usize,
     with_max_processes => max_processes: usize,
 });
+
+/// Readings of a process that keeps changing its program or user.
+const READS: u32 = 3;
 
 /// Bytes of a command line kept.
 const CMDLINE_BYTES: usize = 4 << 10;
@@ -134,12 +138,58 @@ impl ProcReader {
     /// [`ProcessError::Exited`] when it went away while read or is a
     /// zombie; [`ProcessError::Unreadable`] when its `status` cannot be read.
     pub fn read(&self, pid: u32) -> Result<ProcessSnapshot, ProcessError> {
-        self.read_with(pid, true)
+        self.read_with(pid, true, None)
     }
 
     /// [`ProcReader::read`], reading the mappings only when `maps` is set or
-    /// the process has a GPU or the NVIDIA driver open.
-    pub(super) fn read_with(&self, pid: u32, maps: bool) -> Result<ProcessSnapshot, ProcessError> {
+    /// the process has a GPU or the NVIDIA driver open; `first`, the
+    /// process's identity when it was first looked at (the scan's look at
+    /// its descriptors). A process that `exec`s or changes its user while
+    /// read is read again (at most [`READS`] times, then the last reading
+    /// says so in [`ProcessSnapshot::unread`]); one whose pid names another
+    /// process by the end has exited.
+    pub(super) fn read_with(
+        &self,
+        pid: u32,
+        maps: bool,
+        first: Option<Identity>,
+    ) -> Result<ProcessSnapshot, ProcessError> {
+        let mut before = match first {
+            Some(i) => i,
+            None => self.identity(pid)?,
+        };
+        let mut attempt = 1;
+        loop {
+            let mut s = self.read_once(pid, maps)?;
+            let after = self.identity(pid).map_err(|_| exited(pid))?;
+            match before.change(&after, s.uid, self.uid_now(pid)) {
+                Change::None => return Ok(s),
+                Change::Reused => {
+                    return Err(ProcessError::Exited {
+                        pid,
+                        how: "exited while it was read (its pid now names another process)".into(),
+                    })
+                }
+                Change::Changed(what) if attempt == READS => {
+                    s.unread.push(Unread {
+                        part: "process".into(),
+                        why: format!(
+                            "its {what} changed while it was read, {READS} times running: parts may be of its earlier {what}"
+                        ),
+                        permission: false,
+                    });
+                    return Ok(s);
+                }
+                Change::Changed(_) => {
+                    before = after;
+                    attempt += 1;
+                }
+            }
+        }
+    }
+
+    /// One reading of `pid`, from its `status` to its publication.
+    fn read_once(&self, pid: u32, maps: bool) -> Result<ProcessSnapshot, ProcessError> {
         let mut s = self.status(pid)?;
         let mut r = PidReader {
             reader: self,
@@ -154,10 +204,29 @@ impl ProcReader {
         r.environment()?;
         r.memory()?;
         r.publication(&stats);
-        if !self.alive(pid) {
-            return Err(exited(pid));
-        }
         Ok(s)
+    }
+
+    /// `pid`'s [`Identity`] now.
+    ///
+    /// # Errors
+    ///
+    /// [`ProcessError::NoSuchProcess`] when it is gone.
+    pub(super) fn identity(&self, pid: u32) -> Result<Identity, ProcessError> {
+        match procfs::read_capped(&pid_path(&self.root, pid, "stat"), SMALL_FILE) {
+            Ok(b) => Ok(Identity::from_stat(Some(&b))),
+            Err(e) if procfs::is_gone(&e) && !self.alive(pid) => {
+                Err(ProcessError::NoSuchProcess { pid })
+            }
+            Err(_) => Ok(Identity::from_stat(None)),
+        }
+    }
+
+    /// `pid`'s real user id now (`None` when its `status` cannot be read).
+    fn uid_now(&self, pid: u32) -> Option<u32> {
+        procfs::read_capped(&pid_path(&self.root, pid, "status"), SMALL_FILE)
+            .ok()
+            .and_then(|b| procfs::parse_status(&b).uid)
     }
 
     pub(super) fn devices(&self) -> &DeviceFiles {

@@ -68,8 +68,11 @@ impl ProcReader {
             ..Scan::default()
         };
         for pid in pids.into_iter().filter(|&p| Some(p) != me) {
+            let Ok(first) = self.identity(pid) else {
+                continue;
+            };
             match self.uses_a_gpu(pid) {
-                Ok(true) => self.add(&mut scan, pid, self.read_with(pid, false)),
+                Ok(true) => self.add(&mut scan, pid, self.read_with(pid, false, Some(first))),
                 Ok(false) => {}
                 Err(e) if procfs::is_denied(&e) => scan.unreadable.push(self.unlisted(pid, &e)),
                 // Gone, or its folder is not a process's: nothing to list.
@@ -102,7 +105,7 @@ impl ProcReader {
             ..Scan::default()
         };
         for pid in pids {
-            match self.read_with(pid, true) {
+            match self.read_with(pid, true, None) {
                 Err(ProcessError::NoSuchProcess { pid }) => scan.exited.push(Unlisted {
                     pid,
                     command: None,

@@ -164,7 +164,8 @@ impl MemoryUse {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Unread {
     /// What it is (`environment`, `descriptors`, `mappings`, `memory`,
-    /// `threads`, `numapin`).
+    /// `threads`, `numapin`; `process` for one that kept changing its
+    /// program or user while read).
     pub part: String,
     /// Why, as a sentence naming the file.
     pub why: String,

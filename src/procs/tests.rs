@@ -841,3 +841,140 @@ fn the_live_proc_of_this_process_and_a_zombie() {
         Err(ProcessError::NoSuchProcess { .. })
     ));
 }
+
+/// A `stat` line of process `pid` running `comm`, started at `start`
+/// ticks, its stack at `stack`.
+fn stat_line(pid: u32, comm: &str, start: u64, stack: u64) -> String {
+    let fields: Vec<String> = (3..=52)
+        .map(|f| match f {
+            3 => "S".into(),
+            22 => start.to_string(),
+            26 => "4096".into(),
+            27 => "8192".into(),
+            28 => stack.to_string(),
+            _ => "0".into(),
+        })
+        .collect();
+    format!("{pid} ({comm}) {}", fields.join(" "))
+}
+
+/// Makes `dir/environ` a FIFO and, on a thread, feeds each reading of it
+/// in turn: once the reader has opened it, writes each `(file, contents)`
+/// of the step into `dir` (the process changing while read), puts a new
+/// FIFO in its place (a regular file holding `last` after the last step),
+/// then writes `LOCAL_RANK=<step>` and closes it.
+fn feed_environ(
+    dir: &Path,
+    steps: Vec<Vec<(&'static str, String)>>,
+    last: &'static str,
+) -> std::thread::JoinHandle<()> {
+    let env = dir.join("environ");
+    let _ = std::fs::remove_file(&env);
+    nix::unistd::mkfifo(&env, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    let dir = dir.to_path_buf();
+    let n = steps.len();
+    std::thread::spawn(move || {
+        for (i, files) in steps.into_iter().enumerate() {
+            // Blocks until the reader opens this FIFO.
+            let mut w = std::fs::OpenOptions::new().write(true).open(&env).unwrap();
+            for (name, text) in files {
+                std::fs::write(dir.join(name), text).unwrap();
+            }
+            let next = dir.join("environ.next");
+            if i + 1 == n {
+                std::fs::write(&next, last).unwrap();
+            } else {
+                nix::unistd::mkfifo(&next, nix::sys::stat::Mode::from_bits_truncate(0o600))
+                    .unwrap();
+            }
+            std::fs::rename(&next, &env).unwrap();
+            use std::io::Write;
+            w.write_all(format!("LOCAL_RANK={i}\0").as_bytes()).unwrap();
+        }
+    })
+}
+
+/// A pid given to another process while it is read is an exited process,
+/// never the first one's status with the second one's memory; a process
+/// that execs or changes its user while read is read again, and one that
+/// keeps changing says so.
+#[test]
+fn a_process_that_changes_while_read_is_read_again_or_said_to_have_exited() {
+    let t = dgx();
+    let d = root(&[rank4_bound_right(400)]);
+    let dir = d.path().join("proc/400");
+    let reader = ProcReader::with_root(&t, d.path());
+    let stat = |comm: &str, start: u64, stack: u64| ("stat", stat_line(400, comm, start, stack));
+    std::fs::write(dir.join("stat"), stat("python3", 1000, 77).1).unwrap();
+    let env_rank = |s: &ProcessSnapshot| {
+        s.environment
+            .as_ref()
+            .and_then(|e| e.get("LOCAL_RANK"))
+            .map(str::to_string)
+    };
+
+    // The pid now names a process started later.
+    let feeder = feed_environ(&dir, vec![vec![stat("sleep", 2000, 78)]], "LOCAL_RANK=9\0");
+    match reader.read(400) {
+        Err(ProcessError::Exited { pid: 400, how }) => {
+            assert!(how.contains("now names another process"), "{how}");
+        }
+        other => panic!("{other:?}"),
+    }
+    feeder.join().unwrap();
+    let scan = reader.read_pids(&[400]).unwrap();
+    assert!(
+        scan.processes.len() == 1 && scan.exited.is_empty(),
+        "{scan:?}"
+    );
+
+    // It execs while read (another command and stack): the second reading
+    // is of the new program only.
+    let feeder = feed_environ(&dir, vec![vec![stat("sleep", 2000, 99)]], "LOCAL_RANK=7\0");
+    let s = reader.read(400).unwrap();
+    feeder.join().unwrap();
+    assert_eq!(env_rank(&s).as_deref(), Some("7"), "{s:?}");
+    assert!(s.unread.is_empty(), "{:?}", s.unread);
+
+    // It changes its user (setuid as root to nobody) while read.
+    let status = std::fs::read_to_string(dir.join("status")).unwrap();
+    let nobody = status.replace(
+        "Uid:\t1000\t1000\t1000\t1000",
+        "Uid:\t65534\t65534\t65534\t65534",
+    );
+    assert_ne!(status, nobody);
+    let feeder = feed_environ(&dir, vec![vec![("status", nobody)]], "LOCAL_RANK=6\0");
+    let s = reader.read(400).unwrap();
+    feeder.join().unwrap();
+    assert_eq!(
+        (s.uid, env_rank(&s).as_deref()),
+        (Some(65534), Some("6")),
+        "{s:?}"
+    );
+
+    // It execs during each of three readings: the last says so.
+    let steps = (0..3).map(|i| vec![stat("sh", 2000, 200 + i)]).collect();
+    let feeder = feed_environ(&dir, steps, "LOCAL_RANK=5\0");
+    let s = reader.read(400).unwrap();
+    feeder.join().unwrap();
+    assert_eq!(env_rank(&s).as_deref(), Some("2"), "{s:?}");
+    let last = s.unread.last().expect("a line saying it kept changing");
+    assert_eq!(last.part, "process");
+    assert!(
+        last.why
+            .contains("program (exec) changed while it was read, 3 times"),
+        "{}",
+        last.why
+    );
+}
+
+#[test]
+fn stat_identity_reads_start_time_command_and_program_addresses() {
+    use crate::platform::procfs::stat_identity;
+    let id = stat_identity(stat_line(7, "a) (b", 123, 456).as_bytes()).unwrap();
+    assert_eq!(id.start, Some(123));
+    assert_eq!(id.program, (b"a) (b".to_vec(), [4096, 8192, 456]));
+    for bad in ["", "7 (x", "7 (x) S 1 2", "7 x) S"] {
+        assert_eq!(stat_identity(bad.as_bytes()), None, "{bad}");
+    }
+}

@@ -480,7 +480,8 @@ impl Runtime {
     /// address space, [`RuntimeError::BudgetExceeded`] or
     /// [`RuntimeError::CgroupBudget`] over a budget, and when a region must
     /// be made, its errors ([`RuntimeError::Memlock`],
-    /// [`RuntimeError::System`], [`RuntimeError::OffNode`],
+    /// [`RuntimeError::System`], [`RuntimeError::AddressLimit`] (under
+    /// `ulimit -v` or `-d`), [`RuntimeError::OffNode`],
     /// [`RuntimeError::HugePages`], ...).
     ///
     /// # Examples

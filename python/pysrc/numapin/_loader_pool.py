@@ -7,6 +7,7 @@ reaches it through a :class:`~numapin._loader_worker.PoolRef`.
 
 from __future__ import annotations
 
+import resource
 import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -15,6 +16,53 @@ import numapin
 from numapin import _numapin
 from numapin._loader_collate import SlotCollate
 from numapin._loader_worker import NoPool, PoolRef
+
+
+# Room a slot pool needs under an address-space or data limit: its thread's
+# stack and thread-local data, a malloc arena, its first slots. With less,
+# the pool is not made and batches take torch's path (which works with less
+# where torch's own loader does).
+POOL_ROOM = 32 << 20
+
+
+def _short_of_memory() -> tuple[str, str] | None:
+    """``(why, fix)`` when ``RLIMIT_AS`` or ``RLIMIT_DATA`` leaves this
+    process less than :data:`POOL_ROOM` (what the limit counts: every
+    mapping, or private writable ones), else None."""
+    status: dict[str, list[str]] = {}
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                k, _, v = line.partition(":")
+                status[k] = v.split()
+    except OSError:
+        return None
+    for name, limit, field, flag in (
+        ("RLIMIT_AS", resource.RLIMIT_AS, "VmSize", "-v"),
+        ("RLIMIT_DATA", resource.RLIMIT_DATA, "VmData", "-d"),
+    ):
+        soft = resource.getrlimit(limit)[0]
+        used = status.get(field)
+        if soft == resource.RLIM_INFINITY or not used or not used[0].isdigit():
+            continue
+        room = soft - (int(used[0]) << 10)
+        if room < POOL_ROOM:
+            return (
+                f"{name} ({soft >> 20} MiB) leaves {max(room, 0) >> 20} MiB, less than the "
+                f"{POOL_ROOM >> 20} MiB the pool needs",
+                f"raise the limit (ulimit {flag}), or use fewer workers",
+            )
+    return None
+
+
+def _fell_back(why: str, fix: str, stacklevel: int) -> None:
+    """Says once that batches take torch's path, why, and the fix."""
+    warnings.warn(
+        f"numapin.torch.DataLoader: the slot pool could not be made ({why}); "
+        f"batches take torch's ordinary path\n  fix: {fix}",
+        RuntimeWarning,
+        stacklevel=stacklevel,
+    )
 
 
 @dataclass(frozen=True)
@@ -56,21 +104,29 @@ class Slots:
     ) -> None:
         self.spec = spec
         self.failed: str | None = None
+        short = _short_of_memory()
+        if short is not None and spec.slot_bytes is not None:
+            raise numapin.LimitError(
+                f"numapin.torch.DataLoader: no room for the slot pool: {short[0]}\n  fix: {short[1]}"
+            )
         try:
-            self.pool: Any = _numapin.SlotPool.create()
+            if short is not None:
+                # Its thread could not start, or would abort the process
+                # (glibc cannot allocate a new thread's thread-local data).
+                self.pool: Any = NoPool(short[0])
+            else:
+                self.pool = _numapin.SlotPool.create()
         except numapin.Error as e:
             if spec.slot_bytes is not None:
                 raise
             # Torch's own loader works where no memfd can be made (few
             # descriptors left): so does this one, on torch's path.
             self.pool = NoPool(str(e).splitlines()[0])
-            warnings.warn(
-                f"numapin.torch.DataLoader: the slot pool could not be made ({self.pool.why}); "
-                "batches take torch's ordinary path\n  fix: raise the limit named (ulimit -n for "
-                "descriptors), or use fewer workers",
-                RuntimeWarning,
-                stacklevel=4,
-            )
+        if isinstance(self.pool, NoPool):
+            fix = short[1] if short else "raise the limit named (ulimit -n for descriptors), or use fewer workers"
+            _fell_back(self.pool.why, fix, 5)
+        if spec.on_request and not isinstance(self.pool, NoPool):
+            self._on_request(num_workers)
         self.ref = PoolRef(self.pool)
         try:
             self.collate = SlotCollate(
@@ -83,22 +139,33 @@ class Slots:
             )
             if num_workers == 0 and spec.slot_bytes is None:
                 self.collate.provision_here = self.provision
-            if spec.on_request:
-                # Two slots per worker and two more first (what a consumer as
-                # fast as the workers needs: one being filled and one done per
-                # worker), more when workers find none free, up to the bound.
-                self.pool.provision_on_request(
-                    spec.nslots,
-                    first=min(spec.nslots, 2 * num_workers + 2),
-                    grow_by=max(2, num_workers),
-                    gpu=spec.gpu,
-                    register=spec.register,
-                )
             if spec.slot_bytes is not None:
                 self.provision(spec.slot_bytes)
         except BaseException:
             self.close()
             raise
+
+    def _on_request(self, num_workers: int) -> None:
+        """Starts the thread that makes slots as workers ask (two per
+        worker and two more first: what a consumer as fast as the workers
+        needs, one being filled and one done per worker; more when workers
+        find none free, up to the bound). Where it cannot start (a memory
+        or thread limit), batches take torch's path, as above."""
+        spec = self.spec
+        try:
+            self.pool.provision_on_request(
+                spec.nslots,
+                first=min(spec.nslots, 2 * num_workers + 2),
+                grow_by=max(2, num_workers),
+                gpu=spec.gpu,
+                register=spec.register,
+            )
+        except numapin.Error as e:
+            self.pool.close()
+            if spec.slot_bytes is not None:
+                raise
+            self.pool = NoPool(str(e).splitlines()[0])
+            _fell_back(self.pool.why, getattr(e, "fix", None) or "raise the limit named, or use fewer workers", 6)
 
     def provision(self, nbytes: int) -> None:
         """Makes the pool's slots of ``nbytes`` (main process). Where that

@@ -438,6 +438,75 @@ class DataLoader:
             return t
 
 
+def _stop_half_made(e: BaseException) -> None:
+    """Stops the workers of torch's iterator whose making `e` cut short
+    (a queue's thread refused under a memory limit, say): torch leaves them
+    running until the half-made object is collected, maybe in a later
+    worker's fork."""
+    from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
+
+    tb = e.__traceback__
+    while tb is not None:
+        it = tb.tb_frame.f_locals.get("self")
+        if isinstance(it, _MultiProcessingDataLoaderIter):
+            break
+        tb = tb.tb_next
+    else:
+        return
+    if not hasattr(it, "_shutdown"):
+        # Cut short before torch started any worker: nothing to stop, and
+        # its __del__ would fail on the missing attribute.
+        it._shutdown = True
+        return
+    try:
+        it._shutdown_workers()
+    except BaseException:  # noqa: BLE001 - it ends by terminating the workers
+        pass
+    for w in getattr(it, "_workers", []):
+        try:
+            w.join(timeout=5)
+            if w.is_alive():
+                w.kill()
+                w.join()
+        except BaseException:  # noqa: BLE001 - best effort, as torch's own
+            pass
+
+
+def _limit_error(e: BaseException) -> numapin.LimitError | None:
+    """The error to raise for `e` when it says a limit of the process was
+    reached (descriptors, or address space under ``ulimit -v``), else None."""
+    return _out_of_descriptors(e) or _out_of_memory(e)
+
+
+# What running out of memory looks like from below: Python (a thread's
+# stack, fork), torch's CPU allocator and shared memory, a worker's error
+# as torch re-raises it.
+_NO_MEMORY = ("can't start new thread", "can't allocate memory", "Cannot allocate memory",
+              "not enough memory", "out of memory")
+
+
+def _out_of_memory(e: BaseException) -> numapin.LimitError | None:
+    """A :class:`numapin.LimitError` naming the limit for `e` when the
+    process has an address-space or data limit (``ulimit -v``, ``-d``) and
+    `e` says memory ran out, else None (without a limit, running out is the
+    machine's, not the process's)."""
+    if not (isinstance(e, (MemoryError, RuntimeError)) or (isinstance(e, OSError) and e.errno == errno.ENOMEM)):
+        return None
+    text = str(e)
+    if not isinstance(e, MemoryError) and not any(w in text for w in _NO_MEMORY):
+        return None
+    for name, limit, flag in (("RLIMIT_AS", resource.RLIMIT_AS, "-v"), ("RLIMIT_DATA", resource.RLIMIT_DATA, "-d")):
+        soft = resource.getrlimit(limit)[0]
+        if soft != resource.RLIM_INFINITY:
+            why = text.strip().splitlines()[0][:200] if text.strip() else type(e).__name__
+            return numapin.LimitError(
+                f"the DataLoader ran out of memory under the process's limit ({why}; {name} is "
+                f"{soft >> 20} MiB)\n  fix: raise the limit (ulimit {flag}), or use fewer workers or "
+                "smaller batches"
+            )
+    return None
+
+
 def _out_of_descriptors(e: BaseException) -> numapin.LimitError | None:
     """The error to raise for `e` when it says the process ran out of file
     descriptors (torch's workers and queues take several each), else None."""
@@ -472,9 +541,10 @@ class _Iter:
             if _dlprofile.ENABLED:
                 self.it = _dlprofile.iterator(self.it)
         except BaseException as e:
+            _stop_half_made(e)
             if own:
                 slots.close()
-            if (limit := _out_of_descriptors(e)) is not None:
+            if (limit := _limit_error(e)) is not None:
                 raise limit from e
             raise
         finally:
@@ -504,7 +574,7 @@ class _Iter:
             raise
         except BaseException as e:
             self.close(shutdown=True)
-            if (limit := _out_of_descriptors(e)) is not None:
+            if (limit := _limit_error(e)) is not None:
                 raise limit from e
             raise
         if isinstance(item, Plain):

@@ -27,7 +27,8 @@ impl Region {
     ///
     /// The [`RuntimeError`] of the step that failed (every earlier step is
     /// undone): [`RuntimeError::System`] naming the step,
-    /// [`RuntimeError::HugePages`], [`RuntimeError::NoMemory`] when `mbind`
+    /// [`RuntimeError::AddressLimit`] when `mmap` runs out under
+    /// `RLIMIT_AS` or `RLIMIT_DATA`, [`RuntimeError::HugePages`], [`RuntimeError::NoMemory`] when `mbind`
     /// fails, [`RuntimeError::Memlock`], [`RuntimeError::Register`] and
     /// [`RuntimeError::OffNode`].
     pub fn create(o: &RegionOptions) -> Result<Region, RuntimeError> {

@@ -515,13 +515,28 @@ impl Region {
 }
 
 /// The error of a step that failed with `source`, for a region of `len`
-/// bytes on `node`.
+/// bytes on `node`: an `mmap` refused for want of memory under an
+/// address-space or data limit is that limit's error.
 fn step_failed(node: u32, len: usize) -> impl Fn(Step, std::io::Error) -> RuntimeError {
-    move |step, source| RuntimeError::System {
-        node,
-        size: len as u64,
-        step,
-        source,
+    move |step, source| {
+        let limit = (step == Step::Map && source.raw_os_error() == Some(libc::ENOMEM))
+            .then(crate::platform::sys::address_limit)
+            .flatten();
+        match limit {
+            Some((limit, bytes)) => RuntimeError::AddressLimit {
+                node,
+                size: len as u64,
+                limit,
+                bytes,
+                source,
+            },
+            None => RuntimeError::System {
+                node,
+                size: len as u64,
+                step,
+                source,
+            },
+        }
     }
 }
 

@@ -231,6 +231,7 @@ proptest! {
         let _ = parse_status(&bytes);
         let _ = stat_processor(&bytes);
         let _ = stat_flags(&bytes);
+        let _ = stat_identity(&bytes);
         let _ = environ_values(&bytes, &["LOCAL_RANK", "A"]);
         let _ = cmdline_text(&bytes);
         let _ = maps_path(&bytes);
@@ -238,5 +239,28 @@ proptest! {
         let mut n = 0;
         let _ = for_each_line(&bytes[..], 16, 8, |_| n += 1);
         prop_assert!(n <= 8);
+    }
+
+    /// A command of any bytes (the kernel prints it raw, parentheses and
+    /// spaces too) does not shift the fields after it.
+    #[test]
+    fn stat_identity_reads_past_any_command(
+        comm in proptest::collection::vec(any::<u8>(), 0..16),
+        start in any::<u64>(),
+        stack in any::<u64>(),
+    ) {
+        let mut stat = b"42 (".to_vec();
+        stat.extend(&comm);
+        let fields: Vec<String> = (3..=52)
+            .map(|f| match f {
+                22 => start.to_string(),
+                28 => stack.to_string(),
+                _ => f.to_string(),
+            })
+            .collect();
+        stat.extend(format!(") {}\n", fields.join(" ")).as_bytes());
+        let id = stat_identity(&stat).unwrap();
+        prop_assert_eq!(id.start, Some(start));
+        prop_assert_eq!(id.program, (comm, [26, 27, stack]));
     }
 }
