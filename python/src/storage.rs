@@ -120,7 +120,6 @@ pub(crate) struct PyCheckpoint {
     ck: Checkpoint,
 }
 
-/// Opens a `.safetensors` file or a `*.index.json` and its shards.
 /// Checks `io` as the readers take it (a `TypeError` or an `InputError`
 /// naming the accepted modes), so that a caller checks it before opening
 /// a file.
@@ -129,6 +128,7 @@ pub(crate) fn check_io(io: Choice<IoMode>) {
     let _ = io;
 }
 
+/// Opens a `.safetensors` file or a `*.index.json` and its shards.
 #[pyfunction]
 pub(crate) fn open_safetensors(py: Python<'_>, path: PathBuf) -> PyResult<PyCheckpoint> {
     let ck = py

@@ -42,20 +42,37 @@ pub(crate) fn memlock_limit() -> io::Result<(u64, u64)> {
         .map_err(io::Error::from)
 }
 
-/// The first of `RLIMIT_AS` and `RLIMIT_DATA` that caps this process
-/// (name, soft limit in bytes): a mapping refused with `ENOMEM` under one
-/// is the process's limit, not the machine's memory.
-pub(crate) fn address_limit() -> Option<(&'static str, u64)> {
+/// The first of `RLIMIT_AS` and `RLIMIT_DATA` that a mapping of `len`
+/// more bytes would pass (name, soft limit in bytes), judged from what the
+/// process maps now (`VmSize`, `VmData`) with 4 MiB to spare for guard
+/// pages: a mapping refused with `ENOMEM` under it is the process's limit,
+/// not the machine's memory. `None` when no limit is that close (the
+/// `ENOMEM` is then `vm.max_map_count`, overcommit or the machine's).
+pub(crate) fn address_limit(len: u64) -> Option<(&'static str, u64)> {
     use nix::sys::resource::{getrlimit, Resource};
     [
-        ("RLIMIT_AS", Resource::RLIMIT_AS),
-        ("RLIMIT_DATA", Resource::RLIMIT_DATA),
+        ("RLIMIT_AS", Resource::RLIMIT_AS, "VmSize"),
+        ("RLIMIT_DATA", Resource::RLIMIT_DATA, "VmData"),
     ]
     .into_iter()
-    .find_map(|(name, r)| {
+    .find_map(|(name, r, field)| {
         let (soft, _) = getrlimit(r).ok()?;
-        (soft != nix::sys::resource::RLIM_INFINITY).then_some((name, soft))
+        if soft == nix::sys::resource::RLIM_INFINITY {
+            return None;
+        }
+        let used = proc_status_kib(field).unwrap_or(0).saturating_mul(1024);
+        let wanted = used.saturating_add(len).saturating_add(4 << 20);
+        (wanted > soft).then_some((name, soft))
     })
+}
+
+/// A `/proc/self/status` field given in kB (`VmSize:  1234 kB`), in KiB.
+fn proc_status_kib(name: &str) -> Option<u64> {
+    proc_status_field(name)?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
 }
 
 /// Whether this process has CAP_IPC_LOCK in its effective set (which lets it
@@ -174,6 +191,29 @@ pub(crate) fn is_kernel_fs(path: &std::path::Path) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A limit far above what a mapping needs is not blamed for its
+    /// `ENOMEM` (that is `vm.max_map_count`, overcommit or the machine's);
+    /// one the mapping would pass is. The limit set is 1 TiB above what
+    /// this process maps, harmless to the tests running beside this one.
+    #[test]
+    fn only_a_limit_the_mapping_would_pass_is_named() {
+        use nix::sys::resource::{getrlimit, setrlimit, Resource};
+        let (soft, hard) = getrlimit(Resource::RLIMIT_AS).unwrap();
+        let used = proc_status_kib("VmSize").unwrap() << 10;
+        let at = used + (1 << 40);
+        if hard != nix::sys::resource::RLIM_INFINITY && hard < at {
+            return; // cannot raise it that far here
+        }
+        setrlimit(Resource::RLIMIT_AS, at, hard).unwrap();
+        let near = address_limit(1 << 20);
+        let past = address_limit(2 << 40);
+        setrlimit(Resource::RLIMIT_AS, soft, hard).unwrap();
+        if getrlimit(Resource::RLIMIT_DATA).unwrap().0 == nix::sys::resource::RLIM_INFINITY {
+            assert_eq!(near, None);
+        }
+        assert_eq!(past, Some(("RLIMIT_AS", at)));
+    }
 
     #[test]
     fn affinity_matches_proc_status() {

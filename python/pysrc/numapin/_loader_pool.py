@@ -25,10 +25,11 @@ from numapin._loader_worker import NoPool, PoolRef
 POOL_ROOM = 32 << 20
 
 
-def _short_of_memory() -> tuple[str, str] | None:
-    """``(why, fix)`` when ``RLIMIT_AS`` or ``RLIMIT_DATA`` leaves this
-    process less than :data:`POOL_ROOM` (what the limit counts: every
-    mapping, or private writable ones), else None."""
+def memory_limits() -> list[tuple[str, int, int, str]]:
+    """``(name, soft limit, room left, ulimit flag)`` of each of
+    ``RLIMIT_AS`` and ``RLIMIT_DATA`` that caps this process, room judged
+    from what the limit counts (``VmSize``: every mapping; ``VmData``:
+    private writable ones)."""
     status: dict[str, list[str]] = {}
     try:
         with open("/proc/self/status") as f:
@@ -36,7 +37,8 @@ def _short_of_memory() -> tuple[str, str] | None:
                 k, _, v = line.partition(":")
                 status[k] = v.split()
     except OSError:
-        return None
+        return []
+    out = []
     for name, limit, field, flag in (
         ("RLIMIT_AS", resource.RLIMIT_AS, "VmSize", "-v"),
         ("RLIMIT_DATA", resource.RLIMIT_DATA, "VmData", "-d"),
@@ -45,12 +47,19 @@ def _short_of_memory() -> tuple[str, str] | None:
         used = status.get(field)
         if soft == resource.RLIM_INFINITY or not used or not used[0].isdigit():
             continue
-        room = soft - (int(used[0]) << 10)
+        out.append((name, soft, soft - (int(used[0]) << 10), flag))
+    return out
+
+
+def _short_of_memory() -> tuple[str, str] | None:
+    """``(why, fix)`` when ``RLIMIT_AS`` or ``RLIMIT_DATA`` leaves this
+    process less than :data:`POOL_ROOM`, else None."""
+    for name, soft, room, flag in memory_limits():
         if room < POOL_ROOM:
             return (
                 f"{name} ({soft >> 20} MiB) leaves {max(room, 0) >> 20} MiB, less than the "
                 f"{POOL_ROOM >> 20} MiB the pool needs",
-                f"raise the limit (ulimit {flag}), or use fewer workers",
+                f"raise the limit (ulimit {flag}), or pass num_workers=0 (no pool is made then)",
             )
     return None
 
@@ -161,11 +170,13 @@ class Slots:
                 register=spec.register,
             )
         except numapin.Error as e:
+            # (on_request means no slot_bytes was given: torch's path it is.)
             self.pool.close()
-            if spec.slot_bytes is not None:
-                raise
             self.pool = NoPool(str(e).splitlines()[0])
             _fell_back(self.pool.why, getattr(e, "fix", None) or "raise the limit named, or use fewer workers", 6)
+        except BaseException:
+            self.pool.close()  # nothing of the pool outlives an error
+            raise
 
     def provision(self, nbytes: int) -> None:
         """Makes the pool's slots of ``nbytes`` (main process). Where that

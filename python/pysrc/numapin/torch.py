@@ -64,7 +64,7 @@ from numapin import _numapin  # noqa: F401 (numapin.torch._numapin, as before th
 from numapin._loader_collate import ALIGN  # noqa: F401 (numapin.torch.ALIGN, as before the split)
 from numapin._loader_collate import HEADROOM, Fallback, Leaf, Plain, SlotBatch, SlotCollate, slottable, tree_map
 from numapin._loader_fork import check_before_fork, start_method
-from numapin._loader_pool import PoolSpec, Slots
+from numapin._loader_pool import PoolSpec, Slots, memory_limits
 from numapin._loader_worker import NoPool, WorkerInit
 from numapin._stager import CheckpointStager as CheckpointStager
 
@@ -485,24 +485,31 @@ _NO_MEMORY = ("can't start new thread", "can't allocate memory", "Cannot allocat
               "not enough memory", "out of memory")
 
 
+# Room under a limit below which an allocation that failed is put down to
+# the limit: a batch, a thread's stack or a queue's buffers fit in less.
+LIMIT_NEAR = 1 << 30
+
+
 def _out_of_memory(e: BaseException) -> numapin.LimitError | None:
-    """A :class:`numapin.LimitError` naming the limit for `e` when the
-    process has an address-space or data limit (``ulimit -v``, ``-d``) and
-    `e` says memory ran out, else None (without a limit, running out is the
-    machine's, not the process's)."""
+    """A :class:`numapin.LimitError` naming the limit for `e` when `e` says
+    host memory ran out and an address-space or data limit (``ulimit -v``,
+    ``-d``) leaves the process less than :data:`LIMIT_NEAR`, else None
+    (with more room, or no limit, running out is the machine's; a GPU's
+    out-of-memory is the GPU's)."""
     if not (isinstance(e, (MemoryError, RuntimeError)) or (isinstance(e, OSError) and e.errno == errno.ENOMEM)):
         return None
     text = str(e)
+    if isinstance(e, torch.cuda.OutOfMemoryError) or "CUDA" in text:
+        return None
     if not isinstance(e, MemoryError) and not any(w in text for w in _NO_MEMORY):
         return None
-    for name, limit, flag in (("RLIMIT_AS", resource.RLIMIT_AS, "-v"), ("RLIMIT_DATA", resource.RLIMIT_DATA, "-d")):
-        soft = resource.getrlimit(limit)[0]
-        if soft != resource.RLIM_INFINITY:
+    for name, soft, room, flag in memory_limits():
+        if room < LIMIT_NEAR:
             why = text.strip().splitlines()[0][:200] if text.strip() else type(e).__name__
             return numapin.LimitError(
                 f"the DataLoader ran out of memory under the process's limit ({why}; {name} is "
-                f"{soft >> 20} MiB)\n  fix: raise the limit (ulimit {flag}), or use fewer workers or "
-                "smaller batches"
+                f"{soft >> 20} MiB, {max(room, 0) >> 20} MiB of it left)\n  fix: raise the limit "
+                f"(ulimit {flag}), or use fewer workers or smaller batches"
             )
     return None
 

@@ -141,7 +141,8 @@ fn header_lock_at_exit(fd: RawFd) -> bool {
 }
 
 /// At exit: each ledger that holds a record removes its file when no
-/// other live process holds one (see [`Ledger::leave_at_exit`]).
+/// other live process holds one (see [`Ledger::leave_at_exit`]); one
+/// ledger per budget folder (almost always one), each waiting its turn.
 extern "C" fn leave_all_at_exit() {
     let Ok(all) = LEDGERS.try_lock() else {
         return;

@@ -103,7 +103,7 @@ fn the_last_to_leave_removes_the_file_and_holding_nothing_keeps_no_descriptor() 
 
 /// Two processes ending together, each holding its bytes to its end: the
 /// one that finds the header lock taken waits its turn (here a third
-/// description holds the lock for 50 ms), clears its record, and the last
+/// description holds the lock for 10 ms), clears its record, and the last
 /// one out removes the file. Giving up at once on the busy lock left its
 /// record live to the other's look, and the file behind.
 #[test]
@@ -122,7 +122,7 @@ fn processes_leaving_at_exit_together_take_turns_and_the_last_removes_the_file()
     let fd = other.as_raw_fd();
     assert!(sf::try_lock(fd, 0, BLOCK as u64, Lock::Write).expect("lock"));
     let unlock = std::thread::spawn(move || {
-        std::thread::sleep(std::time::Duration::from_millis(50));
+        std::thread::sleep(std::time::Duration::from_millis(10));
         drop(other);
     });
     b.leave_at_exit();

@@ -515,12 +515,12 @@ impl Region {
 }
 
 /// The error of a step that failed with `source`, for a region of `len`
-/// bytes on `node`: an `mmap` refused for want of memory under an
-/// address-space or data limit is that limit's error.
+/// bytes on `node`: an `mmap` refused for want of memory where the region
+/// would pass an address-space or data limit is that limit's error.
 fn step_failed(node: u32, len: usize) -> impl Fn(Step, std::io::Error) -> RuntimeError {
     move |step, source| {
         let limit = (step == Step::Map && source.raw_os_error() == Some(libc::ENOMEM))
-            .then(crate::platform::sys::address_limit)
+            .then(|| crate::platform::sys::address_limit(len as u64))
             .flatten();
         match limit {
             Some((limit, bytes)) => RuntimeError::AddressLimit {
