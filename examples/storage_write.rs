@@ -7,8 +7,11 @@
 //! cargo run --release --example storage_write -- [--dir /tmp/numapin-write]
 //!     [--size 1G] [--reps 3] [--threads 0[,8..]] [--chunk 8M[,16M..]]
 //!     [--slots 2] [--no-fsync] [--replace] [--drive basic|variants|none]
-//!     [--drive-only]
+//!     [--no-drive] [--drive-only]
 //! ```
+//!
+//! `--size` is a multiple of 16M (the drive's largest write), so that
+//! the drive and the writer write the same bytes.
 //!
 //! The drive: one fresh file per figure, written sequentially with
 //! `O_DIRECT` by 1, 4 or 8 threads in 8 or 16 MiB writes, synced at the
@@ -23,7 +26,10 @@
 //! with the report's sync time, each save to a path that does not exist
 //! (its file removed before the next); `--replace` adds each setting
 //! again saving over its own last file (as a trainer that saves to one
-//! path): the rename then frees the old file's blocks.
+//! path; each such file is written once before the timed reps, so that
+//! every timed save replaces one): the rename then frees the old file's
+//! blocks. What the run writes in `--dir` is removed however it ends (and
+//! `--dir` too, if the run made it).
 //!
 //! Every figure is taken once per rep, in an order that rotates rep by
 //! rep, so that a drive whose rate drifts (a shared or virtual disk)
@@ -37,12 +43,13 @@
 #![allow(clippy::unwrap_used)] // tests and examples fail loudly
 
 use std::fs::File;
-use std::os::fd::AsRawFd;
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
+
+use nix::fcntl::{fallocate, FallocateFlags};
 
 use numapin::storage::write::{self, Data, FileParts, WriteOptions};
 use numapin::topology::ProbeOptions;
@@ -110,6 +117,9 @@ fn parse() -> Result<Args, String> {
     if a.reps == 0 || a.size == 0 {
         return Err("--reps and --size must be at least 1".into());
     }
+    if a.size % DRIVE_MAX_BLOCK as u64 != 0 {
+        return Err("--size must be a multiple of 16M".into());
+    }
     Ok(a)
 }
 
@@ -121,14 +131,51 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    std::fs::create_dir_all(&a.dir).unwrap();
+    let made = !a.dir.exists();
+    if let Err(e) = std::fs::create_dir_all(&a.dir) {
+        eprintln!(
+            "storage_write: --dir {}: cannot create it: {e}; give a folder you can write",
+            a.dir.display()
+        );
+        return ExitCode::from(2);
+    }
+    let _cleanup = Cleanup {
+        dir: a.dir.clone(),
+        saves: figures(&a).len(),
+        made,
+    };
     match run(&a) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("storage_write: {}", numapin::error::with_causes(&e));
+            eprintln!("storage_write: {e}");
             ExitCode::from(1)
         }
     }
+}
+
+/// Removes what the run writes in `--dir` (and the folder, if the run
+/// made it) however the run ends.
+struct Cleanup {
+    dir: PathBuf,
+    saves: usize,
+    made: bool,
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        for i in 0..self.saves {
+            let _ = std::fs::remove_file(save_path(&self.dir, i));
+        }
+        let _ = std::fs::remove_file(self.dir.join("drive.bin"));
+        if self.made {
+            let _ = std::fs::remove_dir(&self.dir);
+        }
+    }
+}
+
+/// An error as text, with its causes.
+fn why(e: &(dyn std::error::Error + 'static)) -> String {
+    numapin::error::with_causes(e)
 }
 
 /// How the drive's file is made before it is written.
@@ -228,42 +275,68 @@ fn figures(a: &Args) -> Vec<Figure> {
     out
 }
 
-fn run(a: &Args) -> numapin::Result<()> {
-    let rt = Runtime::new(
-        Topology::probe(&ProbeOptions::from_process())?,
-        RuntimeConfig::default(),
-    )?;
+fn run(a: &Args) -> Result<(), String> {
+    let rt = runtime().map_err(|e| why(&e))?;
     let data = random_bytes(a.size as usize);
-    // The drive's writers' buffers, made (and filled) once, outside the
-    // timing, as the writer's slots are.
-    let most = a.drive.iter().map(|c| c.threads).max().unwrap_or(0);
-    let bufs: Vec<AlignedBuf> = (0..most)
-        .map(|k| {
-            let b = AlignedBuf::new(DRIVE_MAX_BLOCK);
-            let from = (k * DRIVE_MAX_BLOCK) % data.len().saturating_sub(DRIVE_MAX_BLOCK).max(1);
-            let n = DRIVE_MAX_BLOCK.min(data.len() - from);
-            b.0[..n].copy_from_slice(&data[from..from + n]);
-            b
-        })
-        .collect();
+    let bufs = drive_bufs(a, &data);
     let figs = figures(a);
+    // Each replacing figure's file, written once outside the timing: every
+    // timed save of it replaces an existing file.
+    for (i, f) in figs.iter().enumerate() {
+        if let Figure::Writer(o, true) = f {
+            write_once(&rt, &save_path(&a.dir, i), &data, o)?;
+        }
+    }
     let mut times: Vec<Vec<(f64, f64)>> = vec![Vec::new(); figs.len()];
     for rep in 0..a.reps {
         for k in 0..figs.len() {
             let i = (k + rep) % figs.len();
             times[i].push(match figs[i] {
-                Figure::Drive(c) => drive_rate(&a.dir, a.size, c, &bufs),
+                Figure::Drive(c) => drive_rate(&a.dir, a.size, c, &bufs)?,
                 Figure::Writer(o, replace) => save(&rt, &a.dir, i, &data, (&o, replace), rep)?,
             });
         }
     }
-    for (i, f) in figs.iter().enumerate() {
-        if matches!(f, Figure::Writer(..)) {
-            let _ = std::fs::remove_file(a.dir.join(format!("save-{i}.bin")));
-        }
-    }
     report(a, &figs, &times);
     Ok(())
+}
+
+fn runtime() -> numapin::Result<Runtime> {
+    Ok(Runtime::new(
+        Topology::probe(&ProbeOptions::from_process())?,
+        RuntimeConfig::default(),
+    )?)
+}
+
+/// The drive's writers' buffers (see [`aligned`]), made and filled once,
+/// outside the timing, as the writer's slots are.
+fn drive_bufs(a: &Args, data: &[u8]) -> Vec<Vec<u8>> {
+    let most = a.drive.iter().map(|c| c.threads).max().unwrap_or(0);
+    (0..most)
+        .map(|k| {
+            let mut b = vec![0u8; DRIVE_MAX_BLOCK + 4096];
+            // `--size` is a multiple of the block: a whole block from `from`.
+            let from = (k * DRIVE_MAX_BLOCK) % (data.len() - DRIVE_MAX_BLOCK).max(1);
+            aligned_mut(&mut b).copy_from_slice(&data[from..from + DRIVE_MAX_BLOCK]);
+            b
+        })
+        .collect()
+}
+
+/// The page-aligned `DRIVE_MAX_BLOCK` bytes of a buffer of
+/// [`drive_bufs`] (`O_DIRECT` writes from aligned memory).
+fn aligned(b: &[u8]) -> &[u8] {
+    let at = b.as_ptr().align_offset(4096);
+    &b[at..at + DRIVE_MAX_BLOCK]
+}
+
+fn aligned_mut(b: &mut [u8]) -> &mut [u8] {
+    let at = b.as_ptr().align_offset(4096);
+    &mut b[at..at + DRIVE_MAX_BLOCK]
+}
+
+fn save_path(dir: &Path, i: usize) -> PathBuf {
+    dir.join(format!("save-{i}.bin"))
 }
 
 /// Pseudo-random bytes (a drive that compresses sees no zeros).
@@ -287,10 +360,9 @@ fn save(
     data: &[u8],
     (opts, replace): (&WriteOptions, bool),
     rep: usize,
-) -> numapin::Result<(f64, f64)> {
-    let path = dir.join(format!("save-{i}.bin"));
-    let parts = [Data::Host(data)];
-    let r = write::write_file(rt, &FileParts::new(&path, &parts), Target::Host, opts)?;
+) -> Result<(f64, f64), String> {
+    let path = save_path(dir, i);
+    let r = write_once(rt, &path, data, opts)?;
     println!(
         "rep {rep}: {}: {:.3} s, {:.2} GB/s, threads {}, slots {} MiB, {}",
         Figure::Writer(*opts, replace).label(),
@@ -301,9 +373,20 @@ fn save(
         r.summary()
     );
     if !replace {
-        std::fs::remove_file(&path).unwrap();
+        std::fs::remove_file(&path).map_err(|e| format!("removing {}: {e}", path.display()))?;
     }
     Ok((r.seconds, r.sync_seconds))
+}
+
+/// `data` saved to `path` by numapin's writer.
+fn write_once(
+    rt: &Runtime,
+    path: &Path,
+    data: &[u8],
+    opts: &WriteOptions,
+) -> Result<write::WriteReport, String> {
+    let parts = [Data::Host(data)];
+    write::write_file(rt, &FileParts::new(path, &parts), Target::Host, opts).map_err(|e| why(&e))
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -339,88 +422,72 @@ fn report(a: &Args, figs: &[Figure], times: &[Vec<(f64, f64)>]) {
     }
 }
 
-/// Seconds to write `size` bytes sequentially with `O_DIRECT` (and of
-/// them, seconds in the final sync).
-fn drive_rate(dir: &Path, size: u64, c: DriveCfg, bufs: &[AlignedBuf]) -> (f64, f64) {
+/// Seconds to write `size` bytes (a multiple of every block)
+/// sequentially with `O_DIRECT` (and of them, seconds in the final sync).
+fn drive_rate(dir: &Path, size: u64, c: DriveCfg, bufs: &[Vec<u8>]) -> Result<(f64, f64), String> {
     let path = dir.join("drive.bin");
-    let total = (size / c.block as u64).max(1) * c.block as u64;
+    let failed = |what: &str, e: std::io::Error| format!("{what} {}: {e}", path.display());
     let t0 = Instant::now();
-    let f = File::options()
+    let f = open_direct(&path)?;
+    let len = i64::try_from(size).map_err(|e| format!("--size: {e}"))?;
+    match c.reserve {
+        Reserve::None => Ok(()),
+        Reserve::Alloc => fallocate(&f, FallocateFlags::empty(), 0, len).map_err(Into::into),
+        Reserve::KeepSize => {
+            fallocate(&f, FallocateFlags::FALLOC_FL_KEEP_SIZE, 0, len).map_err(Into::into)
+        }
+        Reserve::Truncate => f.set_len(size),
+    }
+    .map_err(|e| failed(&format!("{:?} of", c.reserve), e))?;
+    let next = AtomicU64::new(0);
+    std::thread::scope(|s| {
+        let (f, next) = (&f, &next);
+        let writers: Vec<_> = bufs[..c.threads]
+            .iter()
+            .map(|b| s.spawn(move || write_blocks(f, next, size, &aligned(b)[..c.block])))
+            .collect();
+        writers.into_iter().try_for_each(|w| w.join().unwrap())
+    })
+    .map_err(|e| failed("writing", e))?;
+    let synced = Instant::now();
+    if c.datasync {
+        f.sync_data()
+    } else {
+        f.sync_all()
+    }
+    .map_err(|e| failed("syncing", e))?;
+    let sync = synced.elapsed().as_secs_f64();
+    let all = t0.elapsed().as_secs_f64();
+    drop(f);
+    std::fs::remove_file(&path).map_err(|e| failed("removing", e))?;
+    Ok((all, sync))
+}
+
+/// `path` made anew for `O_DIRECT` writes.
+fn open_direct(path: &Path) -> Result<File, String> {
+    File::options()
         .write(true)
         .create(true)
         .truncate(true)
         .custom_flags(libc::O_DIRECT)
-        .open(&path)
-        .unwrap();
-    let len = i64::try_from(total).unwrap();
-    // SAFETY: fallocate and ftruncate on our own descriptor.
-    let r = unsafe {
-        match c.reserve {
-            Reserve::None => 0,
-            Reserve::Alloc => libc::fallocate(f.as_raw_fd(), 0, 0, len),
-            Reserve::KeepSize => libc::fallocate(f.as_raw_fd(), libc::FALLOC_FL_KEEP_SIZE, 0, len),
-            Reserve::Truncate => libc::ftruncate(f.as_raw_fd(), len),
-        }
-    };
-    assert_eq!(r, 0, "{:?}: {}", c.reserve, std::io::Error::last_os_error());
-    let next = AtomicU64::new(0);
-    std::thread::scope(|s| {
-        let (f, next) = (&f, &next);
-        for b in &bufs[..c.threads] {
-            s.spawn(move || write_blocks(f, next, total, &b.0[..c.block]));
-        }
-    });
-    let synced = Instant::now();
-    if c.datasync {
-        f.sync_data().unwrap();
-    } else {
-        f.sync_all().unwrap();
-    }
-    let sync = synced.elapsed().as_secs_f64();
-    let all = t0.elapsed().as_secs_f64();
-    drop(f);
-    std::fs::remove_file(&path).unwrap();
-    (all, sync)
+        .open(path)
+        .map_err(|e| {
+            let fix = if e.raw_os_error() == Some(libc::EINVAL) {
+                "; --dir must be on a filesystem that supports O_DIRECT (not tmpfs)"
+            } else {
+                ""
+            };
+            format!("opening {} with O_DIRECT: {e}{fix}", path.display())
+        })
 }
 
 /// One writer of [`drive_rate`]: the next `block` bytes until `total`.
-fn write_blocks(f: &File, next: &AtomicU64, total: u64, buf: &[u8]) {
-    let block = buf.len();
+fn write_blocks(f: &File, next: &AtomicU64, total: u64, buf: &[u8]) -> std::io::Result<()> {
     loop {
-        let off = next.fetch_add(block as u64, Ordering::Relaxed);
+        let off = next.fetch_add(buf.len() as u64, Ordering::Relaxed);
         if off >= total {
-            return;
+            return Ok(());
         }
-        let mut done = 0;
-        while done < block {
-            let at = i64::try_from(off + done as u64).unwrap();
-            // SAFETY: our buffer and descriptor.
-            let n = unsafe {
-                libc::pwrite(f.as_raw_fd(), buf[done..].as_ptr().cast(), block - done, at)
-            };
-            assert!(n > 0, "pwrite: {}", std::io::Error::last_os_error());
-            done += n.unsigned_abs();
-        }
-    }
-}
-
-/// Page-aligned memory for `O_DIRECT` writes.
-struct AlignedBuf(&'static mut [u8], std::alloc::Layout);
-
-impl AlignedBuf {
-    fn new(len: usize) -> AlignedBuf {
-        let layout = std::alloc::Layout::from_size_align(len, 4096).unwrap();
-        // SAFETY: a non-zero size; freed in Drop with the same layout.
-        let p = unsafe { std::alloc::alloc_zeroed(layout) };
-        assert!(!p.is_null());
-        // SAFETY: `len` bytes just allocated, owned by this value.
-        AlignedBuf(unsafe { std::slice::from_raw_parts_mut(p, len) }, layout)
-    }
-}
-
-impl Drop for AlignedBuf {
-    fn drop(&mut self) {
-        // SAFETY: allocated in `new` with this layout.
-        unsafe { std::alloc::dealloc(self.0.as_mut_ptr(), self.1) }
+        f.write_all_at(buf, off)?;
     }
 }
