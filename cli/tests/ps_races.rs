@@ -54,18 +54,28 @@ def threads():
     ts = [threading.Thread(target=ev.wait, daemon=True) for _ in range(3000)]
     for t in ts: t.start()
     open(sys.argv[1] + ".threads", "w").close()
+def failed(what):
+    e = ctypes.get_errno()
+    sys.stderr.write(f"churn: {what}: {os.strerror(e)} (errno {e})\n")
+    os._exit(1)
 def mappings():
     n, page = 30000, mmap.PAGESIZE
     libc.mmap.restype = ctypes.c_void_p
     libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
     base = libc.mmap(None, n * page, 3, 0x22 | 0x4000, -1, 0)  # rw, private|anonymous|noreserve
+    if base is None or base == ctypes.c_void_p(-1).value:  # MAP_FAILED
+        failed(f"mmap of {n} pages")
     for i in range(0, n, 2):
-        libc.mprotect(ctypes.c_void_p(base + i * page), page, 1)  # every other page read-only
+        if libc.mprotect(ctypes.c_void_p(base + i * page), page, 1) != 0:  # every other page read-only
+            failed(f"mprotect of page {i}")
     open(sys.argv[1] + ".maps", "w").close()
 signal.signal(signal.SIGTERM, stop)
 t = holder(threads)
 m = holder(mappings)
 while not (os.path.exists(sys.argv[1] + ".threads") and os.path.exists(sys.argv[1] + ".maps")):
+    for k in (t, m):
+        if os.waitpid(k, os.WNOHANG)[0]:
+            sys.exit(f"churn: holder {k} ended before it was ready")
     time.sleep(0.01)
 with open(sys.argv[1] + ".tmp", "w") as f:
     f.write(f"{os.getpid()} {t} {m}")

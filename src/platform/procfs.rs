@@ -130,6 +130,8 @@ pub(crate) struct Status {
     pub state: Option<char>,
     /// The real uid (first of `Uid:`).
     pub uid: Option<u32>,
+    /// All of `Uid:` (real, effective, saved, filesystem; at most 4).
+    pub uids: Vec<u32>,
     /// `Threads:`.
     pub threads: Option<u32>,
     /// `Cpus_allowed_list:` as printed.
@@ -171,7 +173,10 @@ pub(crate) fn parse_status(text: &[u8]) -> Status {
         match k {
             "Name" => s.name = Some(v.to_string()),
             "State" => s.state = v.chars().next(),
-            "Uid" => s.uid = v.split_whitespace().next().and_then(parse_u32),
+            "Uid" => {
+                s.uids = v.split_whitespace().take(4).map_while(parse_u32).collect();
+                s.uid = s.uids.first().copied();
+            }
             "Threads" => s.threads = parse_u32(v),
             "Cpus_allowed_list" => s.cpus_allowed = Some(v.to_string()),
             "Mems_allowed_list" => s.mems_allowed = Some(v.to_string()),
@@ -215,7 +220,11 @@ pub(crate) fn stat_flags(stat: &[u8]) -> Option<u64> {
 /// pid names: its start time in clock ticks since boot (field 22: another
 /// process given the same pid later starts later), and its command (field
 /// 2) with the addresses of its code and stack (fields 26-28, placed anew
-/// by each `exec`, shown as 0 to a reader that may not trace it).
+/// by each `exec`). To a reader that may not trace it the kernel shows
+/// `start_code` and `end_code` as 1 and `start_stack` as 0, so only a
+/// change of command is seen; all three are 0 only for a process with no
+/// memory left (a zombie, or one exiting). The command also changes
+/// without an `exec` (`prctl(PR_SET_NAME)`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct StatIdentity {
     pub start: Option<u64>,

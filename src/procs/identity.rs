@@ -11,6 +11,9 @@ pub(super) struct Identity {
     /// From its `stat`: `None` where there is none (a folder of fake
     /// processes) or it is not one.
     stat: Option<StatIdentity>,
+    /// The user ids of its `status` (`Uid:`: real, effective, saved,
+    /// filesystem); empty where it has none or it could not be read.
+    users: Vec<u32>,
 }
 
 /// How a process changed between two [`Identity`]s.
@@ -25,25 +28,30 @@ pub(super) enum Change {
 }
 
 impl Identity {
-    /// From the bytes of a `stat` file, or none (a folder of fake
-    /// processes has none).
-    pub(super) fn from_stat(stat: Option<&[u8]>) -> Self {
+    /// From the bytes of a `stat` and a `status` file, or none (a folder
+    /// of fake processes may have no `stat`).
+    pub(super) fn from_files(stat: Option<&[u8]>, status: Option<&[u8]>) -> Self {
         Self {
             stat: stat.and_then(procfs::stat_identity),
+            users: status
+                .map(|b| procfs::parse_status(b).uids)
+                .unwrap_or_default(),
         }
     }
 
-    /// `later` against `self`, with the user ids read at each moment.
-    pub(super) fn change(
-        &self,
-        later: &Identity,
-        uid: Option<u32>,
-        later_uid: Option<u32>,
-    ) -> Change {
+    /// `later` against `self`.
+    pub(super) fn change(&self, later: &Identity) -> Change {
         match (&self.stat, &later.stat) {
             (Some(a), Some(b)) if a.start != b.start => Change::Reused,
-            (Some(a), Some(b)) if a.program != b.program => Change::Changed("program (exec)"),
-            _ if uid != later_uid => Change::Changed("user (setuid)"),
+            // A `stat` read before and none now while its folder is there
+            // again: the pid names a new process (its `stat` not yet
+            // readable), never the same one.
+            (Some(_), None) => Change::Reused,
+            (Some(a), Some(b)) if a.program != b.program => {
+                Change::Changed("program (exec or rename)")
+            }
+            // Real and effective (and saved, filesystem): a `seteuid` too.
+            _ if self.users != later.users => Change::Changed("user (setuid)"),
             _ => Change::None,
         }
     }

@@ -162,7 +162,7 @@ impl ProcReader {
         loop {
             let mut s = self.read_once(pid, maps)?;
             let after = self.identity(pid).map_err(|_| exited(pid))?;
-            match before.change(&after, s.uid, self.uid_now(pid)) {
+            match before.change(&after) {
                 Change::None => return Ok(s),
                 Change::Reused => {
                     return Err(ProcessError::Exited {
@@ -213,20 +213,15 @@ impl ProcReader {
     ///
     /// [`ProcessError::NoSuchProcess`] when it is gone.
     pub(super) fn identity(&self, pid: u32) -> Result<Identity, ProcessError> {
-        match procfs::read_capped(&pid_path(&self.root, pid, "stat"), SMALL_FILE) {
-            Ok(b) => Ok(Identity::from_stat(Some(&b))),
+        let stat = match procfs::read_capped(&pid_path(&self.root, pid, "stat"), SMALL_FILE) {
+            Ok(b) => Some(b),
             Err(e) if procfs::is_gone(&e) && !self.alive(pid) => {
-                Err(ProcessError::NoSuchProcess { pid })
+                return Err(ProcessError::NoSuchProcess { pid })
             }
-            Err(_) => Ok(Identity::from_stat(None)),
-        }
-    }
-
-    /// `pid`'s real user id now (`None` when its `status` cannot be read).
-    fn uid_now(&self, pid: u32) -> Option<u32> {
-        procfs::read_capped(&pid_path(&self.root, pid, "status"), SMALL_FILE)
-            .ok()
-            .and_then(|b| procfs::parse_status(&b).uid)
+            Err(_) => None,
+        };
+        let status = procfs::read_capped(&pid_path(&self.root, pid, "status"), SMALL_FILE).ok();
+        Ok(Identity::from_files(stat.as_deref(), status.as_deref()))
     }
 
     pub(super) fn devices(&self) -> &DeviceFiles {

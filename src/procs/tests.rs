@@ -875,8 +875,7 @@ fn feed_environ(
     let n = steps.len();
     std::thread::spawn(move || {
         for (i, files) in steps.into_iter().enumerate() {
-            // Blocks until the reader opens this FIFO.
-            let mut w = std::fs::OpenOptions::new().write(true).open(&env).unwrap();
+            let mut w = open_fifo_writer(&env);
             for (name, text) in files {
                 std::fs::write(dir.join(name), text).unwrap();
             }
@@ -892,6 +891,71 @@ fn feed_environ(
             w.write_all(format!("LOCAL_RANK={i}\0").as_bytes()).unwrap();
         }
     })
+}
+
+/// Opens the FIFO `path` for writing once a reader has it open: without
+/// blocking (`ENXIO` while no reader has it), so a reader that never opens
+/// it fails the test after 10 s instead of hanging it; then blocking again.
+fn open_fifo_writer(path: &Path) -> std::fs::File {
+    use std::os::unix::fs::OpenOptionsExt;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let w = loop {
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(path)
+        {
+            Ok(w) => break w,
+            Err(e) if e.raw_os_error() == Some(libc::ENXIO) => {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "the reader never opened environ"
+                );
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            Err(e) => panic!("{}: {e}", path.display()),
+        }
+    };
+    let flags = nix::fcntl::OFlag::from_bits_truncate(
+        nix::fcntl::fcntl(&w, nix::fcntl::FcntlArg::F_GETFL).unwrap(),
+    );
+    nix::fcntl::fcntl(
+        &w,
+        nix::fcntl::FcntlArg::F_SETFL(flags - nix::fcntl::OFlag::O_NONBLOCK),
+    )
+    .unwrap();
+    w
+}
+
+/// A `stat` read before and none after, or another user (real or
+/// effective), is told apart from a process read whole.
+#[test]
+fn identity_changes() {
+    use super::identity::{Change, Identity};
+    let stat = stat_line(400, "python3", 1000, 77);
+    let (stat, user) = (
+        Some(stat.as_bytes()),
+        Some(&b"Uid:\t1000\t1000\t1000\t1000\n"[..]),
+    );
+    let seen = Identity::from_files(stat, user);
+    assert_eq!(seen.change(&Identity::from_files(stat, user)), Change::None);
+    // Its folder there again but no `stat` to read: another process.
+    assert_eq!(
+        seen.change(&Identity::from_files(None, user)),
+        Change::Reused
+    );
+    // A seteuid: the real uid the same, the effective one not.
+    let euid = Some(&b"Uid:\t1000\t0\t1000\t1000\n"[..]);
+    assert_eq!(
+        seen.change(&Identity::from_files(stat, euid)),
+        Change::Changed("user (setuid)")
+    );
+    // A rename (PR_SET_NAME) is seen as a change of program.
+    let renamed = stat_line(400, "worker", 1000, 77);
+    assert_eq!(
+        seen.change(&Identity::from_files(Some(renamed.as_bytes()), user)),
+        Change::Changed("program (exec or rename)")
+    );
 }
 
 /// A pid given to another process while it is read is an exited process,
@@ -962,7 +1026,7 @@ fn a_process_that_changes_while_read_is_read_again_or_said_to_have_exited() {
     assert_eq!(last.part, "process");
     assert!(
         last.why
-            .contains("program (exec) changed while it was read, 3 times"),
+            .contains("program (exec or rename) changed while it was read, 3 times"),
         "{}",
         last.why
     );

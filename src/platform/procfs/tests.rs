@@ -12,7 +12,8 @@ fn status_fields() {
     let s = parse_status(STATUS);
     assert_eq!(s.name.as_deref(), Some("python3"));
     assert_eq!(s.state, Some('S'));
-    assert_eq!(s.uid, Some(1000));
+    assert_eq!((s.uid, s.uids.as_slice()), (Some(1000), &[1000; 4][..]));
+    assert_eq!(parse_status(b"Uid:\t0\t1000\t0\t7\n").uids, [0, 1000, 0, 7]);
     assert_eq!(s.threads, Some(12));
     assert_eq!(s.cpus_allowed.as_deref(), Some("0-31"));
     assert_eq!(s.mems_allowed.as_deref(), Some("0-1"));
