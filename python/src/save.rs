@@ -11,14 +11,17 @@ use std::sync::Arc;
 use numapin::storage::safetensors::{self, Dtype, SaveOptions, SaveTensor};
 use numapin::storage::write::{Data, WriteOptions, WriteReport};
 use numapin::storage::IoMode;
-use numapin::{AllocOptions, CudaOrdinal, Target};
+use numapin::{AllocOptions, CudaOrdinal};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyModule};
 
+use crate::args::Choice;
 use crate::buffer::{nbytes_of, PinnedBuffer};
 use crate::errors::{input_error, to_py};
 use crate::memory::{Memory, Owned};
+use crate::place::target;
 use crate::runtime::rt;
+use crate::storage::AUTO;
 
 /// Where each part of a staging buffer starts: a multiple of this.
 const PART_ALIGN: usize = 256;
@@ -100,19 +103,14 @@ fn report<'py>(py: Python<'py>, r: &WriteReport) -> PyResult<Bound<'py, PyDict>>
     Ok(d)
 }
 
-fn target(gpu: Option<u32>, node: Option<u32>) -> Target {
-    match (gpu, node) {
-        (_, Some(n)) => Target::HostNode(n),
-        (Some(g), None) => Target::Gpu(CudaOrdinal(g)),
-        (None, None) => Target::Host,
-    }
-}
-
 /// Saves `tensors` to `path` (see `numapin.save_safetensors`), the copies
 /// from each GPU after the work queued on its stream in `streams`
 /// (`(ordinal, raw CUstream)`); returns the report.
 #[pyfunction]
-#[pyo3(signature = (path, tensors, *, metadata=None, max_shard_size=None, prefix="model", gpu=None, node=None, streams=Vec::new(), threads=0, chunk_bytes=8388608, io="auto", fsync=true))]
+#[pyo3(
+    signature = (path, tensors, *, metadata=None, max_shard_size=None, prefix="model", gpu=None, node=None, streams=Vec::new(), threads=0, chunk_bytes=8388608, io=AUTO, fsync=true),
+    text_signature = "(path, tensors, *, metadata=None, max_shard_size=None, prefix='model', gpu=None, node=None, streams=..., threads=0, chunk_bytes=8388608, io='auto', fsync=True)"
+)]
 #[allow(clippy::too_many_arguments)]
 fn save_safetensors(
     py: Python<'_>,
@@ -126,16 +124,10 @@ fn save_safetensors(
     streams: Vec<(u32, usize)>,
     threads: usize,
     chunk_bytes: usize,
-    io: &str,
+    io: Choice<IoMode>,
     fsync: bool,
 ) -> PyResult<Py<PyDict>> {
-    let io: IoMode = io.parse().map_err(|e: String| {
-        input_error(
-            py,
-            format!("io={io:?}: {e}"),
-            "use \"auto\" (O_DIRECT where the filesystem allows it), \"buffered\" or \"direct\"",
-        )
-    })?;
+    let Choice(io) = io;
     let opts = SaveOptions::default()
         .with_metadata(metadata)
         .with_max_shard_size(max_shard_size)

@@ -88,7 +88,7 @@ fn torch_view(t: &TensorEntry) -> Result<(&'static str, Vec<usize>), String> {
 }
 
 /// The default `io`: a Python signature shows it as `io='auto'`.
-const AUTO: Choice<IoMode> = Choice(IoMode::Auto);
+pub(crate) const AUTO: Choice<IoMode> = Choice(IoMode::Auto);
 
 fn options(threads: usize, chunk_bytes: usize, Choice(io): Choice<IoMode>) -> ReadOptions {
     ReadOptions::default()
