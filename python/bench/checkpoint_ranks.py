@@ -203,6 +203,66 @@ def drive_gbps(paths: list[str], can_drop: bool) -> tuple[float | None, str]:
     return gbps, f"{config}, {os.path.basename(big)}"
 
 
+PAGE_CACHE_CHILD = r"""
+import json, os, sys, threading, time
+spans, threads, chunk, start = json.loads(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+pieces = [(p, o, min(chunk, off + n - o)) for p, off, n in spans for o in range(off, off + n, chunk)]
+fds = {p: os.open(p, os.O_RDONLY) for p in {x[0] for x in spans}}
+lock, it = threading.Lock(), iter(pieces)
+def work():
+    bufs = [bytearray(chunk) for _ in range(2)]  # two slots a thread, reused, as the reader's
+    for b in bufs:
+        b[::4096] = b"\1" * len(b[::4096])
+    views, i = [memoryview(b) for b in bufs], 0
+    while True:
+        with lock:
+            x = next(it, None)
+        if x is None:
+            return
+        p, o, n = x
+        if os.preadv(fds[p], [views[i % 2][:n]], o) != n:
+            raise SystemExit("short read")
+        i += 1
+ts = [threading.Thread(target=work) for _ in range(threads)]
+while time.clock_gettime(time.CLOCK_MONOTONIC) < start:
+    time.sleep(0.0005)
+[t.start() for t in ts]
+[t.join() for t in ts]
+print(json.dumps({"end": time.clock_gettime(time.CLOCK_MONOTONIC), "bytes": sum(x[2] for x in pieces)}))
+"""
+
+
+def page_cache_gbps(files: list[str], ranks: int, threads: int = 16, chunk: int = 4 << 20) -> tuple[float, str]:
+    """The CPU half of a hot load, without numapin or a GPU: ``ranks``
+    processes (started beforehand, each its contiguous share of the files'
+    bytes), each ``threads`` threads taking ``chunk``-byte ``preadv``s from
+    the page cache into two reused buffers a thread; all bytes over the
+    time from the common start to the last process's end; best of 3, the
+    files read once first."""
+    for p in files:
+        warm(p)
+    spans = [(p, 0, os.path.getsize(p)) for p in files]
+    total = sum(n for _, _, n in spans)
+    cut = [total * r // ranks for r in range(ranks + 1)]
+    shares: list[list[tuple[str, int, int]]] = [[] for _ in range(ranks)]
+    at = 0
+    for p, _, n in spans:
+        for r in range(ranks):
+            lo, hi = max(at, cut[r]), min(at + n, cut[r + 1])
+            if hi > lo:
+                shares[r].append((p, lo - at, hi - lo))
+        at += n
+    best = 0.0
+    for _ in range(3):
+        start = time.clock_gettime(time.CLOCK_MONOTONIC) + 2.0
+        procs = [subprocess.Popen([sys.executable, "-c", PAGE_CACHE_CHILD, json.dumps(sh), str(threads), str(chunk),
+                                   repr(start)], stdout=subprocess.PIPE, text=True) for sh in shares]
+        outs = [json.loads(p.communicate(timeout=120)[0]) for p in procs]
+        best = max(best, sum(o["bytes"] for o in outs) / (max(o["end"] for o in outs) - start) / 1e9)
+    return best, (f"{ranks} processes x {threads} threads, {chunk >> 20} MiB preadv from the page cache into two "
+                  "reused buffers a thread, best of 3")
+
+
 # ---------------------------------------------------------------- the ranks
 
 class Ranks:
@@ -344,7 +404,8 @@ def step(loader: str, index: str, files: list[str], share: list[str], wmap: dict
     n = sum(v.numel() * v.element_size() for v in out.values())
     want = share if loader.endswith("_local") else list(wmap)
     check = verify(out, want, files, wmap)
-    keep = {k: stats.get(k) for k in ("cached_bytes", "direct_bytes", "buffered_bytes", "threads", "replica")
+    keep = {k: stats.get(k) for k in ("cached_bytes", "direct_bytes", "buffered_bytes", "threads", "replica", "seconds",
+                                      "staging_bytes")
             if k in stats}
     del out
     return {"t0": t0, "t1": t1, "bytes": n, "check": check, "stats": keep}
@@ -654,6 +715,9 @@ def report(rows: list[dict[str, Any]], base: dict[str, Any]) -> dict[str, Any]:
           else f"all-GPU pinned H2D: not measured ({base.get('all_gpus_note')})")
     print(f"drive, O_DIRECT: {drive:.2f} GB/s ({base.get('drive_config')})" if drive
           else f"drive: not measured ({base.get('drive_config')})")
+    pc = base.get("page_cache_gbps")
+    if pc:
+        print(f"page cache to host buffers, no GPU: {pc:.2f} GB/s ({base.get('page_cache_method')})")
     ratios: dict[str, Any] = {}
     ceiling = min(x for x in (mem, pinned) if x) if (mem or pinned) else None
     get = {(r["loader"], r["temp"]): r for r in rows if "error" not in r}
@@ -665,6 +729,10 @@ def report(rows: list[dict[str, Any]], base: dict[str, Any]) -> dict[str, Any]:
                 ratios[f"{loader}_hot_vs_min_pinned_memory"] = r["gbps"] / ceiling
                 print(f"  hot {loader} aggregate / min(all-GPU pinned, memory read) = {r['gbps']:.2f} / {ceiling:.2f} = "
                       f"{r['gbps'] / ceiling:.2f}x (goal >= 0.8 for numapin_local)")
+                if pc:
+                    ratios[f"{loader}_hot_file_vs_page_cache"] = r["file_gbps"] / pc
+                    print(f"  hot {loader}: checkpoint bytes / page cache to host buffers = {r['file_gbps']:.2f} / "
+                          f"{pc:.2f} = {r['file_gbps'] / pc:.2f}x")
     for loader in ("numapin_local", "numapin_replica", "numapin_full"):
         r = get.get((loader, "cold"))
         if r:
@@ -760,6 +828,8 @@ def parent(a: argparse.Namespace) -> int:
     else:
         base["all_gpus_pinned_gbps"], base["all_gpus_note"] = all_gpus_gbps(a.numapin_bin)
     base["drive_gbps"], base["drive_config"] = drive_gbps(files, can_drop) if "cold" in temps else (None, "no cold steps")
+    if "hot" in temps:
+        base["page_cache_gbps"], base["page_cache_method"] = page_cache_gbps(files, a.ranks)
     print(f"file on: {base['file_on']}; baselines measured after {time.monotonic() - t_start:.0f} s", file=sys.stderr)
     steps, skipped, starts = run_steps(a, index, files, size, loaders, temps, t_start, cpu)
     rows = medians(steps, loaders, temps)

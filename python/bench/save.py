@@ -291,12 +291,17 @@ def run(kind: str, a: argparse.Namespace, which: str = "", keep_file: bool = Fal
            "--device", a.device, "--dir", a.dir, "--reps", str(a.reps)]
     if keep_file:
         cmd.append("--keep-file")
+    if a.budget_fraction is not None:
+        cmd += ["--budget-fraction", str(a.budget_fraction)]
+    if a.budget_gib is not None:
+        cmd += ["--budget-gib", str(a.budget_gib)]
     if a.replace:
         cmd.append("--replace")
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         lines = r.stderr.strip().splitlines()
-        return {"error": lines[-1] if lines else f"exit {r.returncode}"}
+        # numapin's errors end with their fix: keep the message with it.
+        return {"error": " / ".join(lines[-4:]) if lines else f"exit {r.returncode}"}
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
@@ -402,6 +407,15 @@ def report(res: dict, a: argparse.Namespace) -> None:
         p(f"  stager peak RSS / staged copy: {st_n['peak_bytes'] / st_n['staged_bytes']:.2f}x")
 
 
+class Progress(dict):
+    """The results, each step's also printed to stderr as it comes (a run
+    cut short by a time limit keeps what it measured)."""
+
+    def __setitem__(self, key: str, value: object) -> None:
+        super().__setitem__(key, value)
+        print(f"@@ {key}: {json.dumps(value)}", file=sys.stderr, flush=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gib", type=float, default=8.0)
@@ -413,6 +427,11 @@ def main() -> int:
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--which", default="", help=argparse.SUPPRESS)
     ap.add_argument("--keep-file", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--budget-fraction", type=float, default=None,
+                    help="numapin.configure(budget_fraction=...) in each child: the share of the node (or of the "
+                         "memory cgroup's limit) numapin may pin; the stager holds the whole state dict")
+    ap.add_argument("--budget-gib", type=float, default=None,
+                    help="numapin.configure(budget_bytes=...) in each child, in GiB per node")
     ap.add_argument("--replace", action="store_true",
                     help="save over the previous rep's file (default: a new file each time)")
     a = ap.parse_args()
@@ -422,10 +441,19 @@ def main() -> int:
         a.device = "cuda:0" if torch.cuda.is_available() else "cpu"
     os.makedirs(a.dir, exist_ok=True)
     if a.child:
+        if a.budget_fraction is not None or a.budget_gib is not None:
+            import numapin
+
+            kw: dict = {}
+            if a.budget_fraction is not None:
+                kw["budget_fraction"] = a.budget_fraction
+            if a.budget_gib is not None:
+                kw["budget_bytes"] = int(a.budget_gib * GIB)
+            numapin.configure(**kw)
         print(json.dumps(CHILDREN[a.child](a)))
         return 0
     only = set(a.only.split(","))
-    res: dict = {"gib": a.gib, "device": a.device}
+    res: dict = Progress(gib=a.gib, device=a.device)
     print(f"state dict: {a.gib} GiB on {a.device}; files in {a.dir}", file=sys.stderr)
     if "link" in only:
         res["link"] = run("link", a)

@@ -90,6 +90,20 @@ pub(crate) fn proc_status_field(name: &str) -> Option<String> {
     })
 }
 
+/// The machine's memory, `MemTotal` of `/proc/meminfo`, in bytes; `None`
+/// when unreadable.
+pub(crate) fn mem_total() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    parse_mem_total(&info)
+}
+
+/// `MemTotal: N kB` of a `/proc/meminfo` text, in bytes.
+pub(crate) fn parse_mem_total(info: &str) -> Option<u64> {
+    let v = info.lines().find_map(|l| l.strip_prefix("MemTotal:"))?;
+    let kib = v.trim().strip_suffix("kB")?.trim().parse::<u64>().ok()?;
+    kib.checked_mul(1024)
+}
+
 /// `CAP_IPC_LOCK`: lock memory beyond RLIMIT_MEMLOCK.
 pub const CAP_IPC_LOCK: u32 = 14;
 /// `CAP_SYS_NICE`: Docker's default seccomp profile allows `mbind`,

@@ -427,7 +427,11 @@ impl Topology {
     /// # Ok::<(), numapin::topology::TopologyError>(())
     /// ```
     pub fn probe(opts: &ProbeOptions) -> Result<Self> {
-        let raw = hwloc::discover_live(opts)?;
+        let mut raw = hwloc::discover_live(opts)?;
+        let total = crate::platform::sys::mem_total();
+        if let Some(w) = finish::only_node_memory(&mut raw.numa_nodes, total) {
+            raw.warnings.push(w);
+        }
         let cuda = if opts.cuda == CudaMode::Auto {
             Some(crate::platform::cuda::enumerate())
         } else {
@@ -761,6 +765,65 @@ pub fn source_path(t: &Topology) -> Option<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn node(os_index: u32, memory_bytes: u64, kind: NodeKind) -> NumaNode {
+        NumaNode {
+            os_index,
+            package: Some(0),
+            cpus: CpuList::default(),
+            memory_bytes,
+            distances: Vec::new(),
+            kind,
+        }
+    }
+
+    /// One node with memory holds all of the machine's: a VM whose node
+    /// reports less (4.3 of 126 GiB, seen) gets the machine's total and a
+    /// warning; several nodes, a node that reports enough, or no total
+    /// leave the figures alone.
+    #[test]
+    fn the_only_node_with_memory_holds_the_machines() {
+        const GIB: u64 = 1 << 30;
+        let mut one = vec![node(0, 4 * GIB, NodeKind::Normal)];
+        let w = finish::only_node_memory(&mut one, Some(126 * GIB)).expect("a warning");
+        assert_eq!(one[0].memory_bytes, 126 * GIB);
+        assert!(
+            w.message.contains("4.0 GiB") && w.message.contains("126.0 GiB"),
+            "{}",
+            w.message
+        );
+        // A GPU's memory node beside it is no second node, and its memory
+        // (counted in MemTotal where online) is not the CPUs' node's.
+        let mut gpu = vec![
+            node(0, 4 * GIB, NodeKind::Normal),
+            node(1, 80 * GIB, NodeKind::GpuMemory),
+        ];
+        assert!(finish::only_node_memory(&mut gpu, Some(126 * GIB)).is_some());
+        assert_eq!(
+            (gpu[0].memory_bytes, gpu[1].memory_bytes),
+            (46 * GIB, 80 * GIB)
+        );
+        let mut full = vec![
+            node(0, 46 * GIB, NodeKind::Normal),
+            node(1, 80 * GIB, NodeKind::GpuMemory),
+        ];
+        assert!(finish::only_node_memory(&mut full, Some(126 * GIB)).is_none());
+        let mut two = vec![
+            node(0, 4 * GIB, NodeKind::Normal),
+            node(1, 4 * GIB, NodeKind::Normal),
+        ];
+        assert!(finish::only_node_memory(&mut two, Some(126 * GIB)).is_none());
+        assert_eq!(two[0].memory_bytes, 4 * GIB);
+        let mut enough = vec![node(0, 126 * GIB, NodeKind::Normal)];
+        assert!(finish::only_node_memory(&mut enough, Some(125 * GIB)).is_none());
+        assert_eq!(enough[0].memory_bytes, 126 * GIB);
+        assert!(finish::only_node_memory(&mut one, None).is_none());
+        assert!(
+            crate::platform::sys::parse_mem_total("MemFree: 1 kB\nMemTotal:  132 kB\n")
+                == Some(132 * 1024)
+        );
+        assert!(crate::platform::sys::parse_mem_total("MemTotal: x kB\n").is_none());
+    }
 
     #[test]
     fn bus_ids_normalize() {

@@ -6,9 +6,9 @@ It takes torch's arguments (``dataset``, ``batch_size``, ``shuffle``,
 ``drop_last``, ``timeout``, ``worker_init_fn``, ``multiprocessing_context``,
 ``generator``, ``prefetch_factor``, ``persistent_workers``) plus ``device``:
 a CUDA device (batches arrive on it) or ``None`` (pinned CPU batches), and
-the pool's ``slot_bytes`` (default: the first batch's bytes plus an eighth),
-``slots`` (default ``prefetch_factor * num_workers + 4``: the batches torch
-keeps in flight, and copies; with workers the pool starts with
+the pool's ``slot_bytes`` (default: the first batch's bytes plus a
+thirty-second), ``slots`` (default ``prefetch_factor * num_workers + 2``:
+the batches torch keeps in flight, and copies; with workers the pool starts with
 ``2 * num_workers + 2`` of them and grows when a worker finds none free),
 ``keep_worker_heap`` (default
 true: workers keep freed memory for their next samples instead of faulting
@@ -34,7 +34,7 @@ data's path changes:
   stream-ordered (``record_stream``).
 
 Sizing: unless ``slot_bytes`` is given, the first worker to collate asks
-for slots of its batch's size plus an eighth, and the main process makes
+for slots of its batch's size plus a thirty-second, and the main process makes
 the pool on a thread of its own. The first batch (worker 0's first) takes
 torch's ordinary path meanwhile, so it arrives as soon as torch's would;
 the other workers wait for the pool (up to ``POOL_WAIT`` seconds), so the
@@ -204,11 +204,13 @@ class DataLoader:
         # torch keeps prefetch_factor x num_workers batches in flight: with
         # fewer slots, workers ahead of the batch the main process waits for
         # could hold them all while its worker waits for one (a stall until
-        # slot_timeout). A few more cover copies still running.
+        # slot_timeout). Two more cover copies still running (a slot is
+        # freed once its copy has completed); with four, the pool held more
+        # host memory than torch's loader.
         workers = num_workers if isinstance(num_workers, int) and num_workers > 0 else 0
         pf = prefetch_factor if isinstance(prefetch_factor, int) and prefetch_factor > 0 else 2
         in_flight = pf * workers if workers > 0 else 1
-        self._nslots = _count(slots, "slots", 1, 4096) if slots is not None else min(4096, max(4, in_flight + 4))
+        self._nslots = _count(slots, "slots", 1, 4096) if slots is not None else min(4096, max(4, in_flight + 2))
         self._slot_bytes = None if slot_bytes is None else _count(slot_bytes, "slot_bytes", 1, 2**62)
         if slot_timeout is None:
             # In the main process no one else frees a slot while collate
