@@ -448,6 +448,8 @@ fn numapin_reader(
     use numapin::storage::{self, ReadOptions};
     use numapin::Target;
     let opts = ReadOptions::default();
+    // Reads into place use the largest automatic chunk (no slots).
+    let block = storage::AUTO_CHUNK_MAX;
     let cold = temp == "cold";
     let threads = r_threads(&rd.rt, rd.node);
     if cold {
@@ -456,12 +458,11 @@ fn numapin_reader(
     // The baseline: as many threads, reads of the reader's size, O_DIRECT
     // cold and buffered hot, into the same memory.
     let f = open(a, cold);
-    let g =
-        time(|| threads_read_into(&f, &mut rd.buf[..total as usize], threads, opts.chunk_bytes));
+    let g = time(|| threads_read_into(&f, &mut rd.buf[..total as usize], threads, block));
     sample(
         out,
         format!("{temp} threads into pinned host"),
-        format!("threads={threads} block={}K", opts.chunk_bytes >> 10),
+        format!("threads={threads} block={}K", block >> 10),
         g,
     );
     if cold {

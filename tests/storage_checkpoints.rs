@@ -766,7 +766,7 @@ fn world_sizes_ranks_and_read_options_are_checked_before_anything_is_allocated()
     let bad = [
         ReadOptions::default().with_threads(1025),
         ReadOptions::default().with_threads(usize::MAX),
-        ReadOptions::default().with_chunk_bytes(0),
+        ReadOptions::default().with_readers(numapin::storage::MAX_READERS + 1),
         ReadOptions::default().with_chunk_bytes((1 << 30) + 1),
         ReadOptions::default().with_slots_per_thread(0),
         ReadOptions::default().with_slots_per_thread(65),

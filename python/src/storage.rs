@@ -90,10 +90,16 @@ fn torch_view(t: &TensorEntry) -> Result<(&'static str, Vec<usize>), String> {
 /// The default `io`: a Python signature shows it as `io='auto'`.
 pub(crate) const AUTO: Choice<IoMode> = Choice(IoMode::Auto);
 
-fn options(threads: usize, chunk_bytes: usize, Choice(io): Choice<IoMode>) -> ReadOptions {
+fn options(
+    threads: usize,
+    chunk_bytes: usize,
+    readers: usize,
+    Choice(io): Choice<IoMode>,
+) -> ReadOptions {
     ReadOptions::default()
         .with_threads(threads)
         .with_chunk_bytes(chunk_bytes)
+        .with_readers(readers)
         .with_io(io)
 }
 
@@ -109,6 +115,7 @@ fn report<'py>(py: Python<'py>, r: &ReadReport) -> PyResult<Bound<'py, PyDict>> 
     d.set_item("direct_bytes", r.direct_bytes)?;
     d.set_item("buffered_bytes", r.buffered_bytes)?;
     d.set_item("staging_bytes", r.staging_bytes)?;
+    d.set_item("chunk_bytes", r.chunk_bytes)?;
     d.set_item("warnings", r.warnings.clone())?;
     Ok(d)
 }
@@ -259,8 +266,8 @@ impl PyCheckpoint {
     /// CUDA device `gpu`, or `node`, or the calling thread's): one
     /// `PinnedBuffer` each, in the order of `selection`.
     #[pyo3(
-        signature = (selection, *, gpu=None, node=None, threads=0, chunk_bytes=4194304, io=AUTO),
-        text_signature = "($self, selection, *, gpu=None, node=None, threads=0, chunk_bytes=4194304, io='auto')"
+        signature = (selection, *, gpu=None, node=None, threads=0, chunk_bytes=0, readers=1, io=AUTO),
+        text_signature = "($self, selection, *, gpu=None, node=None, threads=0, chunk_bytes=0, readers=1, io='auto')"
     )]
     #[allow(clippy::too_many_arguments)]
     fn load_to_host(
@@ -271,9 +278,10 @@ impl PyCheckpoint {
         node: Option<u32>,
         threads: usize,
         chunk_bytes: usize,
+        readers: usize,
         io: Choice<IoMode>,
     ) -> PyResult<(Vec<PinnedBuffer>, Py<PyDict>)> {
-        let opts = options(threads, chunk_bytes, io);
+        let opts = options(threads, chunk_bytes, readers, io);
         let mut views = Vec::with_capacity(selection.len());
         for &i in &selection {
             let (name, shape) = self.entry(py, i)?;
@@ -323,8 +331,8 @@ impl PyCheckpoint {
     /// queued on `stream` (a raw `CUstream` of that device, 0 for the
     /// legacy default stream); returns when they are there.
     #[pyo3(
-        signature = (selection, ptrs, gpu, stream, *, threads=0, chunk_bytes=4194304, io=AUTO),
-        text_signature = "($self, selection, ptrs, gpu, stream, *, threads=0, chunk_bytes=4194304, io='auto')"
+        signature = (selection, ptrs, gpu, stream, *, threads=0, chunk_bytes=0, readers=1, io=AUTO),
+        text_signature = "($self, selection, ptrs, gpu, stream, *, threads=0, chunk_bytes=0, readers=1, io='auto')"
     )]
     #[allow(clippy::too_many_arguments)]
     fn load_to_device(
@@ -336,9 +344,10 @@ impl PyCheckpoint {
         stream: usize,
         threads: usize,
         chunk_bytes: usize,
+        readers: usize,
         io: Choice<IoMode>,
     ) -> PyResult<Py<PyDict>> {
-        let opts = options(threads, chunk_bytes, io);
+        let opts = options(threads, chunk_bytes, readers, io);
         for &i in &selection {
             self.entry(py, i)?;
         }
@@ -396,8 +405,8 @@ impl PyCheckpoint {
 /// `stream`; returns the report.
 #[pyfunction]
 #[pyo3(
-    signature = (path, offset, nbytes, device_ptr, gpu, stream, *, threads=0, chunk_bytes=4194304, io=AUTO),
-    text_signature = "(path, offset, nbytes, device_ptr, gpu, stream, *, threads=0, chunk_bytes=4194304, io='auto')"
+    signature = (path, offset, nbytes, device_ptr, gpu, stream, *, threads=0, chunk_bytes=0, io=AUTO),
+    text_signature = "(path, offset, nbytes, device_ptr, gpu, stream, *, threads=0, chunk_bytes=0, io='auto')"
 )]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn read_to_device(
@@ -412,7 +421,7 @@ pub(crate) fn read_to_device(
     chunk_bytes: usize,
     io: Choice<IoMode>,
 ) -> PyResult<Py<PyDict>> {
-    let opts = options(threads, chunk_bytes, io);
+    let opts = options(threads, chunk_bytes, 1, io);
     let rt = rt(py)?;
     let r = py
         .detach(|| {
@@ -445,8 +454,8 @@ pub(crate) fn read_to_device(
 /// `gpu` / `node` / the calling thread; returns the report.
 #[pyfunction]
 #[pyo3(
-    signature = (path, offset, nbytes, address, *, gpu=None, node=None, threads=0, chunk_bytes=4194304, io=AUTO),
-    text_signature = "(path, offset, nbytes, address, *, gpu=None, node=None, threads=0, chunk_bytes=4194304, io='auto')"
+    signature = (path, offset, nbytes, address, *, gpu=None, node=None, threads=0, chunk_bytes=0, io=AUTO),
+    text_signature = "(path, offset, nbytes, address, *, gpu=None, node=None, threads=0, chunk_bytes=0, io='auto')"
 )]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn read_to_host(
@@ -461,7 +470,7 @@ pub(crate) fn read_to_host(
     chunk_bytes: usize,
     io: Choice<IoMode>,
 ) -> PyResult<Py<PyDict>> {
-    let opts = options(threads, chunk_bytes, io);
+    let opts = options(threads, chunk_bytes, 1, io);
     if nbytes > 0 && address == 0 {
         return Err(input_error(
             py,

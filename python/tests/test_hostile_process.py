@@ -239,7 +239,7 @@ for i, p in enumerate(paths):
     case(f"read{{i}}", lambda: numapin.read_to_device(p, 0, 16, t)["bytes"])
     case(f"locate{{i}}", lambda: numapin.locate(p)[0][:20])
 for k, v in dict(path=5, device="bogus", devcuda="cuda", names=5, shard=(-1, 2), shard2=(1, 0),
-                 threads=-1, chunk=0, io="x").items():
+                 threads=-1, chunk=-1, io="x").items():
     kw = {{"device": None}}
     if k == "path":
         case("load_" + k, lambda: numapin.load_safetensors(v, device=None))

@@ -89,6 +89,21 @@ def test_every_dtype_loads_as_safetensors_loads_it(tmp_path, no_leak):
     gc.collect()
 
 
+def test_the_chunk_is_numapins_pick_unless_given(tmp_path, no_leak):
+    # Into pinned host memory there are no slots: numapin's pick is its
+    # largest chunk, 4 MiB; a given chunk is used as given, and the report
+    # says which.
+    ts = _checkpoint()
+    p = tmp_path / "model.safetensors"
+    st.save_file(ts, str(p))
+    for kw, chunk in ((dict(), 4 << 20), (dict(shard=(0, 4)), 4 << 20), (dict(chunk_bytes=65536), 65536)):
+        stats = {}
+        got = numapin.load_safetensors(p, device=None, stats=stats, **kw)
+        assert stats["chunk_bytes"] == chunk, (kw, stats)
+        del got
+    gc.collect()
+
+
 def _hand_written(path, pad):
     a = bytes(range(3))
     b = bytes((i * 7) % 256 for i in range(4 * 5000))

@@ -35,6 +35,26 @@ def test_gpu_load_equals_safetensors_load_file(tmp_path, no_leak):
     gc.collect()
 
 
+def test_gpu_chunk_shrinks_with_the_ranks_reading_at_once(tmp_path, no_leak):
+    # numapin's pick keeps every rank's slots in half the node's L3: 1 to
+    # 4 MiB, never larger for four ranks than for one; a given chunk wins.
+    ts = _checkpoint()
+    idx = _sharded(tmp_path, ts, 4)
+    picked = {}
+    for world in (1, 4):
+        stats = {}
+        got = numapin.load_safetensors(idx, device="cuda:0", shard=(0, world), stats=stats)
+        picked[world] = stats["chunk_bytes"]
+        del got
+    assert all(c in (1 << 20, 2 << 20, 4 << 20) for c in picked.values()), picked
+    assert picked[4] <= picked[1], picked
+    stats = {}
+    got = numapin.load_safetensors(idx, device="cuda:0", chunk_bytes=3 << 20, stats=stats)
+    assert stats["chunk_bytes"] == 3 << 20, stats
+    del got
+    gc.collect()
+
+
 def test_gpu_index_and_shards(tmp_path, no_leak):
     ts = _checkpoint()
     idx = _sharded(tmp_path, ts, 2)

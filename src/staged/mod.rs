@@ -416,17 +416,9 @@ fn streams(writes: SlotWrites, staging: usize, cache: usize) -> bool {
     }
 }
 
-/// Bytes of last-level cache shared by `cpus`: the sum of the topology's
-/// last-level caches that hold at least one of them (0 when the topology
-/// records no cache sizes).
+/// Bytes of last-level cache shared by `cpus` ([`Topology::last_level_cache_bytes`](crate::Topology::last_level_cache_bytes)).
 fn cache_bytes(rt: &Runtime, cpus: &CpuList) -> usize {
-    rt.topology()
-        .caches
-        .iter()
-        .filter(|c| !c.cpus.intersection(cpus).is_empty())
-        .filter_map(|c| c.size_bytes)
-        .map(|b| usize::try_from(b).unwrap_or(usize::MAX))
-        .fold(0usize, usize::saturating_add)
+    usize::try_from(rt.topology().last_level_cache_bytes(cpus)).unwrap_or(usize::MAX)
 }
 
 fn check_range(gpu: CudaOrdinal, ptr: CUdeviceptr, len: usize, dir: Direction) -> Result<()> {

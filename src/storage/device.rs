@@ -225,7 +225,14 @@ unsafe fn read(
     let _ctx =
         cuda::ContextGuard::push(gpu.0).map_err(cuda_error(gpu, "making the context current"))?;
     check_destinations(gpu, ranges)?;
-    let slot = super::slot_bytes(sources, opts.chunk_bytes);
+    let chunk = super::chunk_for(
+        rt,
+        opts,
+        &place.cpus,
+        super::thread_count(opts, place.cpus.len(), usize::MAX),
+    );
+    let slot = super::slot_bytes(sources, chunk);
+    report.chunk_bytes = chunk;
     let reqs: Vec<Req> = ranges
         .iter()
         .map(|r| Req {

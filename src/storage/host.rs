@@ -31,11 +31,17 @@ pub(super) fn read(
         .collect();
     let (place, mut report) = super::prepare(rt, sources, &spans, target, opts)?;
     let started = Instant::now();
+    // Reads straight into place: no slots for the cache to hold.
+    let chunk = match opts.chunk_bytes {
+        0 => super::AUTO_CHUNK_MAX,
+        c => c,
+    };
+    report.chunk_bytes = chunk;
     let mut items = Vec::new();
     for r in ranges {
         let a = sources[r.source].alignment();
         let mut rest = r.dst;
-        for (off, _, len) in host_pieces(r.offset, rest.len(), a, opts.chunk_bytes) {
+        for (off, _, len) in host_pieces(r.offset, rest.len(), a, chunk) {
             let (head, tail) = std::mem::take(&mut rest).split_at_mut(len);
             items.push(Item {
                 source: r.source,

@@ -68,6 +68,14 @@ pub const MAX_THREADS_OPTION: usize = 1024;
 pub const MAX_SLOTS_PER_THREAD: usize = 64;
 /// Largest [`ReadOptions::chunk_bytes`].
 pub const MAX_CHUNK_BYTES: usize = 1 << 30;
+/// Smallest chunk numapin picks ([`ReadOptions::chunk_bytes`] 0): smaller
+/// reads cost more per byte than the cache saves (4 ranks on a 4-GPU VM,
+/// docs/BENCHMARKS.md).
+pub const AUTO_CHUNK_MIN: usize = 1 << 20;
+/// Largest chunk numapin picks (the best of 1-16 MiB for one reader).
+pub const AUTO_CHUNK_MAX: usize = 4 << 20;
+/// Most [`ReadOptions::readers`].
+pub const MAX_READERS: usize = 1 << 20;
 
 /// Ranges of one file closer than this share a read into a slot (reading
 /// the gap costs less than another request to the drive).
@@ -124,10 +132,19 @@ pub struct ReadOptions {
     /// [`MIN_READ_THREADS`] and [`MAX_READ_THREADS`] (default 0); never
     /// more than there are reads; at most [`MAX_THREADS_OPTION`].
     pub threads: usize,
-    /// Bytes per read and per slot (default 4 MiB, at most
-    /// [`MAX_CHUNK_BYTES`]), rounded up to the files' direct I/O
-    /// alignment.
+    /// Bytes per read and per slot, rounded up to the files' direct I/O
+    /// alignment; at most [`MAX_CHUNK_BYTES`]; 0 (the default) for numapin's
+    /// pick: the largest power of two from [`AUTO_CHUNK_MIN`] to
+    /// [`AUTO_CHUNK_MAX`] with which the slots of all [`readers`](Self::readers)
+    /// take at most half of the last-level cache of the node's CPUs (the
+    /// slots then stay in the cache between a read and its DMA; 4 MiB for
+    /// one reader on a 300 MiB L3, 1 MiB for four).
     pub chunk_bytes: usize,
+    /// Readers on this machine reading at once, numapin's or not, that
+    /// share the node's last-level cache: the ranks of a job loading their
+    /// shards together (default 1; 0 counts as 1). Only the automatic
+    /// [`chunk_bytes`](Self::chunk_bytes) uses it.
+    pub readers: usize,
     /// Pinned slots per worker for reads to a GPU (default 2: one is read
     /// into while the other's DMA runs; at most [`MAX_SLOTS_PER_THREAD`]).
     pub slots_per_thread: usize,
@@ -139,7 +156,8 @@ impl Default for ReadOptions {
     fn default() -> Self {
         ReadOptions {
             threads: 0,
-            chunk_bytes: 4 << 20,
+            chunk_bytes: 0,
+            readers: 1,
             slots_per_thread: 2,
             io: IoMode::Auto,
         }
@@ -149,6 +167,7 @@ impl Default for ReadOptions {
 with_setters!(ReadOptions {
     with_threads => threads: usize,
     with_chunk_bytes => chunk_bytes: usize,
+    with_readers => readers: usize,
     with_slots_per_thread => slots_per_thread: usize,
     with_io => io: IoMode,
 });
@@ -174,6 +193,9 @@ pub struct ReadReport {
     pub buffered_bytes: u64,
     /// Pinned bytes held as slots for the read (0 for reads into place).
     pub staging_bytes: u64,
+    /// Bytes per read and slot: [`ReadOptions::chunk_bytes`], or numapin's
+    /// pick when that is 0.
+    pub chunk_bytes: usize,
     /// Sentences a person should read: placement that could not be made,
     /// a file on a drive behind another NUMA node or socket, unregistered
     /// slots.
@@ -389,11 +411,11 @@ fn check_options(opts: &ReadOptions) -> Result<()> {
             "use ReadOptions::default() (threads 0: the node's CPUs, 4 to 16; 2 slots per thread)",
         ));
     }
-    if opts.chunk_bytes == 0 || opts.slots_per_thread == 0 {
+    if opts.slots_per_thread == 0 || opts.readers > MAX_READERS {
         return Err(StorageError::request(
             format!(
-                "read options chunk_bytes = {}, slots_per_thread = {}: both must be at least 1",
-                opts.chunk_bytes, opts.slots_per_thread
+                "read options slots_per_thread = {}, readers = {}: from 1, and at most {MAX_READERS} readers",
+                opts.slots_per_thread, opts.readers
             ),
             "use ReadOptions::default() (4 MiB reads, 2 slots per thread)",
         ));
@@ -444,6 +466,38 @@ fn check_ranges(
         total += len as u64;
     }
     Ok(total)
+}
+
+/// The chunk of a read by `threads` workers on `cpus`: the options', or
+/// (0) the largest power of two from [`AUTO_CHUNK_MIN`] to
+/// [`AUTO_CHUNK_MAX`] with which every reader's slots fit in half of the
+/// last-level cache of `cpus` ([`AUTO_CHUNK_MAX`] when no cache size is
+/// known).
+fn chunk_for(rt: &Runtime, opts: &ReadOptions, cpus: &CpuList, threads: usize) -> usize {
+    if opts.chunk_bytes > 0 {
+        return opts.chunk_bytes;
+    }
+    let cache = rt.topology().last_level_cache_bytes(cpus);
+    let slots = opts
+        .readers
+        .max(1)
+        .saturating_mul(threads.max(1))
+        .saturating_mul(opts.slots_per_thread.max(1));
+    auto_chunk(cache, slots)
+}
+
+/// [`chunk_for`]'s pick for `slots` slots in all beside `cache` bytes of
+/// last-level cache.
+fn auto_chunk(cache: u64, slots: usize) -> usize {
+    if cache == 0 {
+        return AUTO_CHUNK_MAX;
+    }
+    let room = cache / 2 / u64::try_from(slots.max(1)).unwrap_or(u64::MAX);
+    let mut c = AUTO_CHUNK_MAX;
+    while c > AUTO_CHUNK_MIN && u64::try_from(c).unwrap_or(u64::MAX) > room {
+        c /= 2;
+    }
+    c
 }
 
 /// Bytes per slot: `chunk` rounded up to every source's alignment.

@@ -307,3 +307,28 @@ fn a_source_says_when_its_file_changed_since_it_was_opened() {
     f.set_len(5).expect("truncate");
     assert!(src.changed().is_some_and(|w| w.contains("5 bytes")));
 }
+
+/// numapin's chunk: 4 MiB for one reader's 32 slots beside a 300 MiB L3,
+/// 1 MiB for four readers (their 128 slots fit half of it only then), 2
+/// MiB for two; never below 1 MiB however many, 4 MiB when no cache size
+/// is known.
+#[test]
+fn the_automatic_chunk_keeps_every_readers_slots_in_half_the_cache() {
+    const MIB: u64 = 1 << 20;
+    let l3 = 300 * MIB;
+    assert_eq!(super::auto_chunk(l3, 32), 4 << 20);
+    assert_eq!(super::auto_chunk(l3, 2 * 32), 2 << 20);
+    assert_eq!(super::auto_chunk(l3, 4 * 32), 1 << 20);
+    assert_eq!(super::auto_chunk(l3, 1 << 20), super::AUTO_CHUNK_MIN);
+    assert_eq!(super::auto_chunk(l3, 0), 4 << 20);
+    assert_eq!(super::auto_chunk(0, 128), super::AUTO_CHUNK_MAX);
+    assert_eq!(super::auto_chunk(32 * MIB, 32), 1 << 20);
+    for slots in 1..512 {
+        let c = super::auto_chunk(l3, slots) as u64;
+        assert!(c.is_power_of_two() && (1 << 20..=4 << 20).contains(&c));
+        assert!(
+            c == 1 << 20 || c * slots as u64 <= l3 / 2,
+            "{slots} slots of {c}"
+        );
+    }
+}

@@ -398,6 +398,18 @@ pub enum InputFormat {
 }
 
 impl Topology {
+    /// Bytes of last-level cache shared by `cpus`: the sum of the
+    /// last-level caches that hold at least one of them (0 when the source
+    /// records no cache sizes). The staged copy and the storage reader size
+    /// their slots by it.
+    pub fn last_level_cache_bytes(&self, cpus: &CpuList) -> u64 {
+        self.caches
+            .iter()
+            .filter(|c| !c.cpus.intersection(cpus).is_empty())
+            .filter_map(|c| c.size_bytes)
+            .fold(0u64, u64::saturating_add)
+    }
+
     /// Probes this machine.
     ///
     /// # Errors

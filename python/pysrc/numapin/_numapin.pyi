@@ -240,7 +240,8 @@ class Checkpoint:
         gpu: int | None = None,
         node: int | None = None,
         threads: int = 0,
-        chunk_bytes: int = 4194304,
+        chunk_bytes: int = 0,
+        readers: int = 1,
         io: str = "auto",
     ) -> tuple[list[PinnedBuffer], dict[str, Any]]: ...
     def load_to_device(
@@ -251,7 +252,8 @@ class Checkpoint:
         stream: int,
         *,
         threads: int = 0,
-        chunk_bytes: int = 4194304,
+        chunk_bytes: int = 0,
+        readers: int = 1,
         io: str = "auto",
     ) -> dict[str, Any]: ...
 
@@ -266,7 +268,7 @@ def read_to_device(
     stream: int,
     *,
     threads: int = 0,
-    chunk_bytes: int = 4194304,
+    chunk_bytes: int = 0,
     io: str = "auto",
 ) -> dict[str, Any]: ...
 def read_to_host(
@@ -278,7 +280,7 @@ def read_to_host(
     gpu: int | None = None,
     node: int | None = None,
     threads: int = 0,
-    chunk_bytes: int = 4194304,
+    chunk_bytes: int = 0,
     io: str = "auto",
 ) -> dict[str, Any]: ...
 def locate(path: str) -> tuple[str, list[dict[str, Any]]]: ...

@@ -100,7 +100,8 @@ def _read_opts(threads: Any, chunk_bytes: Any, io: Any) -> dict[str, Any]:
     return dict(
         threads=numapin._int(threads, "threads", hi=MAX_THREADS, fix="pass 0 (numapin picks) or a thread count"),
         chunk_bytes=numapin._int(
-            chunk_bytes, "chunk_bytes", lo=1, hi=MAX_CHUNK_BYTES, fix="pass a chunk size such as 4194304"
+            chunk_bytes, "chunk_bytes", lo=0, hi=MAX_CHUNK_BYTES,
+            fix="pass 0 (numapin picks) or a chunk size such as 4194304",
         ),
         io=io,
     )
@@ -162,7 +163,7 @@ def load_safetensors(
     gpu: int | None = None,
     node: int | None = None,
     threads: int = 0,
-    chunk_bytes: int = 4 << 20,
+    chunk_bytes: int = 0,
     io: str = "auto",
     stats: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
@@ -193,8 +194,10 @@ def load_safetensors(
     ``(rank, world_size)`` in the group) and broadcast to the others over
     the group (NCCL: GPU to GPU); every rank of the group must make the
     same call (same files, same ``names``), each with its own GPU, all on
-    one machine. ``threads`` (0 to ``MAX_THREADS``), ``chunk_bytes`` (1 to
-    ``MAX_CHUNK_BYTES``), ``io`` (``"auto"``, ``"buffered"``,
+    one machine. ``threads`` (0 to ``MAX_THREADS``), ``chunk_bytes`` (0, numapin's
+    pick: 1 to 4 MiB, so that the slots of every rank of the ``shard`` or
+    ``"replica"`` group reading at once stay within half of the GPU's
+    node's last-level cache; or up to ``MAX_CHUNK_BYTES``), ``io`` (``"auto"``, ``"buffered"``,
     ``"direct"``): how the files are read. A file on a drive behind another
     NUMA node or socket than the GPU gives a ``RuntimeWarning``. ``stats``:
     a dict to fill with what the read did (as :func:`read_to_device`
@@ -248,17 +251,19 @@ def load_safetensors(
 
 
 def _open(path_or_index: Any, device: Any, names: Any, shard: Any, gpu: Any, node: Any, threads: Any,
-          chunk_bytes: Any, io: Any) -> tuple[Any, list[int], list[Any], Any, Any, Any]:
+          chunk_bytes: Any, io: Any, readers: int | None = None) -> tuple[Any, list[int], list[Any], Any, Any, Any]:
     """The checkpoint opened, the selected tensors (indexes in file order),
     every tensor's ``(name, dtype, shape, nbytes, safetensors dtype)``, the
     device (``None``: pinned CPU tensors), and ``read(indexes) -> (tensors,
-    report)`` and ``alloc(index) -> tensor`` for it."""
+    report)`` and ``alloc(index) -> tensor`` for it. ``readers``: the
+    ranks reading at once (default: the shard's world size, else 1)."""
     opts = _read_opts(threads, chunk_bytes, io)
     import numapin
 
     gpu, node = numapin._gpu_node(gpu, node)
     wanted = _names(names)
     rank, world = _shard(shard)
+    opts["readers"] = readers or world or 1
     host = device is None or (isinstance(device, str) and device == "cpu")
     dev = None if host else _cuda_device(device)
     ck = _numapin.open_safetensors(_path(path_or_index))
@@ -317,7 +322,8 @@ def _prepare(path_or_index: Any, device: Any, names: Any, group: Any, gpu: Any, 
     dist, group = _replica.dist_group(group)
     world = dist.get_world_size(group)
     names = _names(names)  # once: an iterator would be spent by the first select
-    ck, sel, infos, dev, read, alloc = _open(path_or_index, device, names, None, gpu, node, threads, chunk_bytes, io)
+    ck, sel, infos, dev, read, alloc = _open(path_or_index, device, names, None, gpu, node, threads, chunk_bytes, io,
+                                             readers=world)
     shares = [ck.select(names, r, world) for r in range(world)]
     import torch
 
@@ -392,7 +398,7 @@ def read_to_device(
     *,
     stream: Any = None,
     threads: int = 0,
-    chunk_bytes: int = 4 << 20,
+    chunk_bytes: int = 0,
     io: str = "auto",
 ) -> dict[str, Any]:
     """Reads ``nbytes`` bytes of the file at ``path`` from byte ``offset``
@@ -404,7 +410,8 @@ def read_to_device(
     straight into it by threads on the calling thread's node. Returns when
     the bytes are there, with what the read did (``bytes``, ``seconds``,
     ``gbps``, ``cached_bytes``, ``direct_bytes``, ``buffered_bytes``,
-    ``threads``, ``node``, ``warnings``).
+    ``threads``, ``chunk_bytes`` (numapin's pick with the default 0),
+    ``node``, ``warnings``).
     """
     torch = sys.modules.get("torch")
     if torch is None or not isinstance(out, torch.Tensor):

@@ -745,6 +745,7 @@ fn merge(into: &mut ReadReport, r: ReadReport) {
     into.direct_bytes += r.direct_bytes;
     into.buffered_bytes += r.buffered_bytes;
     into.staging_bytes = into.staging_bytes.max(r.staging_bytes);
+    into.chunk_bytes = into.chunk_bytes.max(r.chunk_bytes);
     for w in r.warnings {
         // One sentence per drive: later turns name other files on the
         // drives already said.
