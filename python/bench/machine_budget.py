@@ -171,6 +171,10 @@ def main() -> int:
     release.set()
     for pr in procs:
         pr.join(timeout=60)
+    # A process that died in its exit runs no exit handler: it would leave
+    # the state file behind, and its code says so.
+    codes = [pr.exitcode for pr in procs] + [w.exitcode]
+    print(f"exit codes (processes 0-{args.procs - 1}, waiter): {codes}")
     left = os.listdir(state)
     print(f"state folder after every process left: {left or 'empty'}")
     shutil.rmtree(state, ignore_errors=True)
