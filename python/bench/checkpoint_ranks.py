@@ -257,7 +257,13 @@ def page_cache_gbps(files: list[str], ranks: int, threads: int = 16, chunk: int 
         start = time.clock_gettime(time.CLOCK_MONOTONIC) + 2.0
         procs = [subprocess.Popen([sys.executable, "-c", PAGE_CACHE_CHILD, json.dumps(sh), str(threads), str(chunk),
                                    repr(start)], stdout=subprocess.PIPE, text=True) for sh in shares]
-        outs = [json.loads(p.communicate(timeout=120)[0]) for p in procs]
+        try:
+            outs = [json.loads(p.communicate(timeout=120)[0]) for p in procs]
+        finally:  # a child that failed or hung leaves none behind
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
         best = max(best, sum(o["bytes"] for o in outs) / (max(o["end"] for o in outs) - start) / 1e9)
     return best, (f"{ranks} processes x {threads} threads, {chunk >> 20} MiB preadv from the page cache into two "
                   "reused buffers a thread, best of 3")

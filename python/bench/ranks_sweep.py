@@ -70,9 +70,23 @@ def main() -> int:
     procs = [ctx.Process(target=rank, args=(r, a.ranks, index, variants, a.reps, barrier, q)) for r in range(a.ranks)]
     for p in procs:
         p.start()
-    got = [q.get(timeout=600) for _ in range(a.reps * len(variants) * a.ranks)]
-    for p in procs:
-        p.join()
+    import queue
+
+    got: list = []
+    try:
+        while len(got) < a.reps * len(variants) * a.ranks:
+            try:
+                got.append(q.get(timeout=1.0))
+            except queue.Empty:
+                dead = [p.exitcode for p in procs if not p.is_alive() and p.exitcode != 0]
+                if dead:  # the others wait at the barrier for it
+                    print(f"a rank exited with {dead[0]}", file=sys.stderr)
+                    return 1
+    finally:
+        for p in procs:
+            if p.is_alive() and len(got) < a.reps * len(variants) * a.ranks:
+                p.terminate()
+            p.join()
     for k, (th, ch) in enumerate(variants):
         rates = []
         for rep in range(a.reps):

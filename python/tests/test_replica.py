@@ -119,7 +119,7 @@ def _load_everything(rank: int, world: int, tmp: str) -> dict:
             "own_storage": own == sum(1 for t in got.values() if t.numel()),
             "read": stats["replica"]["read_bytes"], "mine": mine,
             "received": stats["replica"]["received_bytes"], "others": total - mine,
-            "world": stats["replica"]["world_size"],
+            "world": stats["replica"]["world_size"], "chunk": stats["chunk_bytes"],
         }
     sub = numapin.load_safetensors(files["index"], device=None, names=iter(["odd", "scalar", "big"]), shard="replica")
     res["subset"] = {"names": list(sub), "ok": all(_same(sub[k], want[k]) for k in sub)}
@@ -140,6 +140,8 @@ def test_every_rank_gets_every_tensor_having_read_its_share(tmp_path):
             assert x["cpu"] and x["own_storage"] and x["world"] == world
             # Each rank read its share only and received the rest.
             assert x["read"] == x["mine"] and x["received"] == x["others"], (r, kind, x)
+            # Reads into pinned host memory take numapin's largest chunk.
+            assert x["chunk"] == (4 << 20 if x["mine"] else 0), (r, kind, x)
         assert res["subset"] == {"names": ["big", "odd", "scalar"], "ok": True}
 
 

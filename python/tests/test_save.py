@@ -201,6 +201,9 @@ def test_bad_arguments_are_input_errors(tmp_path):
     ):
         with pytest.raises((numapin.InputError, TypeError)):
             numapin.save_safetensors({"a": torch.zeros(2)}, p, **kwargs)
+    # The writer's chunk is its own (no automatic 0), and its fix says so.
+    with pytest.raises(numapin.InputError, match="chunk size such as 8388608"):
+        numapin.save_safetensors({"a": torch.zeros(2)}, p, chunk_bytes=0)
     with pytest.raises(numapin.InputError):
         numapin.save_safetensors([torch.zeros(2)], p)
     with pytest.raises(numapin.InputError):

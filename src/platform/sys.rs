@@ -90,18 +90,39 @@ pub(crate) fn proc_status_field(name: &str) -> Option<String> {
     })
 }
 
-/// The machine's memory, `MemTotal` of `/proc/meminfo`, in bytes; `None`
+/// The machine's memory less its huge page pools, as hwloc counts a
+/// node's (`MemTotal` less `Hugetlb` of `/proc/meminfo`), in bytes; `None`
 /// when unreadable.
 pub(crate) fn mem_total() -> Option<u64> {
     let info = std::fs::read_to_string("/proc/meminfo").ok()?;
     parse_mem_total(&info)
 }
 
-/// `MemTotal: N kB` of a `/proc/meminfo` text, in bytes.
+/// [`mem_total`] of a `/proc/meminfo` text: `MemTotal` less `Hugetlb`
+/// (every pool; before Linux 4.16, `HugePages_Total` x `Hugepagesize`).
 pub(crate) fn parse_mem_total(info: &str) -> Option<u64> {
-    let v = info.lines().find_map(|l| l.strip_prefix("MemTotal:"))?;
-    let kib = v.trim().strip_suffix("kB")?.trim().parse::<u64>().ok()?;
-    kib.checked_mul(1024)
+    let field = |name: &str| {
+        info.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+            .map(str::trim)
+    };
+    let kib = |v: &str| {
+        v.strip_suffix("kB")?
+            .trim()
+            .parse::<u64>()
+            .ok()?
+            .checked_mul(1024)
+    };
+    let total = kib(field("MemTotal")?)?;
+    let huge = match field("Hugetlb") {
+        Some(v) => kib(v)?,
+        None => {
+            let pages = field("HugePages_Total").map_or(Some(0), |v| v.parse::<u64>().ok())?;
+            let size = field("Hugepagesize").map_or(Some(0), kib)?;
+            pages.checked_mul(size)?
+        }
+    };
+    total.checked_sub(huge)
 }
 
 /// `CAP_IPC_LOCK`: lock memory beyond RLIMIT_MEMLOCK.

@@ -72,7 +72,8 @@ pub const MAX_CHUNK_BYTES: usize = 1 << 30;
 /// reads cost more per byte than the cache saves (4 ranks on a 4-GPU VM,
 /// docs/BENCHMARKS.md).
 pub const AUTO_CHUNK_MIN: usize = 1 << 20;
-/// Largest chunk numapin picks (the best of 1-16 MiB for one reader).
+/// Largest chunk numapin picks (the reader's fixed chunk before, chosen
+/// by the read-size sweeps in docs/BENCHMARKS.md).
 pub const AUTO_CHUNK_MAX: usize = 4 << 20;
 /// Most [`ReadOptions::readers`].
 pub const MAX_READERS: usize = 1 << 20;
@@ -194,7 +195,8 @@ pub struct ReadReport {
     /// Pinned bytes held as slots for the read (0 for reads into place).
     pub staging_bytes: u64,
     /// Bytes per read and slot: [`ReadOptions::chunk_bytes`], or numapin's
-    /// pick when that is 0.
+    /// pick when that is 0, before rounding up to the files' direct I/O
+    /// alignment; 0 when nothing was read.
     pub chunk_bytes: usize,
     /// Sentences a person should read: placement that could not be made,
     /// a file on a drive behind another NUMA node or socket, unregistered
@@ -411,13 +413,19 @@ fn check_options(opts: &ReadOptions) -> Result<()> {
             "use ReadOptions::default() (threads 0: the node's CPUs, 4 to 16; 2 slots per thread)",
         ));
     }
-    if opts.slots_per_thread == 0 || opts.readers > MAX_READERS {
+    if opts.slots_per_thread == 0 {
+        return Err(StorageError::request(
+            "read options slots_per_thread = 0: a worker needs a slot",
+            "use ReadOptions::default() (2 slots per thread: one read into while the other's DMA runs)",
+        ));
+    }
+    if opts.readers > MAX_READERS {
         return Err(StorageError::request(
             format!(
-                "read options slots_per_thread = {}, readers = {}: from 1, and at most {MAX_READERS} readers",
-                opts.slots_per_thread, opts.readers
+                "read options readers = {}: at most {MAX_READERS}",
+                opts.readers
             ),
-            "use ReadOptions::default() (4 MiB reads, 2 slots per thread)",
+            "give the ranks reading at once on this machine (1 for one process)",
         ));
     }
     if opts.chunk_bytes > MAX_CHUNK_BYTES {
@@ -426,7 +434,7 @@ fn check_options(opts: &ReadOptions) -> Result<()> {
                 "read options chunk_bytes = {} is over 1 GiB",
                 opts.chunk_bytes
             ),
-            "use reads of a few MiB (the default is 4 MiB)",
+            "use 0 (numapin picks 1 to 4 MiB) or reads of a few MiB",
         ));
     }
     Ok(())
@@ -474,10 +482,14 @@ fn check_ranges(
 /// last-level cache of `cpus` ([`AUTO_CHUNK_MAX`] when no cache size is
 /// known).
 fn chunk_for(rt: &Runtime, opts: &ReadOptions, cpus: &CpuList, threads: usize) -> usize {
+    chunk_beside(opts, rt.topology().last_level_cache_bytes(cpus), threads)
+}
+
+/// [`chunk_for`] beside `cache` bytes of last-level cache.
+fn chunk_beside(opts: &ReadOptions, cache: u64, threads: usize) -> usize {
     if opts.chunk_bytes > 0 {
         return opts.chunk_bytes;
     }
-    let cache = rt.topology().last_level_cache_bytes(cpus);
     let slots = opts
         .readers
         .max(1)

@@ -332,3 +332,30 @@ fn the_automatic_chunk_keeps_every_readers_slots_in_half_the_cache() {
         );
     }
 }
+
+/// The options' chunk wins; else the readers, the threads and the slots a
+/// thread all count: 16 threads of 2 slots beside a 300 MiB L3 read 4 MiB
+/// alone, 2 MiB as one of two readers, 1 MiB as one of four.
+#[test]
+fn the_chunk_counts_readers_threads_and_slots_unless_given() {
+    use super::ReadOptions;
+    let l3 = 300u64 << 20;
+    let o = ReadOptions::default();
+    assert_eq!(super::chunk_beside(&o, l3, 16), 4 << 20);
+    assert_eq!(super::chunk_beside(&o.with_readers(0), l3, 16), 4 << 20);
+    assert_eq!(super::chunk_beside(&o.with_readers(2), l3, 16), 2 << 20);
+    assert_eq!(super::chunk_beside(&o.with_readers(4), l3, 16), 1 << 20);
+    assert_eq!(super::chunk_beside(&o, l3, 64), 1 << 20);
+    assert_eq!(
+        super::chunk_beside(&o.with_slots_per_thread(4), l3, 16),
+        2 << 20
+    );
+    assert_eq!(
+        super::chunk_beside(&o.with_readers(4).with_chunk_bytes(3 << 20), l3, 16),
+        3 << 20
+    );
+    assert_eq!(
+        super::chunk_beside(&o.with_readers(64), 0, 16),
+        super::AUTO_CHUNK_MAX
+    );
+}

@@ -97,7 +97,9 @@ pub(crate) fn finish(
 /// 126 GiB on one GPU VM measured), and the budget, a share of the node's
 /// memory, would be a share of that. The node's memory is then the
 /// machine's `total` (less GPU memory nodes', which `MemTotal` counts where
-/// they are online), with a warning saying so.
+/// they are online; `total` already less the huge page pools, as hwloc
+/// counts a node's memory), with a warning saying so. A node short of
+/// `total` by an eighth or less keeps its figure.
 pub(crate) fn only_node_memory(nodes: &mut [NumaNode], total: Option<u64>) -> Option<Warning> {
     let gpu_memory: u64 = nodes
         .iter()
@@ -109,11 +111,11 @@ pub(crate) fn only_node_memory(nodes: &mut [NumaNode], total: Option<u64>) -> Op
         .iter_mut()
         .filter(|n| n.memory_bytes > 0 && n.kind != NodeKind::GpuMemory);
     let node = with_memory.next()?;
-    if with_memory.next().is_some() || node.memory_bytes >= total {
+    if with_memory.next().is_some() || node.memory_bytes >= total - total / 8 {
         return None;
     }
     let message = format!(
-        "NUMA node {} reports {} of memory and the machine {} (/proc/meminfo MemTotal, less GPU memory); as the only node with memory it holds all of it, so numapin counts {} for it (its budget is a share of that)",
+        "NUMA node {} reports {} of memory and the machine {} (/proc/meminfo MemTotal, less huge pages and GPU memory); as the only node with memory it holds all of it, so numapin counts {} for it (its budget is a share of that)",
         node.os_index,
         crate::report::table::bytes(node.memory_bytes),
         crate::report::table::bytes(total),

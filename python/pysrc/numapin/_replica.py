@@ -80,12 +80,14 @@ class _Report:
 
     def merged(self, world: int, seconds: float) -> dict[str, Any]:
         out: dict[str, Any] = {"bytes": 0, "seconds": 0.0, "cached_bytes": 0, "direct_bytes": 0,
-                               "buffered_bytes": 0, "staging_bytes": 0, "threads": 0, "node": None}
+                               "buffered_bytes": 0, "staging_bytes": 0, "chunk_bytes": 0, "threads": 0,
+                               "node": None}
         warnings: list[str] = []
         for r in self.reads:
             for k in ("bytes", "seconds", "cached_bytes", "direct_bytes", "buffered_bytes"):
                 out[k] += r.get(k) or 0
             out["staging_bytes"] = max(out["staging_bytes"], r.get("staging_bytes") or 0)
+            out["chunk_bytes"] = max(out["chunk_bytes"], r.get("chunk_bytes") or 0)
             out["threads"] = r.get("threads", out["threads"])
             out["node"] = r.get("node", out["node"])
             warnings += [w for w in r.get("warnings", []) if w not in warnings]

@@ -203,7 +203,7 @@ def save_safetensors(
     if not isinstance(prefix, str) or not prefix or "/" in prefix:
         raise InputError(f"prefix={prefix!r} is not a file name\n  fix: pass a name such as \"model\"")
     gpu, node = numapin._gpu_node(gpu, node)
-    opts = numapin._storage._read_opts(threads, chunk_bytes, io)
+    opts = numapin._storage._read_opts(threads, chunk_bytes, io, auto_chunk=False)
     held = [(k, _checked(k, v, torch)) for k, v in state_dict.items()]
     tensors = [t for _, t in held]
     if gpu is None and node is None:

@@ -91,18 +91,30 @@ def _names(names: Any) -> list[str] | None:
     return out
 
 
-def _read_opts(threads: Any, chunk_bytes: Any, io: Any) -> dict[str, Any]:
-    """``threads``, ``chunk_bytes`` and ``io`` checked for the reader,
+def _readers(world: int | None) -> int:
+    """The ranks reading at once on this machine, for numapin's chunk: the
+    shard's or group's world size, at most ``LOCAL_WORLD_SIZE`` where a
+    launcher set it (the other ranks are on other machines); 1 without a
+    shard."""
+    if not world:
+        return 1
+    t = os.environ.get("LOCAL_WORLD_SIZE", "").strip()
+    if t.isascii() and t.isdigit() and len(t) <= 20 and 0 < int(t) < world:
+        return int(t)
+    return world
+
+
+def _read_opts(threads: Any, chunk_bytes: Any, io: Any, *, auto_chunk: bool = True) -> dict[str, Any]:
+    """``threads``, ``chunk_bytes`` and ``io`` checked for the reader (or,
+    without ``auto_chunk``, the writer, whose chunk is at least a byte),
     before a file is opened."""
     import numapin
 
     _numapin.check_io(io)
+    fix = "pass 0 (numapin picks) or a chunk size such as 4194304" if auto_chunk else "pass a chunk size such as 8388608"
     return dict(
         threads=numapin._int(threads, "threads", hi=MAX_THREADS, fix="pass 0 (numapin picks) or a thread count"),
-        chunk_bytes=numapin._int(
-            chunk_bytes, "chunk_bytes", lo=0, hi=MAX_CHUNK_BYTES,
-            fix="pass 0 (numapin picks) or a chunk size such as 4194304",
-        ),
+        chunk_bytes=numapin._int(chunk_bytes, "chunk_bytes", lo=0 if auto_chunk else 1, hi=MAX_CHUNK_BYTES, fix=fix),
         io=io,
     )
 
@@ -196,8 +208,10 @@ def load_safetensors(
     same call (same files, same ``names``), each with its own GPU, all on
     one machine. ``threads`` (0 to ``MAX_THREADS``), ``chunk_bytes`` (0, numapin's
     pick: 1 to 4 MiB, so that the slots of every rank of the ``shard`` or
-    ``"replica"`` group reading at once stay within half of the GPU's
-    node's last-level cache; or up to ``MAX_CHUNK_BYTES``), ``io`` (``"auto"``, ``"buffered"``,
+    ``"replica"`` group on this machine (at most ``LOCAL_WORLD_SIZE`` where
+    set) reading at once stay within half of the GPU's node's last-level
+    cache, a load without ``shard`` counting as one reader; or up to
+    ``MAX_CHUNK_BYTES``; ``stats["chunk_bytes"]`` says which), ``io`` (``"auto"``, ``"buffered"``,
     ``"direct"``): how the files are read. A file on a drive behind another
     NUMA node or socket than the GPU gives a ``RuntimeWarning``. ``stats``:
     a dict to fill with what the read did (as :func:`read_to_device`
@@ -256,14 +270,15 @@ def _open(path_or_index: Any, device: Any, names: Any, shard: Any, gpu: Any, nod
     every tensor's ``(name, dtype, shape, nbytes, safetensors dtype)``, the
     device (``None``: pinned CPU tensors), and ``read(indexes) -> (tensors,
     report)`` and ``alloc(index) -> tensor`` for it. ``readers``: the
-    ranks reading at once (default: the shard's world size, else 1)."""
+    group's size for ``"replica"`` (default: the shard's world size), see
+    :func:`_readers`."""
     opts = _read_opts(threads, chunk_bytes, io)
     import numapin
 
     gpu, node = numapin._gpu_node(gpu, node)
     wanted = _names(names)
     rank, world = _shard(shard)
-    opts["readers"] = readers or world or 1
+    opts["readers"] = _readers(readers or world)
     host = device is None or (isinstance(device, str) and device == "cpu")
     dev = None if host else _cuda_device(device)
     ck = _numapin.open_safetensors(_path(path_or_index))
