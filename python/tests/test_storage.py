@@ -104,6 +104,18 @@ def test_the_chunk_is_numapins_pick_unless_given(tmp_path, no_leak):
     gc.collect()
 
 
+def test_the_readers_are_the_shards_ranks_on_this_machine(monkeypatch):
+    # What numapin's chunk counts: the shard's world size, at most the
+    # launcher's LOCAL_WORLD_SIZE (the other ranks are elsewhere); one
+    # without a shard, and a bad LOCAL_WORLD_SIZE says nothing.
+    readers = numapin._storage._readers
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert (readers(None), readers(8)) == (1, 8)
+    for env, want in (("4", 4), ("16", 8), ("x", 8), ("0", 8)):
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", env)
+        assert readers(8) == want, env
+
+
 def _hand_written(path, pad):
     a = bytes(range(3))
     b = bytes((i * 7) % 256 for i in range(4 * 5000))

@@ -156,7 +156,7 @@ pub(crate) struct Status {
 pub(crate) const MAX_PID_NS_LEVELS: usize = 33;
 
 /// `1234 kB` in bytes (`None` for anything else or an overflow).
-fn kb(v: &str) -> Option<u64> {
+pub(crate) fn kb(v: &str) -> Option<u64> {
     let n: u64 = v.strip_suffix("kB")?.trim().parse().ok()?;
     n.checked_mul(1024)
 }

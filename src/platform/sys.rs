@@ -60,19 +60,15 @@ pub(crate) fn address_limit(len: u64) -> Option<(&'static str, u64)> {
         if soft == nix::sys::resource::RLIM_INFINITY {
             return None;
         }
-        let used = proc_status_kib(field).unwrap_or(0).saturating_mul(1024);
+        let used = proc_status_bytes(field).unwrap_or(0);
         let wanted = used.saturating_add(len).saturating_add(4 << 20);
         (wanted > soft).then_some((name, soft))
     })
 }
 
-/// A `/proc/self/status` field given in kB (`VmSize:  1234 kB`), in KiB.
-fn proc_status_kib(name: &str) -> Option<u64> {
-    proc_status_field(name)?
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()
+/// A `/proc/self/status` field given in kB (`VmSize:  1234 kB`), in bytes.
+fn proc_status_bytes(name: &str) -> Option<u64> {
+    super::procfs::kb(&proc_status_field(name)?)
 }
 
 /// Whether this process has CAP_IPC_LOCK in its effective set (which lets it
@@ -106,19 +102,13 @@ pub(crate) fn parse_mem_total(info: &str) -> Option<u64> {
             .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
             .map(str::trim)
     };
-    let kib = |v: &str| {
-        v.strip_suffix("kB")?
-            .trim()
-            .parse::<u64>()
-            .ok()?
-            .checked_mul(1024)
-    };
-    let total = kib(field("MemTotal")?)?;
+    let kb = super::procfs::kb;
+    let total = kb(field("MemTotal")?)?;
     let huge = match field("Hugetlb") {
-        Some(v) => kib(v)?,
+        Some(v) => kb(v)?,
         None => {
             let pages = field("HugePages_Total").map_or(Some(0), |v| v.parse::<u64>().ok())?;
-            let size = field("Hugepagesize").map_or(Some(0), kib)?;
+            let size = field("Hugepagesize").map_or(Some(0), kb)?;
             pages.checked_mul(size)?
         }
     };
@@ -182,9 +172,7 @@ impl SecurityStatus {
 
 /// `VmLck` of this process in bytes.
 pub(crate) fn locked_bytes() -> u64 {
-    proc_status_field("VmLck")
-        .and_then(|v| v.trim_end_matches("kB").trim().parse::<u64>().ok())
-        .map_or(0, |kb| kb * 1024)
+    proc_status_bytes("VmLck").unwrap_or(0)
 }
 
 /// What a person can do about a system error that is this process's or
@@ -235,7 +223,7 @@ mod tests {
     fn only_a_limit_the_mapping_would_pass_is_named() {
         use nix::sys::resource::{getrlimit, setrlimit, Resource};
         let (soft, hard) = getrlimit(Resource::RLIMIT_AS).unwrap();
-        let used = proc_status_kib("VmSize").unwrap() << 10;
+        let used = proc_status_bytes("VmSize").unwrap();
         let at = used + (1 << 40);
         if hard != nix::sys::resource::RLIM_INFINITY && hard < at {
             return; // cannot raise it that far here

@@ -32,10 +32,7 @@ pub(super) fn read(
     let (place, mut report) = super::prepare(rt, sources, &spans, target, opts)?;
     let started = Instant::now();
     // Reads straight into place: no slots for the cache to hold.
-    let chunk = match opts.chunk_bytes {
-        0 => super::AUTO_CHUNK_MAX,
-        c => c,
-    };
+    let chunk = super::chunk_beside(opts, 0, 1);
     report.chunk_bytes = chunk;
     let mut items = Vec::new();
     for r in ranges {

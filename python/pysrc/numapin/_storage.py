@@ -98,10 +98,11 @@ def _readers(world: int | None) -> int:
     shard."""
     if not world:
         return 1
-    t = os.environ.get("LOCAL_WORLD_SIZE", "").strip()
-    if t.isascii() and t.isdigit() and len(t) <= 20 and 0 < int(t) < world:
-        return int(t)
-    return world
+    try:
+        local = _env_int("LOCAL_WORLD_SIZE")
+    except InputError:  # unset or not a number: no launcher's word on it
+        return world
+    return local if 0 < local < world else world
 
 
 def _read_opts(threads: Any, chunk_bytes: Any, io: Any, *, auto_chunk: bool = True) -> dict[str, Any]:
