@@ -46,7 +46,7 @@ def gpu_count() -> int:
         return 0
 
 
-def pinner(i: int, args: argparse.Namespace, barrier, release, results, who, chosen) -> None:
+def pinner(i: int, args: argparse.Namespace, barrier, release, results, who, chosen, asking) -> None:
     """Process i: pins up to --per-proc GiB near its GPU, reports, holds
     until released."""
     import numapin
@@ -87,6 +87,7 @@ def pinner(i: int, args: argparse.Namespace, barrier, release, results, who, cho
     barrier.wait()  # ps has run
     chosen.wait(600)  # the main process names the one that lets go
     if i == who.value:
+        asking.wait(600)  # the waiter has started, CUDA and all, and asks now
         time.sleep(2.0)
         del held[:]  # the process holding most lets go: the waiter gets its piece
         import gc
@@ -97,7 +98,7 @@ def pinner(i: int, args: argparse.Namespace, barrier, release, results, who, cho
     release.wait()
 
 
-def waiter(args: argparse.Namespace, gpu, results) -> None:
+def waiter(args: argparse.Namespace, gpu, results, asking) -> None:
     import numapin
 
     if gpu is not None:
@@ -105,6 +106,7 @@ def waiter(args: argparse.Namespace, gpu, results) -> None:
 
         torch.cuda.set_device(gpu)
     numapin.configure(machine_budget=args.budget, budget_wait=60.0)
+    asking.set()
     t = time.monotonic()
     try:
         a = numapin.empty(int(args.chunk * GIB), "uint8", gpu=gpu, like="numpy")
@@ -126,8 +128,8 @@ def main() -> int:
     os.environ["NUMAPIN_MACHINE_BUDGET_DIR"] = state  # children and ps inherit it
     ctx = mp.get_context("spawn")
     barrier, release, results = ctx.Barrier(args.procs, timeout=600), ctx.Event(), ctx.Queue()
-    who, chosen = ctx.Value("i", -1), ctx.Event()
-    procs = [ctx.Process(target=pinner, args=(i, args, barrier, release, results, who, chosen))
+    who, chosen, asking = ctx.Value("i", -1), ctx.Event(), ctx.Event()
+    procs = [ctx.Process(target=pinner, args=(i, args, barrier, release, results, who, chosen, asking))
              for i in range(args.procs)]
     for pr in procs:
         pr.start()
@@ -156,7 +158,7 @@ def main() -> int:
     holder = max(rows, key=lambda r: r[4])
     who.value = holder[0]
     chosen.set()
-    w = ctx.Process(target=waiter, args=(args, holder[2], results))
+    w = ctx.Process(target=waiter, args=(args, holder[2], results, asking))
     w.start()
     got = [results.get(timeout=120) for _ in range(2)]
     released = next(g[1] for g in got if g[0] == "released")
@@ -165,6 +167,9 @@ def main() -> int:
     if wr[1]:
         print(f"waiter (budget_wait=60 s): got {size(wr[4])} after {wr[2]:.2f} s, "
               f"{wr[3] - released:+.2f} s after process {holder[0]} let go")
+        if wr[2] < 1.0:  # the holder lets go 2 s after the waiter asks
+            ok = False
+            print("     ^ it did not wait: the budget was not spent when it asked")
     else:
         ok = False
         print(f"waiter (budget_wait=60 s): refused after {wr[2]:.2f} s: {wr[4]}")
@@ -177,6 +182,12 @@ def main() -> int:
     print(f"exit codes (processes 0-{args.procs - 1}, waiter): {codes}")
     left = os.listdir(state)
     print(f"state folder after every process left: {left or 'empty'}")
+    if left:
+        # What the file left holds: live records (a process's lock still
+        # held) or only cleared ones.
+        out = subprocess.run([sys.executable, "-m", "numapin", "ps", "--no-cuda"],
+                             capture_output=True, text=True, timeout=120).stdout
+        print("\n".join(l for l in out.splitlines() if "budget" in l or "pid" in l)[-2000:])
     shutil.rmtree(state, ignore_errors=True)
     print("OK" if ok else "FAILED")
     return 0 if ok else 1

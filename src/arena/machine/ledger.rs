@@ -81,6 +81,11 @@ struct Inner {
     own: BTreeMap<u32, (u64, u64)>,
     /// This process's command name, read once.
     command: Option<String>,
+    /// This process has left at exit ([`Ledger::leave_at_exit`]): regions
+    /// released after that (the release thread still unregistering them)
+    /// no longer touch the file, which would otherwise be made again with
+    /// a record of a process about to end.
+    left: bool,
 }
 
 /// The open file: its folder and the file (closed in a forked child).
@@ -258,6 +263,13 @@ impl Ledger {
     /// process, this one's included, stay within `limit`.
     pub(crate) fn reserve(&self, node: u32, bytes: u64, limit: u64) -> Result<(), Refusal> {
         let mut g = self.inner();
+        if g.left {
+            return Err(Refusal::State(file::refused(
+                &self.path(),
+                "this process is exiting: it gave its record up at exit".to_string(),
+                None,
+            )));
+        }
         let (fd, len, held) = self.locked(&mut g)?;
         let live = file::live_records(&self.path(), fd, len, g.slot, true)?;
         let others: u64 = live.iter().map(|(_, r)| on_node(r, node)).sum();
@@ -300,6 +312,9 @@ impl Ledger {
     /// at the next change, and this process's record goes when it exits.
     pub(crate) fn release(&self, node: u32, bytes: u64) {
         let mut g = self.inner();
+        if g.left {
+            return;
+        }
         match g.own.get_mut(&node) {
             Some(e) if e.0 > bytes => e.0 -= bytes,
             Some(_) => {
@@ -342,14 +357,34 @@ impl Ledger {
     /// together each take it in turn; a process that gave up at once would
     /// leave its record live to the others' look, and the file behind);
     /// a lock still busy then, or a state busy in this process, leaves the
-    /// record to the kernel and the file to the next process.
+    /// record to the kernel and the file to the next process. After it, the
+    /// ledger is done with the file: regions the release thread lets go of
+    /// later (`cuMemHostUnregister` takes about 20 ms a GiB) change nothing
+    /// (they made the file again, with a record of an ending process, and
+    /// left it behind), and a reservation is refused.
     pub(super) fn leave_at_exit(&self) {
-        let Ok(g) = self.inner.try_lock() else {
+        let Ok(mut g) = self.inner.try_lock() else {
             return;
         };
-        let Some(open) = g.open.as_ref().filter(|_| g.pid == std::process::id()) else {
-            return;
-        };
+        let pid = std::process::id();
+        if g.pid != pid {
+            *g = Inner {
+                pid,
+                ..Inner::default()
+            };
+        }
+        // Whatever happens below, nothing after this touches the file. The
+        // descriptor stays open: a record left live (the header lock busy)
+        // stays so until the process ends.
+        g.left = true;
+        if let Some(open) = &g.open {
+            Self::leave_file(&self.name, &self.path(), open, g.slot);
+        }
+    }
+
+    /// [`Ledger::leave_at_exit`] on the open file `open`: clears record
+    /// `slot`, and removes the file when no other live process holds one.
+    fn leave_file(name: &str, path: &Path, open: &Open, slot: Option<usize>) {
         let Some(fd) = open.fd() else {
             return;
         };
@@ -357,20 +392,19 @@ impl Ledger {
             return;
         }
         let held = HeaderLock::taken(fd);
-        if let Some(i) = g.slot {
+        if let Some(i) = slot {
             let (start, n) = format::record_range(i);
             if sf::write_at(fd, &[0u8; BLOCK], start).is_ok() {
                 let _ = sf::try_lock(fd, start, n, Lock::Unlock);
             }
         }
-        let path = self.path();
         let alone = sf::stat(fd).is_ok_and(|f| {
             f.links > 0
-                && file::live_records(&path, fd, f.size.max(BLOCK as u64), g.slot, false)
+                && file::live_records(path, fd, f.size.max(BLOCK as u64), slot, false)
                     .is_ok_and(|live| live.is_empty())
         });
         if alone {
-            let _ = sf::unlink_at(&open.dir, &self.name);
+            let _ = sf::unlink_at(&open.dir, name);
         }
         drop(held);
     }

@@ -132,6 +132,33 @@ fn processes_leaving_at_exit_together_take_turns_and_the_last_removes_the_file()
     assert!(!a.path().exists(), "the last one out removed the file");
 }
 
+/// The last process out removes the file at exit while its release thread
+/// still unregisters regions: those releases, after the exit handler, must
+/// not make the file again (they did, with a record of the ending process,
+/// and the folder kept it), and nothing more is reserved.
+#[test]
+fn releases_after_leaving_at_exit_leave_the_file_gone() {
+    let d = dir();
+    let a = Ledger::new(d.path());
+    a.reserve(0, 3 * MIB, 8 * MIB).expect("fits");
+    a.leave_at_exit();
+    assert!(!a.path().exists(), "the last one out removed the file");
+    // Two of its three regions are let go of before the process ends.
+    a.release(0, MIB);
+    assert!(
+        !a.path().exists(),
+        "a release after leaving made the file again"
+    );
+    a.release(0, MIB);
+    assert!(
+        !a.path().exists(),
+        "a release after leaving made the file again"
+    );
+    let e = state_error(a.reserve(0, MIB, 8 * MIB));
+    assert!(e.to_string().contains("exiting"), "{e}");
+    assert!(!a.path().exists());
+}
+
 #[test]
 fn a_file_removed_under_live_processes_is_made_again_with_their_records() {
     let d = dir();
