@@ -23,6 +23,7 @@ import multiprocessing as mp
 import os
 import sys
 import time
+from typing import Any
 
 
 def rank(r: int, world: int, index: str, variants: list[tuple[int, float]], reps: int, barrier, q) -> None:  # type: ignore[no-untyped-def]
@@ -49,6 +50,28 @@ def rank(r: int, world: int, index: str, variants: list[tuple[int, float]], reps
             torch.cuda.empty_cache()
 
 
+def start_ranks(dirname: str, gib: float, ranks: int, target: Any, extra: tuple) -> tuple[list, Any, Any]:
+    """``checkpoint_ranks.py``'s checkpoint of ``gib`` GiB in 8 files (made
+    once in ``dirname`` and kept), read once, and ``ranks`` spawned
+    processes running ``target(r, ranks, index, *extra, barrier, queue)``;
+    returns them, the queue and the barrier (which the caller keeps: a
+    barrier collected before the children start takes its semaphores
+    with it)."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import checkpoint_ranks
+    from checkpoint import warm
+
+    index, files = checkpoint_ranks.make(dirname, gib, 8)
+    for f in files:
+        warm(f)
+    ctx = mp.get_context("spawn")
+    barrier, q = ctx.Barrier(ranks), ctx.Queue()
+    procs = [ctx.Process(target=target, args=(r, ranks, index, *extra, barrier, q)) for r in range(ranks)]
+    for p in procs:
+        p.start()
+    return procs, q, barrier
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gib", type=float, default=8.0)
@@ -58,18 +81,7 @@ def main() -> int:
     ap.add_argument("--dir", default="/tmp/numapin-sweep")
     a = ap.parse_args()
     variants = [(int(t), float(c)) for t, c in (v.split("x") for v in a.variants.split(","))]
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import checkpoint_ranks
-    from checkpoint import warm
-
-    index, files = checkpoint_ranks.make(a.dir, a.gib, 8)
-    for f in files:
-        warm(f)
-    ctx = mp.get_context("spawn")
-    barrier, q = ctx.Barrier(a.ranks), ctx.Queue()
-    procs = [ctx.Process(target=rank, args=(r, a.ranks, index, variants, a.reps, barrier, q)) for r in range(a.ranks)]
-    for p in procs:
-        p.start()
+    procs, q, _barrier = start_ranks(a.dir, a.gib, a.ranks, rank, (variants, a.reps))
     import queue
 
     got: list = []

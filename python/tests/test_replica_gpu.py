@@ -36,6 +36,7 @@ def _gpu_ranks(rank: int, world: int, tmp: str) -> dict:
             "device": all(t.device == torch.device("cuda", rank) for t in got.values()),
             "bad": [k for k in want if not _same(got[k].cpu(), want[k])],
             "received": stats["replica"]["received_bytes"],
+            "chunk": stats.get("chunk_bytes"),
         }
         del got
     res["cpu_with_nccl"] = _error(lambda: numapin.load_safetensors(idx, device=None, shard="replica"))
@@ -55,4 +56,5 @@ def test_gpu_replica_over_nccl_every_rank_every_tensor(tmp_path):
             x = res[case]
             assert x["names"] and x["device"] and not x["bad"], (r, case, x)
             assert (x["received"] > 0) == (world > 1)
+            assert x["chunk"] in (1 << 20, 2 << 20, 4 << 20), (r, case, x["chunk"])  # numapin's pick, reported
         assert res["cpu_with_nccl"]["type"] == "InputError" and "NCCL" in res["cpu_with_nccl"]["msg"]
