@@ -156,6 +156,11 @@ fn releases_after_leaving_at_exit_leave_the_file_gone() {
     );
     let e = state_error(a.reserve(0, MIB, 8 * MIB));
     assert!(e.to_string().contains("exiting"), "{e}");
+    assert!(
+        e.fix().is_some_and(|f| f.contains("exit handlers")),
+        "{:?}",
+        e.fix()
+    );
     assert!(!a.path().exists());
 }
 
