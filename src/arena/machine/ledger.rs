@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::os::fd::{OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError, Weak};
 
 use super::file::{self, HeaderLock, Live};
 use super::format::{self, Entry, Record, BLOCK, ENTRIES, MAX_RECORDS};
@@ -145,6 +145,24 @@ fn header_lock_at_exit(fd: RawFd) -> bool {
     }
 }
 
+/// The ledger's state at exit: waits at most [`EXIT_LOCK_WAIT`] for
+/// another thread of the process holding it (a release from the release
+/// thread, a reservation waiting for the file's lock); `None` when it
+/// stays held.
+fn inner_at_exit(m: &Mutex<Inner>) -> Option<MutexGuard<'_, Inner>> {
+    let until = std::time::Instant::now() + EXIT_LOCK_WAIT;
+    loop {
+        match m.try_lock() {
+            Ok(g) => return Some(g),
+            Err(TryLockError::Poisoned(p)) => return Some(p.into_inner()),
+            Err(TryLockError::WouldBlock) if std::time::Instant::now() < until => {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            Err(TryLockError::WouldBlock) => return None,
+        }
+    }
+}
+
 /// At exit: each ledger that holds a record removes its file when no
 /// other live process holds one (see [`Ledger::leave_at_exit`]); one
 /// ledger per budget folder (almost always one), each waiting its turn.
@@ -209,6 +227,12 @@ impl Ledger {
             };
         }
         g
+    }
+
+    /// Whether another thread holds this ledger's state now (tests).
+    #[cfg(test)]
+    pub(crate) fn busy(&self) -> bool {
+        matches!(self.inner.try_lock(), Err(TryLockError::WouldBlock))
     }
 
     /// Bytes this process holds on `node`.
@@ -356,14 +380,16 @@ impl Ledger {
     /// the header lock at most [`EXIT_LOCK_WAIT`] (processes ending
     /// together each take it in turn; a process that gave up at once would
     /// leave its record live to the others' look, and the file behind);
-    /// a lock still busy then, or a state busy in this process, leaves the
-    /// record to the kernel and the file to the next process. After it, the
+    /// its state, held by another thread of this process (a release or a
+    /// reservation under way), is waited for as long; a lock or state still
+    /// busy then leaves the record to the kernel and the file to the next
+    /// process. After it, the
     /// ledger is done with the file: regions the release thread lets go of
     /// later (`cuMemHostUnregister` takes about 20 ms a GiB) change nothing
     /// (they made the file again, with a record of an ending process, and
     /// left it behind), and a reservation is refused.
     pub(super) fn leave_at_exit(&self) {
-        let Ok(mut g) = self.inner.try_lock() else {
+        let Some(mut g) = inner_at_exit(&self.inner) else {
             return;
         };
         let pid = std::process::id();

@@ -80,12 +80,19 @@ fn a_dead_holders_bytes_come_back_and_its_record_is_cleared() {
     assert_eq!(records[0].entries[0].bytes, 8 * MIB);
 }
 
+/// Two ledgers of one file (two processes), each holding 1 MiB of node 0's
+/// 8 MiB.
+fn two_holding(dir: &Path) -> (Ledger, Ledger) {
+    let (a, b) = (Ledger::new(dir), Ledger::new(dir));
+    a.reserve(0, MIB, 8 * MIB).expect("fits");
+    b.reserve(0, MIB, 8 * MIB).expect("fits");
+    (a, b)
+}
+
 #[test]
 fn the_last_to_leave_removes_the_file_and_holding_nothing_keeps_no_descriptor() {
     let d = dir();
-    let (a, b) = (Ledger::new(d.path()), Ledger::new(d.path()));
-    a.reserve(0, MIB, 8 * MIB).expect("fits");
-    b.reserve(0, MIB, 8 * MIB).expect("fits");
+    let (a, b) = two_holding(d.path());
     b.release(0, MIB);
     assert!(a.path().exists(), "a still holds bytes");
     a.release(0, MIB);
@@ -106,25 +113,29 @@ fn the_last_to_leave_removes_the_file_and_holding_nothing_keeps_no_descriptor() 
 /// description holds the lock for 10 ms), clears its record, and the last
 /// one out removes the file. Giving up at once on the busy lock left its
 /// record live to the other's look, and the file behind.
-#[test]
-fn processes_leaving_at_exit_together_take_turns_and_the_last_removes_the_file() {
+/// A third open file description of the state file at `path` takes its
+/// header lock now (as another process would), and a thread lets go of it
+/// after `ms` milliseconds.
+fn hold_header(path: &Path, ms: u64) -> std::thread::JoinHandle<()> {
     use crate::platform::statefile::{self as sf, Lock};
     use std::os::fd::AsRawFd;
-    let d = dir();
-    let (a, b) = (Ledger::new(d.path()), Ledger::new(d.path()));
-    a.reserve(0, MIB, 8 * MIB).expect("fits");
-    b.reserve(0, MIB, 8 * MIB).expect("fits");
     let other = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
-        .open(a.path())
+        .open(path)
         .expect("open");
-    let fd = other.as_raw_fd();
-    assert!(sf::try_lock(fd, 0, BLOCK as u64, Lock::Write).expect("lock"));
-    let unlock = std::thread::spawn(move || {
-        std::thread::sleep(std::time::Duration::from_millis(10));
+    assert!(sf::try_lock(other.as_raw_fd(), 0, BLOCK as u64, Lock::Write).expect("lock"));
+    std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(ms));
         drop(other);
-    });
+    })
+}
+
+#[test]
+fn processes_leaving_at_exit_together_take_turns_and_the_last_removes_the_file() {
+    let d = dir();
+    let (a, b) = two_holding(d.path());
+    let unlock = hold_header(&a.path(), 10);
     b.leave_at_exit();
     unlock.join().expect("the unlocking thread");
     assert!(a.path().exists(), "a still holds its record");
@@ -164,12 +175,44 @@ fn releases_after_leaving_at_exit_leave_the_file_gone() {
     assert!(!a.path().exists());
 }
 
+/// A process ending while another of its threads is inside the ledger (a
+/// reservation waiting for the file's lock, here held by a third
+/// description for 100 ms): the exit handler waits for that thread, then
+/// clears the record and removes the file. Giving up at once left both
+/// behind.
+#[test]
+fn leaving_at_exit_waits_for_the_ledger_busy_in_another_thread() {
+    let d = dir();
+    let a = std::sync::Arc::new(Ledger::new(d.path()));
+    a.reserve(0, MIB, 8 * MIB).expect("fits");
+    let unlock = hold_header(&a.path(), 100);
+    let inside = std::thread::spawn({
+        let a = a.clone();
+        move || a.reserve(0, MIB, 8 * MIB)
+    });
+    while !a.busy() {
+        assert!(
+            !inside.is_finished(),
+            "the reservation never waited inside the ledger"
+        );
+        std::thread::yield_now();
+    }
+    a.leave_at_exit();
+    unlock.join().expect("the unlocking thread");
+    inside
+        .join()
+        .expect("the reserving thread")
+        .expect("its reservation, made before the exit handler went on");
+    assert!(
+        !a.path().exists(),
+        "the exit handler waited, then removed the file"
+    );
+}
+
 #[test]
 fn a_file_removed_under_live_processes_is_made_again_with_their_records() {
     let d = dir();
-    let (a, b) = (Ledger::new(d.path()), Ledger::new(d.path()));
-    a.reserve(0, MIB, 8 * MIB).expect("fits");
-    b.reserve(0, MIB, 8 * MIB).expect("fits");
+    let (a, b) = two_holding(d.path());
     std::fs::remove_file(a.path()).expect("someone removes it");
     // b sees its description's file gone, opens a new one and writes its
     // whole share there.
