@@ -193,23 +193,33 @@ fn child_pins() {
     }
 }
 
-/// At exit, after numapin's handler: waits (at most 5 s) until the release
-/// thread has let go of one 64 MiB region (the process's locked memory,
-/// 130 MiB before, falls under 128), then says so in `late-release` of
-/// `MB_DIR`.
+/// At exit, after numapin's handler: checks that both 64 MiB regions are
+/// still locked (the process's locked memory, 130 MiB, at 128 MiB or
+/// more), waits (at most 5 s) until the release thread has unmapped one of
+/// them, then 200 ms more for that region's bytes to go back to the ledger
+/// (right after its pages), and writes `late` (or `early`, had the release
+/// come before this handler) to `late-release` in `MB_DIR`.
 extern "C" fn wait_for_the_late_release() {
-    let start = Instant::now();
-    while start.elapsed() < Duration::from_secs(5) {
-        let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-        let locked_kb: u64 = status
+    fn locked_kb() -> u64 {
+        std::fs::read_to_string("/proc/self/status")
+            .unwrap_or_default()
             .lines()
             .find_map(|l| l.strip_prefix("VmLck:"))
             .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            .unwrap_or(u64::MAX);
-        if locked_kb < 128 << 10 {
-            let dir = PathBuf::from(env("MB_DIR").unwrap_or_default());
-            let _ = std::fs::write(dir.join("late-release"), locked_kb.to_string());
-            return;
+            .unwrap_or(u64::MAX)
+    }
+    let say = |what: &str| {
+        let dir = PathBuf::from(env("MB_DIR").unwrap_or_default());
+        let _ = std::fs::write(dir.join("late-release"), what);
+    };
+    if locked_kb() < 128 << 10 {
+        return say("early");
+    }
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(5) {
+        if locked_kb() < 128 << 10 {
+            std::thread::sleep(Duration::from_millis(200));
+            return say("late");
         }
         std::thread::sleep(Duration::from_millis(5));
     }
@@ -505,8 +515,11 @@ fn a_release_after_the_exit_handler_leaves_no_file_behind() {
     let extra = [("MB_EXIT", "1"), ("MB_LATE_RELEASE", "1")];
     let out = finish(pin_child(dir, 256 * MIB, 1, &extra));
     assert!(out.status.success());
-    assert!(
-        dir.join("late-release").exists(),
+    assert_eq!(
+        std::fs::read_to_string(dir.join("late-release"))
+            .ok()
+            .as_deref(),
+        Some("late"),
         "the release came after the exit handler (the case this test is about)"
     );
     assert!(!file.exists(), "the late release made the file again");

@@ -106,6 +106,7 @@ def waiter(args: argparse.Namespace, gpu, results, asking) -> None:
 
         torch.cuda.set_device(gpu)
     numapin.configure(machine_budget=args.budget, budget_wait=60.0)
+    numapin.stats()  # the runtime made (topology probed): what follows is the request
     asking.set()
     t = time.monotonic()
     try:
@@ -160,7 +161,10 @@ def main() -> int:
     chosen.set()
     w = ctx.Process(target=waiter, args=(args, holder[2], results, asking))
     w.start()
-    got = [results.get(timeout=120) for _ in range(2)]
+    try:
+        got = [results.get(timeout=120) for _ in range(2)]
+    finally:
+        release.set()  # the pinners end, whatever happened to the waiter
     released = next(g[1] for g in got if g[0] == "released")
     wr = next(g for g in got if g[0] == "waiter")
     w.join(timeout=60)
@@ -173,7 +177,6 @@ def main() -> int:
     else:
         ok = False
         print(f"waiter (budget_wait=60 s): refused after {wr[2]:.2f} s: {wr[4]}")
-    release.set()
     for pr in procs:
         pr.join(timeout=60)
     # A process that died in its exit runs no exit handler: it would leave

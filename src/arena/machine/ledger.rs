@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::os::fd::{OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError, Weak};
 
 use super::file::{self, HeaderLock, Live};
@@ -60,6 +60,14 @@ pub(crate) struct Ledger {
     name: String,
     uid: u32,
     inner: Mutex<Inner>,
+    /// The process that has left at exit ([`Ledger::leave_at_exit`]), 0
+    /// for none: regions released after that (the release thread still
+    /// unregistering them) no longer touch the file, which would otherwise
+    /// be made again with a record of a process about to end. Set before
+    /// the exit handler waits for the state, so that a thread holding it
+    /// then sees it too; a process id, so that a forked child is not
+    /// taken for its parent.
+    left: AtomicU32,
 }
 
 impl std::fmt::Debug for Ledger {
@@ -81,11 +89,6 @@ struct Inner {
     own: BTreeMap<u32, (u64, u64)>,
     /// This process's command name, read once.
     command: Option<String>,
-    /// This process has left at exit ([`Ledger::leave_at_exit`]): regions
-    /// released after that (the release thread still unregistering them)
-    /// no longer touch the file, which would otherwise be made again with
-    /// a record of a process about to end.
-    left: bool,
 }
 
 /// The open file: its folder and the file (closed in a forked child).
@@ -145,11 +148,11 @@ fn header_lock_at_exit(fd: RawFd) -> bool {
     }
 }
 
-/// The ledger's state at exit: waits at most [`EXIT_LOCK_WAIT`] for
-/// another thread of the process holding it (a release from the release
-/// thread, a reservation waiting for the file's lock); `None` when it
-/// stays held.
-fn inner_at_exit(m: &Mutex<Inner>) -> Option<MutexGuard<'_, Inner>> {
+/// `m` locked at exit: waits at most [`EXIT_LOCK_WAIT`] for another thread
+/// of the process holding it (a release from the release thread, a
+/// reservation waiting for the file's lock, a runtime being made); `None`
+/// when it stays held.
+fn lock_at_exit<T>(m: &Mutex<T>) -> Option<MutexGuard<'_, T>> {
     let until = std::time::Instant::now() + EXIT_LOCK_WAIT;
     loop {
         match m.try_lock() {
@@ -167,7 +170,7 @@ fn inner_at_exit(m: &Mutex<Inner>) -> Option<MutexGuard<'_, Inner>> {
 /// other live process holds one (see [`Ledger::leave_at_exit`]); one
 /// ledger per budget folder (almost always one), each waiting its turn.
 extern "C" fn leave_all_at_exit() {
-    let Ok(all) = LEDGERS.try_lock() else {
+    let Some(all) = lock_at_exit(&LEDGERS) else {
         return;
     };
     for l in all.iter().filter_map(Weak::upgrade) {
@@ -206,6 +209,7 @@ impl Ledger {
             name: file::file_name(uid),
             uid,
             inner: Mutex::new(Inner::default()),
+            left: AtomicU32::new(0),
         }
     }
 
@@ -227,6 +231,11 @@ impl Ledger {
             };
         }
         g
+    }
+
+    /// Whether this process has left at exit.
+    fn has_left(&self) -> bool {
+        self.left.load(Ordering::SeqCst) == std::process::id()
     }
 
     /// Whether another thread holds this ledger's state now (tests).
@@ -287,7 +296,7 @@ impl Ledger {
     /// process, this one's included, stay within `limit`.
     pub(crate) fn reserve(&self, node: u32, bytes: u64, limit: u64) -> Result<(), Refusal> {
         let mut g = self.inner();
-        if g.left {
+        if self.has_left() {
             return Err(Refusal::State(file::refused(
                 &self.path(),
                 "this process is exiting: it gave its record up at exit".to_string(),
@@ -336,7 +345,7 @@ impl Ledger {
     /// at the next change, and this process's record goes when it exits.
     pub(crate) fn release(&self, node: u32, bytes: u64) {
         let mut g = self.inner();
-        if g.left {
+        if self.has_left() {
             return;
         }
         match g.own.get_mut(&node) {
@@ -389,20 +398,20 @@ impl Ledger {
     /// (they made the file again, with a record of an ending process, and
     /// left it behind), and a reservation is refused.
     pub(super) fn leave_at_exit(&self) {
-        let Some(mut g) = inner_at_exit(&self.inner) else {
+        let pid = std::process::id();
+        // Whatever happens below, nothing after this touches the file. The
+        // descriptor stays open: a record left live (the header lock busy)
+        // stays so until the process ends.
+        self.left.store(pid, Ordering::SeqCst);
+        let Some(mut g) = lock_at_exit(&self.inner) else {
             return;
         };
-        let pid = std::process::id();
         if g.pid != pid {
             *g = Inner {
                 pid,
                 ..Inner::default()
             };
         }
-        // Whatever happens below, nothing after this touches the file. The
-        // descriptor stays open: a record left live (the header lock busy)
-        // stays so until the process ends.
-        g.left = true;
         if let Some(open) = &g.open {
             Self::leave_file(&self.name, &self.path(), open, g.slot);
         }

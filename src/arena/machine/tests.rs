@@ -113,10 +113,9 @@ fn the_last_to_leave_removes_the_file_and_holding_nothing_keeps_no_descriptor() 
 /// description holds the lock for 10 ms), clears its record, and the last
 /// one out removes the file. Giving up at once on the busy lock left its
 /// record live to the other's look, and the file behind.
-/// A third open file description of the state file at `path` takes its
-/// header lock now (as another process would), and a thread lets go of it
-/// after `ms` milliseconds.
-fn hold_header(path: &Path, ms: u64) -> std::thread::JoinHandle<()> {
+/// A third open file description of the state file at `path`, holding its
+/// header lock (as another process would) until dropped.
+fn header_locked(path: &Path) -> std::fs::File {
     use crate::platform::statefile::{self as sf, Lock};
     use std::os::fd::AsRawFd;
     let other = std::fs::OpenOptions::new()
@@ -125,6 +124,12 @@ fn hold_header(path: &Path, ms: u64) -> std::thread::JoinHandle<()> {
         .open(path)
         .expect("open");
     assert!(sf::try_lock(other.as_raw_fd(), 0, BLOCK as u64, Lock::Write).expect("lock"));
+    other
+}
+
+/// A thread that drops `other` (lets go of its lock) after `ms`
+/// milliseconds.
+fn let_go_after(other: std::fs::File, ms: u64) -> std::thread::JoinHandle<()> {
     std::thread::spawn(move || {
         std::thread::sleep(std::time::Duration::from_millis(ms));
         drop(other);
@@ -135,7 +140,7 @@ fn hold_header(path: &Path, ms: u64) -> std::thread::JoinHandle<()> {
 fn processes_leaving_at_exit_together_take_turns_and_the_last_removes_the_file() {
     let d = dir();
     let (a, b) = two_holding(d.path());
-    let unlock = hold_header(&a.path(), 10);
+    let unlock = let_go_after(header_locked(&a.path()), 10);
     b.leave_at_exit();
     unlock.join().expect("the unlocking thread");
     assert!(a.path().exists(), "a still holds its record");
@@ -176,8 +181,8 @@ fn releases_after_leaving_at_exit_leave_the_file_gone() {
 }
 
 /// A process ending while another of its threads is inside the ledger (a
-/// reservation waiting for the file's lock, here held by a third
-/// description for 100 ms): the exit handler waits for that thread, then
+/// reservation waiting for the file's lock, held by a third description
+/// until 50 ms after): the exit handler waits for that thread, then
 /// clears the record and removes the file. Giving up at once left both
 /// behind.
 #[test]
@@ -185,7 +190,7 @@ fn leaving_at_exit_waits_for_the_ledger_busy_in_another_thread() {
     let d = dir();
     let a = std::sync::Arc::new(Ledger::new(d.path()));
     a.reserve(0, MIB, 8 * MIB).expect("fits");
-    let unlock = hold_header(&a.path(), 100);
+    let other = header_locked(&a.path());
     let inside = std::thread::spawn({
         let a = a.clone();
         move || a.reserve(0, MIB, 8 * MIB)
@@ -197,6 +202,7 @@ fn leaving_at_exit_waits_for_the_ledger_busy_in_another_thread() {
         );
         std::thread::yield_now();
     }
+    let unlock = let_go_after(other, 50);
     a.leave_at_exit();
     unlock.join().expect("the unlocking thread");
     inside
