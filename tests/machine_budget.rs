@@ -200,24 +200,18 @@ fn child_pins() {
 /// (right after its pages), and writes `late` (or `early`, had the release
 /// come before this handler) to `late-release` in `MB_DIR`.
 extern "C" fn wait_for_the_late_release() {
-    fn locked_kb() -> u64 {
-        std::fs::read_to_string("/proc/self/status")
-            .unwrap_or_default()
-            .lines()
-            .find_map(|l| l.strip_prefix("VmLck:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            .unwrap_or(u64::MAX)
-    }
+    const BOTH: u64 = 128 << 20;
+    let locked = numapin::internals::locked_bytes;
     let say = |what: &str| {
         let dir = PathBuf::from(env("MB_DIR").unwrap_or_default());
         let _ = std::fs::write(dir.join("late-release"), what);
     };
-    if locked_kb() < 128 << 10 {
+    if locked() < BOTH {
         return say("early");
     }
     let start = Instant::now();
     while start.elapsed() < Duration::from_secs(5) {
-        if locked_kb() < 128 << 10 {
+        if locked() < BOTH {
             std::thread::sleep(Duration::from_millis(200));
             return say("late");
         }

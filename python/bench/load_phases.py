@@ -74,21 +74,15 @@ def main() -> int:
     ap.add_argument("--dir", default="/tmp/numapin-sweep")
     a = ap.parse_args()
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from ranks_sweep import start_ranks
+    from ranks_sweep import collect, start_ranks
 
     procs, q, _barrier = start_ranks(a.dir, a.gib, a.ranks, rank, (a.reps, a.keep_cache))
-    try:
-        print("rep rank  open/meminfo/alloc/read/sync/dict ms          total ms  GB  tensors  reader_s  chunk")
-        for _ in range(a.reps * a.ranks):
-            rep, r, steps, total, n, count, secs, chunk = q.get(timeout=300)
-            print(f"{rep:>3} {r:>4}  {str(steps):<42} {total:>8}  {n / 1e9:.2f}  {count:>7}  {secs:.4f}  {chunk}")
-    finally:
-        for p in procs:
-            if p.is_alive():
-                p.join(timeout=60)
-            if p.is_alive():
-                p.terminate()
-                p.join()
+    got = collect(procs, q, a.reps * a.ranks)
+    if got is None:
+        return 1
+    print("rep rank  open/meminfo/alloc/read/sync/dict ms          total ms  GB  tensors  reader_s  chunk")
+    for rep, r, steps, total, n, count, secs, chunk in sorted(got):
+        print(f"{rep:>3} {r:>4}  {str(steps):<42} {total:>8}  {n / 1e9:.2f}  {count:>7}  {secs:.4f}  {chunk}")
     return 0
 
 

@@ -72,6 +72,30 @@ def start_ranks(dirname: str, gib: float, ranks: int, target: Any, extra: tuple)
     return procs, q, barrier
 
 
+def collect(procs: list, q: Any, n: int) -> list | None:
+    """``n`` results from the ranks' queue ``q``; ``None`` (said on
+    standard error) once a rank has died, since the others would wait for
+    it at the barrier. The ranks are joined, and ended if still running."""
+    import queue
+
+    got: list = []
+    try:
+        while len(got) < n:
+            try:
+                got.append(q.get(timeout=1.0))
+            except queue.Empty:
+                dead = [p.exitcode for p in procs if not p.is_alive() and p.exitcode != 0]
+                if dead:
+                    print(f"a rank exited with {dead[0]}", file=sys.stderr)
+                    return None
+    finally:
+        for p in procs:
+            if p.is_alive() and len(got) < n:
+                p.terminate()
+            p.join()
+    return got
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gib", type=float, default=8.0)
@@ -82,23 +106,9 @@ def main() -> int:
     a = ap.parse_args()
     variants = [(int(t), float(c)) for t, c in (v.split("x") for v in a.variants.split(","))]
     procs, q, _barrier = start_ranks(a.dir, a.gib, a.ranks, rank, (variants, a.reps))
-    import queue
-
-    got: list = []
-    try:
-        while len(got) < a.reps * len(variants) * a.ranks:
-            try:
-                got.append(q.get(timeout=1.0))
-            except queue.Empty:
-                dead = [p.exitcode for p in procs if not p.is_alive() and p.exitcode != 0]
-                if dead:  # the others wait at the barrier for it
-                    print(f"a rank exited with {dead[0]}", file=sys.stderr)
-                    return 1
-    finally:
-        for p in procs:
-            if p.is_alive() and len(got) < a.reps * len(variants) * a.ranks:
-                p.terminate()
-            p.join()
+    got = collect(procs, q, a.reps * len(variants) * a.ranks)
+    if got is None:
+        return 1
     for k, (th, ch) in enumerate(variants):
         rates = []
         for rep in range(a.reps):

@@ -80,9 +80,14 @@ pub(crate) fn has_cap_ipc_lock() -> bool {
 /// A field of `/proc/self/status` (`VmLck`, `Cpus_allowed_list`, ...).
 pub(crate) fn proc_status_field(name: &str) -> Option<String> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    status.lines().find_map(|l| {
+    field(&status, name).map(str::to_string)
+}
+
+/// The value of `name` in a `/proc` text of `Name: value` lines, trimmed.
+fn field<'a>(text: &'a str, name: &str) -> Option<&'a str> {
+    text.lines().find_map(|l| {
         let (k, v) = l.split_once(':')?;
-        (k == name).then(|| v.trim().to_string())
+        (k == name).then(|| v.trim())
     })
 }
 
@@ -97,11 +102,7 @@ pub(crate) fn mem_total() -> Option<u64> {
 /// [`mem_total`] of a `/proc/meminfo` text: `MemTotal` less `Hugetlb`
 /// (every pool; before Linux 4.16, `HugePages_Total` x `Hugepagesize`).
 pub(crate) fn parse_mem_total(info: &str) -> Option<u64> {
-    let field = |name: &str| {
-        info.lines()
-            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
-            .map(str::trim)
-    };
+    let field = |name: &str| field(info, name);
     let kb = super::procfs::kb;
     let total = kb(field("MemTotal")?)?;
     let huge = match field("Hugetlb") {

@@ -130,40 +130,46 @@ impl From<RuntimeError> for Refusal {
 /// The ledgers of this process's runtimes (by folder).
 static LEDGERS: Mutex<Vec<Weak<Ledger>>> = Mutex::new(Vec::new());
 
-/// The longest a process waits at exit for the state file's header lock.
+/// The longest a process waits at exit for a lock: the state file's
+/// header lock, or a ledger's state held by another of its threads.
 const EXIT_LOCK_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
 
-/// Takes the header lock of `fd`, trying every millisecond for at most
-/// [`EXIT_LOCK_WAIT`]; `false` when it stayed busy or cannot be taken.
-fn header_lock_at_exit(fd: RawFd) -> bool {
+/// At exit: `attempt` every millisecond for at most [`EXIT_LOCK_WAIT`]
+/// while it says busy (`Ok(None)`); `None` when it stayed busy or failed.
+fn at_exit<T>(mut attempt: impl FnMut() -> Result<Option<T>, ()>) -> Option<T> {
     let until = std::time::Instant::now() + EXIT_LOCK_WAIT;
     loop {
-        match sf::try_lock(fd, 0, BLOCK as u64, Lock::Write) {
-            Ok(true) => return true,
-            Ok(false) if std::time::Instant::now() < until => {
+        match attempt() {
+            Ok(Some(v)) => return Some(v),
+            Ok(None) if std::time::Instant::now() < until => {
                 std::thread::sleep(std::time::Duration::from_millis(1));
             }
-            _ => return false,
+            _ => return None,
         }
     }
 }
 
-/// `m` locked at exit: waits at most [`EXIT_LOCK_WAIT`] for another thread
-/// of the process holding it (a release from the release thread, a
-/// reservation waiting for the file's lock, a runtime being made); `None`
-/// when it stays held.
+/// Takes the header lock of `fd` at exit ([`at_exit`]); `false` when it
+/// stayed busy or cannot be taken.
+fn header_lock_at_exit(fd: RawFd) -> bool {
+    at_exit(|| {
+        sf::try_lock(fd, 0, BLOCK as u64, Lock::Write)
+            .map(|taken| taken.then_some(()))
+            .map_err(drop)
+    })
+    .is_some()
+}
+
+/// `m` locked at exit ([`at_exit`]), waiting for another thread of the
+/// process holding it (a release from the release thread, a reservation
+/// waiting for the file's lock, a runtime being made); `None` when it
+/// stays held.
 fn lock_at_exit<T>(m: &Mutex<T>) -> Option<MutexGuard<'_, T>> {
-    let until = std::time::Instant::now() + EXIT_LOCK_WAIT;
-    loop {
-        match m.try_lock() {
-            Ok(g) => return Some(g),
-            Err(TryLockError::Poisoned(p)) => return Some(p.into_inner()),
-            Err(TryLockError::WouldBlock) if std::time::Instant::now() < until => {
-                std::thread::sleep(std::time::Duration::from_millis(1));
-            }
-            Err(TryLockError::WouldBlock) => return None,
-        }
-    }
+    at_exit(|| match m.try_lock() {
+        Ok(g) => Ok(Some(g)),
+        Err(TryLockError::Poisoned(p)) => Ok(Some(p.into_inner())),
+        Err(TryLockError::WouldBlock) => Ok(None),
+    })
 }
 
 /// At exit: each ledger that holds a record removes its file when no
@@ -223,6 +229,12 @@ impl Ledger {
     /// the parent's descriptor is not used.
     fn inner(&self) -> MutexGuard<'_, Inner> {
         let mut g = lock(&self.inner);
+        Self::of_this_process(&mut g);
+        g
+    }
+
+    /// `g` started afresh unless it is this process's (see [`Self::inner`]).
+    fn of_this_process(g: &mut Inner) {
         let pid = std::process::id();
         if g.pid != pid {
             *g = Inner {
@@ -230,7 +242,6 @@ impl Ledger {
                 ..Inner::default()
             };
         }
-        g
     }
 
     /// Whether this process has left at exit.
@@ -406,20 +417,15 @@ impl Ledger {
         let Some(mut g) = lock_at_exit(&self.inner) else {
             return;
         };
-        if g.pid != pid {
-            *g = Inner {
-                pid,
-                ..Inner::default()
-            };
-        }
+        Self::of_this_process(&mut g);
         if let Some(open) = &g.open {
-            Self::leave_file(&self.name, &self.path(), open, g.slot);
+            self.leave_file(open, g.slot);
         }
     }
 
     /// [`Ledger::leave_at_exit`] on the open file `open`: clears record
     /// `slot`, and removes the file when no other live process holds one.
-    fn leave_file(name: &str, path: &Path, open: &Open, slot: Option<usize>) {
+    fn leave_file(&self, open: &Open, slot: Option<usize>) {
         let Some(fd) = open.fd() else {
             return;
         };
@@ -435,11 +441,11 @@ impl Ledger {
         }
         let alone = sf::stat(fd).is_ok_and(|f| {
             f.links > 0
-                && file::live_records(path, fd, f.size.max(BLOCK as u64), slot, false)
+                && file::live_records(&self.path(), fd, f.size.max(BLOCK as u64), slot, false)
                     .is_ok_and(|live| live.is_empty())
         });
         if alone {
-            let _ = sf::unlink_at(&open.dir, name);
+            let _ = sf::unlink_at(&open.dir, &self.name);
         }
         drop(held);
     }
