@@ -454,7 +454,7 @@ mod gpu {
     use super::*;
     use numapin::CudaOrdinal;
 
-    fn gpu_runtime() -> Option<(Runtime, CudaOrdinal)> {
+    pub(super) fn gpu_runtime() -> Option<(Runtime, CudaOrdinal)> {
         if !numapin::gpu::available() {
             common::skip(common::Need::Gpu, "no CUDA driver");
             return None;
@@ -555,6 +555,189 @@ mod gpu {
         )
         .unwrap_err();
         assert_eq!(e.kind(), ErrorKind::Input, "{e}");
+        assert_no_leak(&rt);
+    }
+}
+
+/// GPU tests of destinations made while the read runs.
+mod gpu_as_made {
+    use super::*;
+    use numapin::storage::{DeviceMemory, SourceRange};
+    use numapin::CudaOrdinal;
+    use std::time::Duration;
+
+    /// Why a test's read stopped.
+    #[derive(Debug)]
+    enum Stop {
+        Read(StorageError),
+        Maker(usize),
+    }
+
+    impl From<StorageError> for Stop {
+        fn from(e: StorageError) -> Self {
+            Stop::Read(e)
+        }
+    }
+
+    fn setup() -> Option<(Runtime, CudaOrdinal, tempfile::TempDir, Vec<u8>, Source)> {
+        let (rt, gpu) = super::gpu::gpu_runtime()?;
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("data.bin");
+        let data = pattern((6 << 20) + 321, 9);
+        std::fs::write(&p, &data).unwrap();
+        let src = Source::open(&p).unwrap();
+        Some((rt, gpu, d, data, src))
+    }
+
+    /// Reads `rs` of `src`, on the legacy default stream, to what `dest`
+    /// makes.
+    fn read_made<E: From<StorageError>>(
+        rt: &Runtime,
+        src: &Source,
+        rs: &[SourceRange],
+        gpu: CudaOrdinal,
+        opts: &ReadOptions,
+        dest: impl FnMut(usize) -> Result<u64, E>,
+    ) -> Result<storage::ReadReport, E> {
+        // SAFETY: the legacy default stream; the callers keep each
+        // destination until the call returns.
+        unsafe {
+            storage::read_ranges_to_device_as_made(
+                rt,
+                std::slice::from_ref(src),
+                rs,
+                gpu,
+                std::ptr::null_mut(),
+                opts,
+                dest,
+            )
+        }
+    }
+
+    /// `len` bytes of new device memory, kept in `mem`: its address.
+    fn keep(mem: &mut Vec<DeviceMemory>, gpu: CudaOrdinal, len: usize) -> Result<u64, Stop> {
+        let m = DeviceMemory::new(gpu, len)?;
+        let p = m.ptr();
+        mem.push(m);
+        Ok(p)
+    }
+
+    /// 40 ranges of the file: neighbours (sharing reads), a gap, one
+    /// crossing many chunks, one empty.
+    fn ranges(len: usize) -> Vec<SourceRange> {
+        let mut out = Vec::new();
+        let mut at = 0u64;
+        for k in 0..40u64 {
+            let n = match k {
+                7 => 0,
+                20 => 2 << 20,
+                _ => 1000 + 777 * k as usize,
+            };
+            out.push(SourceRange {
+                source: 0,
+                offset: at,
+                len: n,
+            });
+            at += n as u64 + if k % 5 == 0 { 100_000 } else { 0 };
+        }
+        assert!(at as usize <= len);
+        out
+    }
+
+    #[test]
+    #[ignore = "needs a CUDA GPU"]
+    fn gpu_destinations_made_during_the_read_get_their_bytes() {
+        let Some((rt, gpu, _d, data, src)) = setup() else {
+            return;
+        };
+        let rs = ranges(data.len());
+        let opts = ReadOptions::default().with_chunk_bytes(64 << 10);
+        let mut mem: Vec<DeviceMemory> = Vec::new();
+        let mut order = Vec::new();
+        let r = read_made(&rt, &src, &rs, gpu, &opts, |i| {
+            // Slow to make: the workers wait for them.
+            std::thread::sleep(Duration::from_millis(2));
+            order.push(i);
+            keep(&mut mem, gpu, rs[i].len)
+        })
+        .unwrap();
+        assert_eq!(order, (0..rs.len()).collect::<Vec<_>>());
+        assert_eq!(r.bytes, rs.iter().map(|r| r.len as u64).sum::<u64>());
+        for (r, m) in rs.iter().zip(&mem) {
+            let mut back = vec![0u8; r.len];
+            m.read_back(0, &mut back).unwrap();
+            let o = r.offset as usize;
+            assert!(back[..] == data[o..o + r.len], "range at {o}");
+        }
+        drop(mem);
+        assert_no_leak(&rt);
+    }
+
+    #[test]
+    #[ignore = "needs a CUDA GPU"]
+    fn gpu_a_maker_error_or_a_bad_destination_stops_the_read() {
+        let Some((rt, gpu, _d, data, src)) = setup() else {
+            return;
+        };
+        let rs = ranges(data.len());
+        let opts = ReadOptions::default().with_chunk_bytes(64 << 10);
+        let host = vec![0u8; 1 << 20];
+        for bad in ["maker", "host memory", "too small"] {
+            let mut mem: Vec<DeviceMemory> = Vec::new();
+            let mut calls = 0;
+            let r = read_made(&rt, &src, &rs, gpu, &opts, |i| {
+                calls += 1;
+                match (i, bad) {
+                    (5, "maker") => Err(Stop::Maker(i)),
+                    (5, "host memory") => Ok(host.as_ptr() as u64),
+                    (5, _) => keep(&mut mem, gpu, rs[i].len - 1),
+                    _ => keep(&mut mem, gpu, rs[i].len),
+                }
+            });
+            match (bad, r) {
+                ("maker", Err(Stop::Maker(5))) => {}
+                (_, Err(Stop::Read(e))) if bad != "maker" => {
+                    assert_eq!(e.kind(), ErrorKind::Input, "{bad}: {e}");
+                    let why = if bad == "host memory" {
+                        "is not device memory"
+                    } else {
+                        "run past the end of their device allocation"
+                    };
+                    assert!(e.to_string().contains(why), "{bad}: {e}");
+                }
+                (_, r) => panic!("{bad}: {r:?}"),
+            }
+            assert_eq!(
+                calls, 6,
+                "{bad}: no destination is asked for after the error"
+            );
+            // Every copy ended with the call: the memory goes now.
+            drop(mem);
+        }
+        assert_no_leak(&rt);
+    }
+
+    #[test]
+    #[ignore = "needs a CUDA GPU"]
+    fn gpu_empty_ranges_still_get_their_destinations_made() {
+        let Some((rt, gpu, _d, _data, src)) = setup() else {
+            return;
+        };
+        let rs = vec![
+            SourceRange {
+                source: 0,
+                offset: 10,
+                len: 0
+            };
+            3
+        ];
+        let mut calls = Vec::new();
+        let r = read_made(&rt, &src, &rs, gpu, &ReadOptions::default(), |i| {
+            calls.push(i);
+            Ok::<u64, StorageError>(0)
+        })
+        .unwrap();
+        assert_eq!((r.bytes, calls), (0, vec![0, 1, 2]));
         assert_no_leak(&rt);
     }
 }

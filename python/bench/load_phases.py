@@ -3,14 +3,18 @@ steps of ``numapin.load_safetensors`` timed one by one, ``--ranks``
 processes (one per GPU) loading at once after a barrier.
 
     python3 python/bench/load_phases.py [--ranks 2] [--reps 3] [--gib 8]
-        [--keep-cache] [--dir /tmp/numapin-sweep]
+        [--keep-cache] [--modes made,first] [--dir /tmp/numapin-sweep]
 
 The steps (milliseconds, per rank and repetition): ``open`` (the index and
 the files' headers read, the shard cut), ``meminfo`` (``torch.cuda.
 mem_get_info``), ``alloc`` (the destination tensors made by torch's caching
 allocator, its own room check included), ``read`` (numapin's reader: the
 files to the tensors; ``reader_s`` is its own clock), ``sync`` and
-``dict``. It calls the package's private steps (``numapin._storage``) in
+``dict``. Each repetition runs each of ``--modes`` in turn: ``made``, as
+``load_safetensors`` does, the tensors made while the reader reads (its
+``alloc`` step is the room check only, ``make_ms`` the time spent making
+them inside ``read``); ``first``, every tensor made before the read starts
+(as numapin did before). It calls the package's private steps (``numapin._storage``) in
 the order ``load_safetensors`` does; it is a profile, not an example.
 Between repetitions the tensors are freed and, unless ``--keep-cache``,
 torch's cache emptied, so that every load allocates afresh as a new
@@ -27,42 +31,59 @@ import time
 from typing import Any
 
 
-def rank(r: int, world: int, index: str, reps: int, keep: bool, barrier: Any, q: Any) -> None:
+def rank(r: int, world: int, index: str, reps: int, keep: bool, modes: list[str], barrier: Any, q: Any) -> None:
     import torch
 
     import numapin
-    from numapin import _storage as S
 
     torch.cuda.set_device(r)
     dev = torch.device("cuda", r)
     numapin.load_safetensors(os.path.join(os.path.dirname(index), "warmup.safetensors"), device=dev)
     for rep in range(reps):
-        barrier.wait()
-        torch.cuda.synchronize(dev)
-        t = [time.perf_counter()]
-        ck, sel, infos, _dev, _read, _alloc = S._open(index, dev, None, (r, world), None, None, 0, 0, "auto")
-        t.append(time.perf_counter())
-        torch.cuda.mem_get_info(dev)
-        t.append(time.perf_counter())
-        made = S._device_tensors(torch, infos, sel, dev, index)
-        tensors = [made[infos[i][0]] for i in sel]
-        t.append(time.perf_counter())
-        opts = S._read_opts(0, 0, "auto")
-        opts["readers"] = S._readers(world)
-        stream = torch.cuda.current_stream(dev)
-        report = ck.load_to_device(sel, [x.data_ptr() for x in tensors], dev.index, int(stream.cuda_stream), **opts)
-        t.append(time.perf_counter())
-        torch.cuda.synchronize(dev)
-        t.append(time.perf_counter())
-        out = {infos[i][0]: x for i, x in zip(sel, tensors)}
-        out = {k: out[k] for k in sorted(out)}
-        t.append(time.perf_counter())
-        n = sum(x.numel() * x.element_size() for x in tensors)
-        steps = [round((b - a) * 1e3, 2) for a, b in zip(t, t[1:])]
-        q.put((rep, r, steps, round((t[-1] - t[0]) * 1e3, 1), n, len(sel), report["seconds"], report["chunk_bytes"]))
-        del out, made, tensors
-        if not keep:
-            torch.cuda.empty_cache()
+        for mode in modes:
+            barrier.wait()
+            q.put((rep, mode, r) + _timed(torch, dev, index, r, world, mode))
+            if not keep:
+                torch.cuda.empty_cache()
+
+
+def _timed(torch: Any, dev: Any, index: str, r: int, world: int, mode: str) -> tuple[Any, ...]:
+    """One load of ``(r, world)``, step by step (``mode``: see above)."""
+    from numapin import _storage as S
+
+    torch.cuda.synchronize(dev)
+    t = [time.perf_counter()]
+    ck, sel, infos, _dev, _read, _alloc = S._open(index, dev, None, (r, world), None, None, 0, 0, "auto")
+    t.append(time.perf_counter())
+    torch.cuda.mem_get_info(dev)
+    t.append(time.perf_counter())
+    made = S._DeviceTensors(torch, infos, sel, dev, index).__enter__()
+    spent = [0.0]
+    ptrs = [made.make(k) for k in range(len(sel))] if mode == "first" else None
+
+    def make(k: int) -> int:
+        if ptrs is not None:
+            return ptrs[k]
+        t0 = time.perf_counter()
+        p = made.make(k)
+        spent[0] += time.perf_counter() - t0
+        return p
+
+    t.append(time.perf_counter())
+    opts = S._read_opts(0, 0, "auto")
+    opts["readers"] = S._readers(world)
+    stream = torch.cuda.current_stream(dev)
+    report = ck.load_to_device(sel, make, dev.index, int(stream.cuda_stream), **opts)
+    t.append(time.perf_counter())
+    torch.cuda.synchronize(dev)
+    t.append(time.perf_counter())
+    tensors = made.tensors()
+    out = {infos[i][0]: x for i, x in zip(sel, tensors)}
+    out = {k: out[k] for k in sorted(out)}
+    t.append(time.perf_counter())
+    n = sum(x.numel() * x.element_size() for x in tensors)
+    steps = [round((b - a) * 1e3, 2) for a, b in zip(t, t[1:])]
+    return steps, round((t[-1] - t[0]) * 1e3, 1), n, len(sel), report["seconds"], round(spent[0] * 1e3, 2)
 
 
 def main() -> int:
@@ -71,18 +92,30 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--gib", type=float, default=8.0)
     ap.add_argument("--keep-cache", action="store_true", help="keep torch's cache between repetitions")
+    ap.add_argument("--modes", default="made,first", help="made (as load_safetensors), first (tensors made before)")
     ap.add_argument("--dir", default="/tmp/numapin-sweep")
     a = ap.parse_args()
+    modes = a.modes.split(",")
+    if not modes or not set(modes) <= {"made", "first"}:
+        ap.error(f"--modes {a.modes!r}: a list of made, first")
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from ranks_sweep import collect, start_ranks
 
-    procs, q, _barrier = start_ranks(a.dir, a.gib, a.ranks, rank, (a.reps, a.keep_cache))
-    got = collect(procs, q, a.reps * a.ranks)
+    procs, q, _barrier = start_ranks(a.dir, a.gib, a.ranks, rank, (a.reps, a.keep_cache, modes))
+    got = collect(procs, q, a.reps * a.ranks * len(modes))
     if got is None:
         return 1
-    print("rep rank  open/meminfo/alloc/read/sync/dict ms          total ms  GB  tensors  reader_s  chunk")
-    for rep, r, steps, total, n, count, secs, chunk in sorted(got):
-        print(f"{rep:>3} {r:>4}  {str(steps):<42} {total:>8}  {n / 1e9:.2f}  {count:>7}  {secs:.4f}  {chunk}")
+    print("rep mode  rank  open/meminfo/alloc/read/sync/dict ms          total ms  GB  tensors  reader_s  make_ms")
+    for rep, mode, r, steps, total, n, count, secs, spent in sorted(got):
+        print(f"{rep:>3} {mode:<5} {r:>4}  {str(steps):<42} {total:>8}  {n / 1e9:.2f}  {count:>7}  {secs:.4f}  {spent}")
+    # All ranks' bytes over the slowest rank's time (each starts at the
+    # barrier): the aggregate rate of checkpoint_ranks.py.
+    print("rep mode  aggregate GB/s")
+    for rep in range(a.reps):
+        for mode in modes:
+            mine = [g for g in got if g[0] == rep and g[1] == mode]
+            gbps = sum(g[5] for g in mine) / max(g[4] for g in mine) / 1e6
+            print(f"{rep:>3} {mode:<5} {gbps:.2f}")
     return 0
 
 

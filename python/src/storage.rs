@@ -326,20 +326,23 @@ impl PyCheckpoint {
         Ok((out, rep))
     }
 
-    /// Loads the tensors at `selection` into device memory at `ptrs` (one
-    /// each, as large as the tensor) on CUDA device `gpu`, after the work
-    /// queued on `stream` (a raw `CUstream` of that device, 0 for the
-    /// legacy default stream); returns when they are there.
+    /// Loads the tensors at `selection` into device memory on CUDA device
+    /// `gpu`, after the work queued on `stream` (a raw `CUstream` of that
+    /// device, 0 for the legacy default stream); returns when they are
+    /// there. `make(k)` makes the destination of `selection[k]` (a tensor
+    /// the caller keeps) and returns its device address; it is called for
+    /// each in turn while the reads run, so that making them overlaps
+    /// reading. An exception from `make` stops the read and is raised.
     #[pyo3(
-        signature = (selection, ptrs, gpu, stream, *, threads=0, chunk_bytes=0, readers=1, io=AUTO),
-        text_signature = "($self, selection, ptrs, gpu, stream, *, threads=0, chunk_bytes=0, readers=1, io='auto')"
+        signature = (selection, make, gpu, stream, *, threads=0, chunk_bytes=0, readers=1, io=AUTO),
+        text_signature = "($self, selection, make, gpu, stream, *, threads=0, chunk_bytes=0, readers=1, io='auto')"
     )]
     #[allow(clippy::too_many_arguments)]
     fn load_to_device(
         &self,
         py: Python<'_>,
         selection: Vec<usize>,
-        ptrs: Vec<u64>,
+        make: Py<PyAny>,
         gpu: u32,
         stream: usize,
         threads: usize,
@@ -353,28 +356,45 @@ impl PyCheckpoint {
         }
         let rt = rt(py)?;
         let gpu = CudaOrdinal(gpu);
-        let r = py
-            .detach(|| {
-                self.ck
-                    .load_to_device_with(&selection, &ptrs, &opts, |sources, ranges| {
-                        // SAFETY: the Python wrapper passes torch's
-                        // current stream of that device (its primary
-                        // context) and holds the destination tensors for
-                        // the call.
-                        unsafe {
-                            storage::read_ranges_to_device_on(
-                                &rt,
-                                sources,
-                                ranges,
-                                gpu,
-                                stream as numapin::gpu::CUstream,
-                                &opts,
-                            )
-                        }
-                    })
-            })
-            .map_err(|e| to_py(py, &e.into()))?;
-        Ok(report(py, &r)?.unbind())
+        let made = |k: usize| {
+            Python::attach(|py| make.call1(py, (k,))?.extract::<u64>(py)).map_err(LoadError::Make)
+        };
+        let r = py.detach(|| {
+            self.ck
+                .load_to_device_as_made(&selection, &opts, |sources, ranges, at| {
+                    // SAFETY: the Python wrapper passes torch's current
+                    // stream of that device (its primary context) and
+                    // keeps each tensor `make` makes for the call.
+                    unsafe {
+                        storage::read_ranges_to_device_as_made(
+                            &rt,
+                            sources,
+                            ranges,
+                            gpu,
+                            stream as numapin::gpu::CUstream,
+                            &opts,
+                            |i| made(at[i]),
+                        )
+                    }
+                })
+        });
+        match r {
+            Ok(r) => Ok(report(py, &r)?.unbind()),
+            Err(LoadError::Make(e)) => Err(e),
+            Err(LoadError::Read(e)) => Err(to_py(py, &e.into())),
+        }
+    }
+}
+
+/// Why a load to a GPU stopped: the read, or the caller's `make`.
+enum LoadError {
+    Read(storage::StorageError),
+    Make(PyErr),
+}
+
+impl From<storage::StorageError> for LoadError {
+    fn from(e: storage::StorageError) -> Self {
+        LoadError::Read(e)
     }
 }
 

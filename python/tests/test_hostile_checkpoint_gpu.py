@@ -30,14 +30,17 @@ def _bytes_of(t):
 
 
 def test_gpu_every_dtype_safetensors_loads_equals_load_file(tmp_path, no_leak):
-    u8 = torch.arange(48, dtype=torch.uint8)
+    def u8(n):
+        # A buffer of its own each: safetensors refuses tensors sharing memory.
+        return torch.arange(n, dtype=torch.uint8)
+
     ts = {
-        "e8m0": u8[:6].view(torch.float8_e8m0fnu).reshape(2, 3),
-        "e4m3fnuz": u8[:6].view(torch.float8_e4m3fnuz),
-        "e5m2fnuz": u8[:6].view(torch.float8_e5m2fnuz),
-        "f4": u8[:8].view(torch.float4_e2m1fn_x2).reshape(2, 4),
-        "u16": u8[:12].view(torch.uint16),
-        "u64": u8.view(torch.uint64),
+        "e8m0": u8(6).view(torch.float8_e8m0fnu).reshape(2, 3),
+        "e4m3fnuz": u8(6).view(torch.float8_e4m3fnuz),
+        "e5m2fnuz": u8(6).view(torch.float8_e5m2fnuz),
+        "f4": u8(8).view(torch.float4_e2m1fn_x2).reshape(2, 4),
+        "u16": u8(12).view(torch.uint16),
+        "u64": u8(48).view(torch.uint64),
     }
     p = tmp_path / "all.safetensors"
     st.save_file(ts, str(p))

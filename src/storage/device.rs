@@ -9,8 +9,9 @@ use crate::gpu::{CUdeviceptr, CUstream, CudaError, CudaOrdinal};
 use crate::platform::cuda::{self, DeviceBuffer, Event, Stream};
 use crate::runtime::{AllocOptions, Runtime, Target};
 
+use super::dests::Dests;
 use super::plan::{self, Plan, Req};
-use super::{io, DeviceRange, ReadOptions, ReadReport, Result, Source, StorageError};
+use super::{io, DeviceRange, ReadOptions, ReadReport, Result, Source, SourceRange, StorageError};
 
 /// Device memory numapin allocated (`cuMemAlloc` in the GPU's primary
 /// context), freed on drop: what [`Checkpoint::load_to_device`](super::safetensors::Checkpoint::load_to_device)
@@ -134,11 +135,13 @@ pub unsafe fn read_ranges_to_device_on(
     unsafe { read(rt, sources, ranges, gpu, Some(stream), opts) }
 }
 
-/// Checks that every range's destination lies in one device allocation of
-/// `gpu`.
-fn check_destinations(gpu: CudaOrdinal, ranges: &[DeviceRange]) -> Result<()> {
-    for r in ranges.iter().filter(|r| r.len > 0) {
-        check_device_range(gpu, r.dst, r.len, "destination")?;
+/// Checks that each destination known now lies in one device allocation
+/// of `gpu` with its range's bytes (`spans`: `(source, offset, len)`).
+fn check_known(dests: &Dests, gpu: CudaOrdinal, spans: &[(usize, u64, usize)]) -> Result<()> {
+    for (i, ptr) in dests.known() {
+        if spans[i].2 > 0 {
+            check_device_range(gpu, ptr, spans[i].2, "destination")?;
+        }
     }
     Ok(())
 }
@@ -196,9 +199,21 @@ struct Job<'a> {
     io: super::IoMode,
     next: AtomicUsize,
     failed: AtomicBool,
+    dests: &'a Dests,
+    /// Recorded on the caller's stream (again after each destination that
+    /// comes during the read): a worker's copies wait for it.
     after: Option<Event>,
     /// Each worker's slots: parts of one staging buffer.
     slots: Mutex<Vec<Vec<&'a mut [u8]>>>,
+}
+
+impl Job<'_> {
+    /// Stops the read: the workers take no more pieces, and those waiting
+    /// for a destination wake.
+    fn stop(&self) {
+        self.failed.store(true, Ordering::SeqCst);
+        self.dests.wake();
+    }
 }
 
 /// The read of [`read_ranges_to_device_on`], after `after` when given.
@@ -216,15 +231,96 @@ unsafe fn read(
 ) -> Result<ReadReport> {
     let spans: Vec<(usize, u64, usize)> =
         ranges.iter().map(|r| (r.source, r.offset, r.len)).collect();
-    let (place, mut report) = super::prepare(rt, sources, &spans, Target::Gpu(gpu), opts)?;
-    let total = report.bytes;
-    if total == 0 {
+    let dests = Dests::all(ranges.iter().map(|r| r.dst));
+    // SAFETY: per this function's contract.
+    unsafe { read_with(rt, sources, &spans, gpu, after, opts, &dests, |_| Ok(())) }
+}
+
+/// [`read_ranges_to_device_on`] with each range's destination made while
+/// the workers read: `dest(i)` is called on the calling thread for each
+/// range `i` of `ranges` in turn (also when there is nothing to read, but
+/// not after the read has failed), and each range's copies wait for its
+/// destination and, as for [`read_ranges_to_device_on`], for the work
+/// queued on `stream` until it was made. For a caller whose destinations
+/// take time to make, such as a framework allocating tensors one by one:
+/// that time overlaps the reads. Returns when the bytes are on the device.
+///
+/// # Errors
+/// As [`read_ranges_to_device_on`] (a destination that is not `len` bytes
+/// of one device allocation of `gpu` is a [`StorageError::Request`]), and
+/// the first error `dest` returns; either way, no copy is still running
+/// when this returns.
+///
+/// # Safety
+/// `stream` must be a live stream of `gpu`'s primary context (or null,
+/// the legacy default stream) for the whole call, and each destination
+/// `dest` returns must stay allocated until the call returns.
+pub unsafe fn read_ranges_to_device_as_made<E: From<StorageError>>(
+    rt: &Runtime,
+    sources: &[Source],
+    ranges: &[SourceRange],
+    gpu: CudaOrdinal,
+    stream: CUstream,
+    opts: &ReadOptions,
+    mut dest: impl FnMut(usize) -> std::result::Result<CUdeviceptr, E>,
+) -> std::result::Result<ReadReport, E> {
+    let spans: Vec<(usize, u64, usize)> =
+        ranges.iter().map(|r| (r.source, r.offset, r.len)).collect();
+    let dests = Dests::pending(ranges.len());
+    let feed = |job: Option<&Job<'_>>| -> std::result::Result<(), E> {
+        for (i, r) in ranges.iter().enumerate() {
+            if job.is_some_and(|j| j.failed.load(Ordering::SeqCst)) {
+                break;
+            }
+            let ptr = dest(i)?;
+            if let Some(job) = job {
+                if r.len > 0 {
+                    check_device_range(gpu, ptr, r.len, "destination")?;
+                }
+                if let Some(e) = &job.after {
+                    // SAFETY: the caller's stream (per this function's
+                    // contract) and our event, of the context current here.
+                    unsafe { e.record(stream) }
+                        .map_err(cuda_error(gpu, "recording an event on the caller's stream"))?;
+                }
+            }
+            dests.set(i, ptr);
+        }
+        Ok(())
+    };
+    // SAFETY: per this function's contract.
+    unsafe { read_with(rt, sources, &spans, gpu, Some(stream), opts, &dests, feed) }
+}
+
+/// The read of `spans` (`(source, offset, len)`) to `dests`, after
+/// `after` when given; `feed` runs on the calling thread while the workers
+/// read (with no job when there is nothing to read), giving the
+/// destinations not yet known. Its error stops the workers and is the
+/// call's.
+///
+/// # Safety
+/// `after`, when given, is a live stream of `gpu`'s primary context (or
+/// null) for the whole call.
+#[allow(clippy::too_many_arguments)]
+unsafe fn read_with<E: From<StorageError>>(
+    rt: &Runtime,
+    sources: &[Source],
+    spans: &[(usize, u64, usize)],
+    gpu: CudaOrdinal,
+    after: Option<CUstream>,
+    opts: &ReadOptions,
+    dests: &Dests,
+    feed: impl FnOnce(Option<&Job<'_>>) -> std::result::Result<(), E>,
+) -> std::result::Result<ReadReport, E> {
+    let (place, mut report) = super::prepare(rt, sources, spans, Target::Gpu(gpu), opts)?;
+    if report.bytes == 0 {
+        feed(None)?;
         return Ok(report);
     }
     let started = Instant::now();
     let _ctx =
         cuda::ContextGuard::push(gpu.0).map_err(cuda_error(gpu, "making the context current"))?;
-    check_destinations(gpu, ranges)?;
+    check_known(dests, gpu, spans)?;
     let chunk = super::chunk_for(
         rt,
         opts,
@@ -233,13 +329,13 @@ unsafe fn read(
     );
     let slot = super::slot_bytes(sources, chunk);
     report.chunk_bytes = chunk;
-    let reqs: Vec<Req> = ranges
+    let reqs: Vec<Req> = spans
         .iter()
-        .map(|r| Req {
-            source: r.source,
-            offset: r.offset,
-            len: r.len,
-            dst: r.dst,
+        .map(|&(source, offset, len)| Req {
+            source,
+            offset,
+            len,
+            dst: 0,
         })
         .collect();
     let plan = plan::pieces(&reqs, |s| sources[s].alignment(), slot, super::MAX_GAP);
@@ -251,13 +347,15 @@ unsafe fn read(
     // One staging buffer, in a region of its own size when one is made:
     // the slots pin no more than they hold. No waiting over budget: the
     // caller gets the budget error at once.
-    let mut staging = rt.alloc_with(
-        Target::HostNode(place.node),
-        threads * per_thread * slot,
-        &AllocOptions::default()
-            .with_staging(true)
-            .with_wait(Some(std::time::Duration::ZERO)),
-    )?;
+    let mut staging = rt
+        .alloc_with(
+            Target::HostNode(place.node),
+            threads * per_thread * slot,
+            &AllocOptions::default()
+                .with_staging(true)
+                .with_wait(Some(std::time::Duration::ZERO)),
+        )
+        .map_err(StorageError::from)?;
     let registered = staging.is_registered();
     let mut chunks = staging.chunks_mut(slot);
     let groups: Vec<Vec<&mut [u8]>> = (0..threads)
@@ -283,23 +381,37 @@ unsafe fn read(
         io: opts.io,
         next: AtomicUsize::new(0),
         failed: AtomicBool::new(false),
+        dests,
         after,
         slots: Mutex::new(groups),
     };
-    let counts = super::run_threads("read", threads, &place.cpus, |_| {
-        let slots = job
-            .slots
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .pop()
-            .unwrap_or_default();
-        let r = worker(&job, slots);
-        if r.is_err() {
-            job.failed.store(true, Ordering::SeqCst);
-        }
-        r
-    })?;
-    counts.into_iter().for_each(|c| report.add(c));
+    let (counts, fed) = super::run_threads_beside(
+        "read",
+        threads,
+        &place.cpus,
+        |_| {
+            let slots = job
+                .slots
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .pop()
+                .unwrap_or_default();
+            let r = worker(&job, slots);
+            if r.is_err() {
+                job.stop();
+            }
+            r
+        },
+        || {
+            let r = feed(Some(&job));
+            if r.is_err() {
+                job.stop();
+            }
+            r
+        },
+    );
+    fed?;
+    counts?.into_iter().for_each(|c| report.add(c));
     report.seconds = started.elapsed().as_secs_f64();
     Ok(report)
 }
@@ -314,12 +426,6 @@ fn worker(job: &Job<'_>, mut slots: Vec<&mut [u8]>) -> Result<io::Counts> {
     }
     cuda::set_device(gpu.0).map_err(cuda_error(gpu, "making the context current"))?;
     let stream = Stream::new().map_err(cuda_error(gpu, "creating a stream"))?;
-    if let Some(after) = &job.after {
-        // SAFETY: our stream and the caller's event, both alive, of the
-        // same (primary) context.
-        unsafe { cuda::stream_wait_event(stream.raw(), after.raw()) }
-            .map_err(cuda_error(gpu, "ordering after the caller's stream"))?;
-    }
     let r = pieces(job, &mut slots, &stream);
     // Nothing may still read a slot when it goes back.
     let synced = stream
@@ -331,6 +437,39 @@ fn worker(job: &Job<'_>, mut slots: Vec<&mut [u8]>) -> Result<io::Counts> {
     Ok(c)
 }
 
+/// Before a piece's copies: waits until the destinations of its ranges
+/// are known (`false`: the read stopped) and, for any that came since this
+/// worker last looked (`known`: how many it saw), orders its stream after
+/// the caller's stream as it was when they came.
+fn await_destinations(
+    job: &Job<'_>,
+    p: &plan::Piece,
+    known: &mut usize,
+    stream: &Stream,
+) -> Result<bool> {
+    let need = job.plan.segments[p.segs.clone()]
+        .iter()
+        .map(|s| s.req)
+        .max()
+        .unwrap_or(0);
+    if need < *known {
+        return Ok(true);
+    }
+    let Some(now) = job.dests.wait_for(need, &job.failed) else {
+        return Ok(false);
+    };
+    *known = now;
+    if let Some(after) = &job.after {
+        // SAFETY: our stream and the caller's event, both alive, of the
+        // same (primary) context; the event was recorded after those
+        // destinations came (or once, before the read, when all were
+        // known).
+        unsafe { cuda::stream_wait_event(stream.raw(), after.raw()) }
+            .map_err(cuda_error(job.gpu, "ordering after the caller's stream"))?;
+    }
+    Ok(true)
+}
+
 fn pieces(job: &Job<'_>, slots: &mut [&mut [u8]], stream: &Stream) -> Result<io::Counts> {
     let gpu = job.gpu;
     let events = (0..slots.len())
@@ -339,6 +478,7 @@ fn pieces(job: &Job<'_>, slots: &mut [&mut [u8]], stream: &Stream) -> Result<io:
         .map_err(cuda_error(gpu, "creating events"))?;
     let mut used = vec![false; slots.len()];
     let mut counts = io::Counts::default();
+    let mut known = 0;
     let mut i = 0;
     while !job.failed.load(Ordering::Relaxed) {
         let k = job.next.fetch_add(1, Ordering::Relaxed);
@@ -357,6 +497,9 @@ fn pieces(job: &Job<'_>, slots: &mut [&mut [u8]], stream: &Stream) -> Result<io:
         counts.add(io::read_exact_at(
             src, p.start, slots[s], p.need, job.io, None,
         )?);
+        if !await_destinations(job, p, &mut known, stream)? {
+            break;
+        }
         for seg in &job.plan.segments[p.segs.clone()] {
             // SAFETY: the slot is pinned and holds seg.slot_off + seg.len
             // bytes (the plan keeps segments within the piece), untouched
@@ -366,7 +509,7 @@ fn pieces(job: &Job<'_>, slots: &mut [&mut [u8]], stream: &Stream) -> Result<io:
             // GPU, whose context is current on this thread.
             unsafe {
                 cuda::memcpy_htod_async(
-                    seg.dst,
+                    job.dests.of(seg),
                     slots[s].as_ptr().add(seg.slot_off).cast(),
                     seg.len,
                     stream.raw(),

@@ -30,6 +30,7 @@
 //! [`safetensors`] loads checkpoints with it; [`locate`] says which drive
 //! (and NUMA node) a file lives on.
 
+mod dests;
 mod device;
 mod drive;
 mod error;
@@ -42,7 +43,9 @@ pub mod safetensors;
 mod source;
 pub mod write;
 
-pub use device::{read_ranges_to_device, read_ranges_to_device_on, DeviceMemory};
+pub use device::{
+    read_ranges_to_device, read_ranges_to_device_as_made, read_ranges_to_device_on, DeviceMemory,
+};
 pub use drive::{locate, mounted, Drive, FileLocation};
 pub use error::StorageError;
 pub use source::Source;
@@ -249,6 +252,18 @@ pub struct DeviceRange {
     /// Where they go: device memory of the GPU read to, inside one
     /// allocation (checked).
     pub dst: CUdeviceptr,
+}
+
+/// A range of a source whose device destination is made while it is read
+/// ([`read_ranges_to_device_as_made`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SourceRange {
+    /// Index of the file in the sources given with it.
+    pub source: usize,
+    /// Byte offset in the file.
+    pub offset: u64,
+    /// Bytes.
+    pub len: usize,
 }
 
 /// A range of a source to host memory.
@@ -531,7 +546,24 @@ where
     T: Send,
     F: Fn(usize) -> Result<T> + Sync,
 {
-    let results: Vec<Result<T>> = std::thread::scope(|s| {
+    run_threads_beside(name, threads, cpus, work, || ()).0
+}
+
+/// [`run_threads`], with `beside` run on the calling thread meanwhile:
+/// the threads' results and `beside`'s, once every thread has ended.
+fn run_threads_beside<T, F, B, R>(
+    name: &str,
+    threads: usize,
+    cpus: &CpuList,
+    work: F,
+    beside: B,
+) -> (Result<Vec<T>>, R)
+where
+    T: Send,
+    F: Fn(usize) -> Result<T> + Sync,
+    B: FnOnce() -> R,
+{
+    let (results, r): (Vec<Result<T>>, R) = std::thread::scope(|s| {
         let handles: Vec<_> = (0..threads)
             .map(|i| {
                 let work = &work;
@@ -545,7 +577,8 @@ where
                     })
             })
             .collect();
-        handles
+        let r = beside();
+        let results = handles
             .into_iter()
             .map(|h| match h {
                 Ok(h) => h.join().unwrap_or_else(|_| {
@@ -561,9 +594,10 @@ where
                     e,
                 )),
             })
-            .collect()
+            .collect();
+        (results, r)
     });
-    results.into_iter().collect()
+    (results.into_iter().collect(), r)
 }
 
 #[cfg(test)]

@@ -26,12 +26,14 @@ pub(crate) struct Piece {
     pub segs: std::ops::Range<usize>,
 }
 
-/// A copy out of a slot: `len` bytes at `slot_off` to `dst`.
+/// A copy out of a slot: `len` bytes at `slot_off` to `dst`, part of
+/// request `req` (its index in the request list).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Segment {
     pub slot_off: usize,
     pub len: usize,
     pub dst: u64,
+    pub req: usize,
 }
 
 /// The reads of a request list.
@@ -51,11 +53,11 @@ pub(crate) fn pieces(
     slot: usize,
     max_gap: u64,
 ) -> Plan {
-    let mut order: Vec<&Req> = reqs.iter().filter(|r| r.len > 0).collect();
-    order.sort_by_key(|r| (r.source, r.offset));
+    let mut order: Vec<(usize, &Req)> = reqs.iter().enumerate().filter(|r| r.1.len > 0).collect();
+    order.sort_by_key(|(_, r)| (r.source, r.offset));
     let mut plan = Plan::default();
     let slot64 = slot as u64;
-    for r in order {
+    for (req, r) in order {
         let (mut off, mut left, mut dst) = (r.offset, r.len as u64, r.dst);
         while left > 0 {
             let joins = plan.pieces.last().is_some_and(|p| {
@@ -82,6 +84,7 @@ pub(crate) fn pieces(
                 slot_off,
                 len: usize_from(take),
                 dst,
+                req,
             });
             p.segs.end = plan.segments.len();
             p.need = p.need.max(slot_off + usize_from(take));
@@ -126,10 +129,11 @@ mod tests {
     fn check(reqs: &[Req], slot: usize, align: u64) {
         let plan = pieces(reqs, |_| align, slot, 64 << 10);
         // Every byte of every request arrives once, from the right place.
-        let mut want: Vec<(usize, u64, u64)> = Vec::new(); // (source, file off, dst)
-        for r in reqs {
+        // (source, file off, dst, request)
+        let mut want: Vec<(usize, u64, u64, usize)> = Vec::new();
+        for (k, r) in reqs.iter().enumerate() {
             for i in 0..r.len as u64 {
-                want.push((r.source, r.offset + i, r.dst + i));
+                want.push((r.source, r.offset + i, r.dst + i, k));
             }
         }
         let mut got = Vec::new();
@@ -140,7 +144,7 @@ mod tests {
             for s in &plan.segments[p.segs.clone()] {
                 assert!(s.slot_off + s.len <= p.need);
                 for i in 0..s.len as u64 {
-                    got.push((p.source, p.start + s.slot_off as u64 + i, s.dst + i));
+                    got.push((p.source, p.start + s.slot_off as u64 + i, s.dst + i, s.req));
                 }
             }
         }

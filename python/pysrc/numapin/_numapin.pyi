@@ -1,6 +1,6 @@
 """Type stubs of numapin's compiled module (the public API is `numapin`)."""
 
-from typing import Any, Literal, final
+from typing import Any, Callable, Literal, final
 
 __all__ = [
     "PinnedBuffer",
@@ -247,7 +247,7 @@ class Checkpoint:
     def load_to_device(
         self,
         selection: list[int],
-        ptrs: list[int],
+        make: Callable[[int], int],
         gpu: int,
         stream: int,
         *,

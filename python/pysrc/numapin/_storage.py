@@ -320,11 +320,10 @@ def _open(path_or_index: Any, device: Any, names: Any, shard: Any, gpu: Any, nod
         return torch.empty(infos[i][2], dtype=getattr(torch, str(infos[i][1])), device=dev)
 
     def read(part: list[int]) -> tuple[list[Any], dict[str, Any]]:
-        made = _device_tensors(torch, infos, part, dev, path_or_index)
-        tensors = [made[infos[i][0]] for i in part]
         stream = torch.cuda.current_stream(dev)
-        ptrs = [t.data_ptr() for t in tensors]
-        return tensors, ck.load_to_device(part, ptrs, dev.index, int(stream.cuda_stream), **opts)
+        with _DeviceTensors(torch, infos, part, dev, path_or_index) as made:
+            report = ck.load_to_device(part, made.make, dev.index, int(stream.cuda_stream), **opts)
+        return made.tensors(), report
 
     return ck, sel, infos, dev, read, alloc
 
@@ -360,34 +359,51 @@ def _fallback_device(device: Any) -> Any:
     return None
 
 
-def _device_tensors(torch: Any, infos: list[Any], sel: list[int], dev: Any, path: Any) -> dict[str, Any]:
+class _DeviceTensors:
     """Empty tensors on ``dev`` for the tensors at ``sel`` (torch's caching
-    allocator, as ``load_file`` allocates); a GPU without room for them all
-    is a ``numapin.Error`` before any is made (or, when another allocation
-    takes the room meanwhile, after the ones made are given back)."""
-    from numapin._errors import Error
+    allocator, as ``load_file`` allocates), made one by one by ``make(k)``
+    (the ``k``-th of ``sel``; it returns the tensor's address) while the
+    reader reads. A GPU without room for them all is a ``numapin.Error``
+    on entry, before any is made (or, when another allocation takes the
+    room meanwhile, on exit, after the ones made are given back)."""
 
-    need = sum(infos[i][3] for i in sel)
-    free, _total = torch.cuda.mem_get_info(dev)
-    room = free + torch.cuda.memory_reserved(dev) - torch.cuda.memory_allocated(dev)
+    def __init__(self, torch: Any, infos: list[Any], sel: list[int], dev: Any, path: Any) -> None:
+        self._torch, self._infos, self._sel, self._dev, self._path = torch, infos, sel, dev, path
+        self._made: list[Any] = []
+        self._need = sum(infos[i][3] for i in sel)
 
-    def short(what: str) -> Error:
+    def __enter__(self) -> _DeviceTensors:
+        torch, dev = self._torch, self._dev
+        free, _total = torch.cuda.mem_get_info(dev)
+        room = free + torch.cuda.memory_reserved(dev) - torch.cuda.memory_allocated(dev)
+        if self._need > room:
+            raise self._short(f"has {room} bytes free")
+        return self
+
+    def make(self, k: int) -> int:
+        _name, dtype, shape, _, _ = self._infos[self._sel[k]]
+        t = self._torch.empty(shape, dtype=getattr(self._torch, dtype), device=self._dev)
+        self._made.append(t)
+        return int(t.data_ptr())
+
+    def tensors(self) -> list[Any]:
+        return self._made
+
+    def __exit__(self, kind: Any, exc: Any, tb: Any) -> None:
+        if kind is None:
+            return
+        self._made.clear()
+        torch = self._torch
+        if issubclass(kind, getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)):
+            raise self._short("ran out of memory allocating them") from None
+
+    def _short(self, what: str) -> Exception:
+        from numapin._errors import Error
+
         return Error(
-            f"{os.fspath(path)}: the selected tensors are {need} bytes, and GPU {dev.index} {what}\n"
+            f"{os.fspath(self._path)}: the selected tensors are {self._need} bytes, and GPU {self._dev.index} {what}\n"
             "  fix: free GPU memory, or load a part at a time (names=..., shard=...), or to pinned CPU memory (device=None)"
         )
-
-    if need > room:
-        raise short(f"has {room} bytes free")
-    out: dict[str, Any] = {}
-    try:
-        for i in sel:
-            name, dtype, shape, _, _ = infos[i]
-            out[name] = torch.empty(shape, dtype=getattr(torch, dtype), device=dev)
-    except getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError):
-        out.clear()
-        raise short("ran out of memory allocating them") from None
-    return out
 
 
 def safetensors_shards(

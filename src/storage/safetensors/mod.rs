@@ -45,7 +45,7 @@ use crate::runtime::{PinnedBuf, Runtime, Target};
 
 use super::{
     read_ranges_to_device, read_ranges_to_host, DeviceMemory, DeviceRange, HostRange, ReadOptions,
-    ReadReport, Source, StorageError,
+    ReadReport, Source, SourceRange, StorageError,
 };
 
 pub use self::header::{MAX_DIM, MAX_DIMS, MAX_HEADER_BYTES};
@@ -608,24 +608,73 @@ impl Checkpoint {
                 "pass one device address per tensor",
             ));
         }
+        self.each_turn(selection, |sources, parts| {
+            let ranges: Vec<DeviceRange> = parts
+                .iter()
+                .map(|&(k, r)| DeviceRange {
+                    source: r.source,
+                    offset: r.offset,
+                    len: r.len,
+                    dst: dsts[k],
+                })
+                .collect();
+            read(sources, &ranges)
+        })
+    }
+
+    /// [`load_to_device_with`](Self::load_to_device_with) with each
+    /// tensor's destination made while the turn's reads run: `read` gets
+    /// the turn's files, the ranges of the selected tensors in them and
+    /// each range's position in `selection`, and reads them with
+    /// [`read_ranges_to_device_as_made`](super::read_ranges_to_device_as_made),
+    /// whose `dest(i)` makes the destination of the tensor at that
+    /// position.
+    ///
+    /// # Errors
+    /// As [`load_to_device_with`](Self::load_to_device_with) (but for
+    /// `dsts`).
+    pub fn load_to_device_as_made<E: From<StorageError>>(
+        &self,
+        selection: &[usize],
+        opts: &ReadOptions,
+        mut read: impl FnMut(&[Source], &[SourceRange], &[usize]) -> std::result::Result<ReadReport, E>,
+    ) -> std::result::Result<ReadReport, E> {
+        self.check_selection(selection, opts)?;
+        self.each_turn(selection, |sources, parts| {
+            let (at, ranges): (Vec<usize>, Vec<SourceRange>) = parts.iter().copied().unzip();
+            read(sources, &ranges, &at)
+        })
+    }
+
+    /// Runs `read` for each turn of files of `selection`, with the turn's
+    /// files (opened, checked to be those whose headers were read) and the
+    /// selected tensors in them (their positions in `selection`, their
+    /// ranges in those files), checking each file unchanged after it.
+    fn each_turn<E: From<StorageError>>(
+        &self,
+        selection: &[usize],
+        mut read: impl FnMut(&[Source], &[(usize, SourceRange)]) -> std::result::Result<ReadReport, E>,
+    ) -> std::result::Result<ReadReport, E> {
         let mut report = ReadReport::default();
         for turn in self.turns(selection) {
             let sources = self.open_turn(&turn)?;
-            let ranges: Vec<DeviceRange> = selection
+            let parts: Vec<(usize, SourceRange)> = selection
                 .iter()
-                .zip(dsts)
-                .filter_map(|(&i, &dst)| {
+                .enumerate()
+                .filter_map(|(k, &i)| {
                     let t = &self.tensors[i];
                     let source = turn.binary_search(&t.source).ok()?;
-                    Some(DeviceRange {
-                        source,
-                        offset: t.offset,
-                        len: t.len,
-                        dst,
-                    })
+                    Some((
+                        k,
+                        SourceRange {
+                            source,
+                            offset: t.offset,
+                            len: t.len,
+                        },
+                    ))
                 })
                 .collect();
-            let r = read(&sources, &ranges)?;
+            let r = read(&sources, &parts)?;
             Self::check_unchanged(&sources)?;
             merge(&mut report, r);
         }
