@@ -568,7 +568,7 @@ mod gpu_as_made {
 
     /// Why a test's read stopped.
     #[derive(Debug)]
-    enum Stop {
+    pub(super) enum Stop {
         Read(StorageError),
         Maker(usize),
     }
@@ -579,7 +579,7 @@ mod gpu_as_made {
         }
     }
 
-    fn setup() -> Option<(Runtime, CudaOrdinal, tempfile::TempDir, Vec<u8>, Source)> {
+    pub(super) fn setup() -> Option<(Runtime, CudaOrdinal, tempfile::TempDir, Vec<u8>, Source)> {
         let (rt, gpu) = super::gpu::gpu_runtime()?;
         let d = tempfile::tempdir().unwrap();
         let p = d.path().join("data.bin");
@@ -591,7 +591,7 @@ mod gpu_as_made {
 
     /// Reads `rs` of `src`, on the legacy default stream, to what `dest`
     /// makes.
-    fn read_made<E: From<StorageError>>(
+    pub(super) fn read_made<E: From<StorageError>>(
         rt: &Runtime,
         src: &Source,
         rs: &[SourceRange],
@@ -615,7 +615,11 @@ mod gpu_as_made {
     }
 
     /// `len` bytes of new device memory, kept in `mem`: its address.
-    fn keep(mem: &mut Vec<DeviceMemory>, gpu: CudaOrdinal, len: usize) -> Result<u64, Stop> {
+    pub(super) fn keep(
+        mem: &mut Vec<DeviceMemory>,
+        gpu: CudaOrdinal,
+        len: usize,
+    ) -> Result<u64, Stop> {
         let m = DeviceMemory::new(gpu, len)?;
         let p = m.ptr();
         mem.push(m);
@@ -624,7 +628,7 @@ mod gpu_as_made {
 
     /// 40 ranges of the file: neighbours (sharing reads), a gap, one
     /// crossing many chunks, one empty.
-    fn ranges(len: usize) -> Vec<SourceRange> {
+    pub(super) fn ranges(len: usize) -> Vec<SourceRange> {
         let mut out = Vec::new();
         let mut at = 0u64;
         for k in 0..40u64 {
@@ -739,5 +743,88 @@ mod gpu_as_made {
         .unwrap();
         assert_eq!((r.bytes, calls), (0, vec![0, 1, 2]));
         assert_no_leak(&rt);
+    }
+}
+
+/// GPU tests of a read whose other side fails while destinations come.
+mod gpu_as_made_failures {
+    use super::gpu_as_made::{keep, ranges, read_made, setup, Stop};
+    use super::*;
+    use numapin::storage::DeviceMemory;
+    use std::time::Duration;
+
+    /// Runs `f` on a thread of its own: its result, or a failure once it
+    /// has run for a minute (a hang).
+    fn within_a_minute<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(f());
+        });
+        rx.recv_timeout(Duration::from_secs(60))
+            .expect("the read hung")
+    }
+
+    #[test]
+    #[ignore = "needs a CUDA GPU"]
+    fn gpu_a_read_error_while_destinations_come_ends_the_call() {
+        let Some((rt, gpu, d, data, src)) = setup() else {
+            return;
+        };
+        let path = d.path().join("data.bin");
+        let (calls, r, rt) = within_a_minute(move || {
+            let rs = ranges(data.len());
+            let opts = ReadOptions::default().with_chunk_bytes(64 << 10);
+            let mut mem: Vec<DeviceMemory> = Vec::new();
+            let mut calls = 0;
+            let r = read_made(&rt, &src, &rs, gpu, &opts, |i| {
+                calls += 1;
+                if i == 3 {
+                    // The workers' later reads find the file's end.
+                    std::fs::OpenOptions::new()
+                        .write(true)
+                        .open(&path)
+                        .unwrap()
+                        .set_len(0)
+                        .unwrap();
+                }
+                std::thread::sleep(Duration::from_millis(2));
+                keep(&mut mem, gpu, rs[i].len)
+            })
+            .map(|r| r.bytes);
+            drop(mem);
+            (calls, r, rt)
+        });
+        match r {
+            Err(Stop::Read(e @ StorageError::Truncated { .. })) => {
+                assert!(calls < 40, "the destinations stopped: {calls}: {e}")
+            }
+            r => panic!("{r:?} after {calls} destinations"),
+        }
+        assert_no_leak(&rt);
+        drop(d);
+    }
+
+    #[test]
+    #[ignore = "needs a CUDA GPU"]
+    fn gpu_a_panicking_maker_ends_the_call_with_its_panic() {
+        let Some((rt, gpu, d, data, src)) = setup() else {
+            return;
+        };
+        let (panicked, rt) = within_a_minute(move || {
+            let rs = ranges(data.len());
+            let opts = ReadOptions::default().with_chunk_bytes(64 << 10);
+            let mut mem: Vec<DeviceMemory> = Vec::new();
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                read_made(&rt, &src, &rs, gpu, &opts, |i| {
+                    assert!(i < 5, "the maker fails at 5");
+                    keep(&mut mem, gpu, rs[i].len)
+                })
+            }));
+            drop(mem);
+            (r.is_err(), rt)
+        });
+        assert!(panicked, "the maker's panic reaches the caller");
+        assert_no_leak(&rt);
+        drop(d);
     }
 }

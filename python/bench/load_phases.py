@@ -3,7 +3,7 @@ steps of ``numapin.load_safetensors`` timed one by one, ``--ranks``
 processes (one per GPU) loading at once after a barrier.
 
     python3 python/bench/load_phases.py [--ranks 2] [--reps 3] [--gib 8]
-        [--keep-cache] [--modes made,first] [--dir /tmp/numapin-sweep]
+        [--keep-cache] [--modes made,first] [--nccl] [--dir /tmp/numapin-sweep]
 
 The steps (milliseconds, per rank and repetition): ``open`` (the index and
 the files' headers read, the shard cut), ``meminfo`` (``torch.cuda.
@@ -14,7 +14,9 @@ files to the tensors; ``reader_s`` is its own clock), ``sync`` and
 ``load_safetensors`` does, the tensors made while the reader reads (its
 ``alloc`` step is the room check only, ``make_ms`` the time spent making
 them inside ``read``); ``first``, every tensor made before the read starts
-(as numapin did before). It calls the package's private steps (``numapin._storage``) in
+(as numapin did before). ``--nccl`` puts the ranks in an NCCL process group
+first, as a job's ranks are, and has them pass an NCCL barrier after the
+barrier before each load, as ``checkpoint_ranks.py`` does. It calls the package's private steps (``numapin._storage``) in
 the order ``load_safetensors`` does; it is a profile, not an example.
 Between repetitions the tensors are freed and, unless ``--keep-cache``,
 torch's cache emptied, so that every load allocates afresh as a new
@@ -31,20 +33,31 @@ import time
 from typing import Any
 
 
-def rank(r: int, world: int, index: str, reps: int, keep: bool, modes: list[str], barrier: Any, q: Any) -> None:
+def rank(r: int, world: int, index: str, reps: int, keep: bool, modes: list[str], port: int, barrier: Any,
+         q: Any) -> None:
     import torch
 
     import numapin
 
     torch.cuda.set_device(r)
     dev = torch.device("cuda", r)
+    if port:  # a job's NCCL group, made as a trainer makes it
+        import torch.distributed as dist
+
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        dist.init_process_group("nccl", rank=r, world_size=world, device_id=dev)
+        dist.barrier()
     numapin.load_safetensors(os.path.join(os.path.dirname(index), "warmup.safetensors"), device=dev)
     for rep in range(reps):
         for mode in modes:
             barrier.wait()
+            if port:  # and a collective just before the load, as checkpoint_ranks.py's barrier
+                dist.barrier()
             q.put((rep, mode, r) + _timed(torch, dev, index, r, world, mode))
             if not keep:
                 torch.cuda.empty_cache()
+    if port:
+        dist.destroy_process_group()
 
 
 def _timed(torch: Any, dev: Any, index: str, r: int, world: int, mode: str) -> tuple[Any, ...]:
@@ -57,24 +70,24 @@ def _timed(torch: Any, dev: Any, index: str, r: int, world: int, mode: str) -> t
     t.append(time.perf_counter())
     torch.cuda.mem_get_info(dev)
     t.append(time.perf_counter())
-    made = S._DeviceTensors(torch, infos, sel, dev, index).__enter__()
     spent = [0.0]
-    ptrs = [made.make(k) for k in range(len(sel))] if mode == "first" else None
+    with S._DeviceTensors(torch, infos, sel, dev, index) as made:
+        ptrs = [made.make(k) for k in range(len(sel))] if mode == "first" else None
 
-    def make(k: int) -> int:
-        if ptrs is not None:
-            return ptrs[k]
-        t0 = time.perf_counter()
-        p = made.make(k)
-        spent[0] += time.perf_counter() - t0
-        return p
+        def make(k: int) -> int:
+            if ptrs is not None:
+                return ptrs[k]
+            t0 = time.perf_counter()
+            p = made.make(k)
+            spent[0] += time.perf_counter() - t0
+            return p
 
-    t.append(time.perf_counter())
-    opts = S._read_opts(0, 0, "auto")
-    opts["readers"] = S._readers(world)
-    stream = torch.cuda.current_stream(dev)
-    report = ck.load_to_device(sel, make, dev.index, int(stream.cuda_stream), **opts)
-    t.append(time.perf_counter())
+        t.append(time.perf_counter())
+        opts = S._read_opts(0, 0, "auto")
+        opts["readers"] = S._readers(world)
+        stream = torch.cuda.current_stream(dev)
+        report = ck.load_to_device(sel, make, dev.index, int(stream.cuda_stream), **opts)
+        t.append(time.perf_counter())
     torch.cuda.synchronize(dev)
     t.append(time.perf_counter())
     tensors = made.tensors()
@@ -93,6 +106,7 @@ def main() -> int:
     ap.add_argument("--gib", type=float, default=8.0)
     ap.add_argument("--keep-cache", action="store_true", help="keep torch's cache between repetitions")
     ap.add_argument("--modes", default="made,first", help="made (as load_safetensors), first (tensors made before)")
+    ap.add_argument("--nccl", action="store_true", help="each rank in an NCCL process group first, as in a job")
     ap.add_argument("--dir", default="/tmp/numapin-sweep")
     a = ap.parse_args()
     modes = a.modes.split(",")
@@ -101,7 +115,14 @@ def main() -> int:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from ranks_sweep import collect, start_ranks
 
-    procs, q, _barrier = start_ranks(a.dir, a.gib, a.ranks, rank, (a.reps, a.keep_cache, modes))
+    port = 0
+    if a.nccl:
+        import socket
+
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+    procs, q, _barrier = start_ranks(a.dir, a.gib, a.ranks, rank, (a.reps, a.keep_cache, modes, port))
     got = collect(procs, q, a.reps * a.ranks * len(modes))
     if got is None:
         return 1

@@ -330,9 +330,11 @@ impl PyCheckpoint {
     /// `gpu`, after the work queued on `stream` (a raw `CUstream` of that
     /// device, 0 for the legacy default stream); returns when they are
     /// there. `make(k)` makes the destination of `selection[k]` (a tensor
-    /// the caller keeps) and returns its device address; it is called for
-    /// each in turn while the reads run, so that making them overlaps
-    /// reading. An exception from `make` stops the read and is raised.
+    /// the caller keeps) and returns its device address; it is called once
+    /// for each `k` while the reads run, so that making them overlaps
+    /// reading: a turn of at most 16 files at a time, in the order of
+    /// `selection` within a turn (so not always in order of `k`). An
+    /// exception from `make` stops the read and is raised.
     #[pyo3(
         signature = (selection, make, gpu, stream, *, threads=0, chunk_bytes=0, readers=1, io=AUTO),
         text_signature = "($self, selection, make, gpu, stream, *, threads=0, chunk_bytes=0, readers=1, io='auto')"

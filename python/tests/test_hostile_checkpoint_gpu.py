@@ -1,7 +1,8 @@
 """On a CUDA GPU: checkpoints from strangers loaded to the device. Every
 dtype safetensors loads (F4, F8_E8M0, the FNUZ ones) equals
 load_file(device="cuda"); an index of more shards than a load holds open
-at once loads whole, also under a low open-file limit; a sparse file
+at once loads whole, also under a low open-file limit and with a
+selection against the files' order; a sparse file
 claiming a terabyte is refused before torch allocates anything. Skipped
 without a GPU."""
 
@@ -75,6 +76,22 @@ def test_gpu_an_index_of_more_shards_than_a_turn_loads_whole(tmp_path, no_leak):
         assert t.is_cuda and t.shape == (1000 + i,) and bool((t == i % 251).all()), i
     assert stats["bytes"] == sum(1000 + i for i in range(40))
     del got
+    gc.collect()
+
+
+def test_gpu_a_selection_against_file_order_over_turns_gives_each_tensor_its_bytes(tmp_path, no_leak):
+    # The reader asks for the tensors a turn of files at a time, so not in
+    # the selection's order: each must still come back in its place.
+    from numapin import _storage
+
+    idx = _index(tmp_path, 40)
+    _ck, sel, infos, _dev, read, _alloc = _storage._open(idx, "cuda", None, None, None, None, 0, 0, "auto")
+    part = sel[::-1]
+    tensors, _report = read(part)
+    for i, t in zip(part, tensors):
+        k = int(infos[i][0][1:])
+        assert t.shape == (1000 + k,) and bool((t == k % 251).all()), infos[i][0]
+    del tensors
     gc.collect()
 
 

@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
+use crate::cpulist::CpuList;
 use crate::gpu::{CUdeviceptr, CUstream, CudaError, CudaOrdinal};
 use crate::platform::cuda::{self, DeviceBuffer, Event, Stream};
 use crate::runtime::{AllocOptions, Runtime, Target};
@@ -251,10 +252,17 @@ unsafe fn read(
 /// the first error `dest` returns; either way, no copy is still running
 /// when this returns.
 ///
+/// The workers take the reads in file order, so ranges given in file
+/// order (as [`Checkpoint::select`](super::safetensors::Checkpoint::select)
+/// gives tensors) overlap best; in another order a worker may wait for
+/// most destinations before its first copy.
+///
 /// # Safety
 /// `stream` must be a live stream of `gpu`'s primary context (or null,
-/// the legacy default stream) for the whole call, and each destination
-/// `dest` returns must stay allocated until the call returns.
+/// the legacy default stream) for the whole call; each destination `dest`
+/// returns must stay allocated until the call returns; `dest` must leave
+/// the calling thread's current CUDA context as it found it (torch's
+/// allocator does).
 pub unsafe fn read_ranges_to_device_as_made<E: From<StorageError>>(
     rt: &Runtime,
     sources: &[Source],
@@ -279,7 +287,9 @@ pub unsafe fn read_ranges_to_device_as_made<E: From<StorageError>>(
                 }
                 if let Some(e) = &job.after {
                     // SAFETY: the caller's stream (per this function's
-                    // contract) and our event, of the context current here.
+                    // contract) and our event, of the context current here
+                    // (pushed by read_with; `dest` leaves it so, per the
+                    // contract).
                     unsafe { e.record(stream) }
                         .map_err(cuda_error(gpu, "recording an event on the caller's stream"))?;
                 }
@@ -321,14 +331,81 @@ unsafe fn read_with<E: From<StorageError>>(
     let _ctx =
         cuda::ContextGuard::push(gpu.0).map_err(cuda_error(gpu, "making the context current"))?;
     check_known(dests, gpu, spans)?;
+    let lay = layout(rt, sources, spans, &place.cpus, opts);
+    report.chunk_bytes = lay.chunk;
+    // One staging buffer, in a region of its own size when one is made:
+    // the slots pin no more than they hold. No waiting over budget: the
+    // caller gets the budget error at once.
+    let bytes = lay.threads * lay.per_thread * lay.slot;
+    let mut staging = rt
+        .alloc_with(
+            Target::HostNode(place.node),
+            bytes,
+            &AllocOptions::default()
+                .with_staging(true)
+                .with_wait(Some(std::time::Duration::ZERO)),
+        )
+        .map_err(StorageError::from)?;
+    if !staging.is_registered() {
+        report.warnings.push(format!(
+            "the slots on node {} are not registered with CUDA, so every copy waits for its DMA (check RuntimeConfig::register)",
+            place.node
+        ));
+    }
+    let mut chunks = staging.chunks_mut(lay.slot);
+    let groups: Vec<Vec<&mut [u8]>> = (0..lay.threads)
+        .map(|_| chunks.by_ref().take(lay.per_thread).collect())
+        .collect();
+    let after = match after {
+        // SAFETY: per this function's contract.
+        Some(s) => Some(unsafe { event_on(gpu, s) }?),
+        None => None,
+    };
+    report.staging_bytes = bytes as u64;
+    report.threads = lay.threads;
+    let job = Job {
+        sources,
+        plan: lay.plan,
+        gpu,
+        io: opts.io,
+        next: AtomicUsize::new(0),
+        failed: AtomicBool::new(false),
+        dests,
+        after,
+        slots: Mutex::new(groups),
+    };
+    let (counts, fed) = run_job(&job, lay.threads, &place.cpus, feed);
+    fed?;
+    counts?.into_iter().for_each(|c| report.add(c));
+    report.seconds = started.elapsed().as_secs_f64();
+    Ok(report)
+}
+
+/// How a read is cut: its plan, chunk, slot size, threads and slots per
+/// thread.
+struct Layout {
+    plan: Plan,
+    chunk: usize,
+    slot: usize,
+    threads: usize,
+    per_thread: usize,
+}
+
+/// The reads of `spans` (`(source, offset, len)`) by workers on `cpus`.
+fn layout(
+    rt: &Runtime,
+    sources: &[Source],
+    spans: &[(usize, u64, usize)],
+    cpus: &CpuList,
+    opts: &ReadOptions,
+) -> Layout {
     let chunk = super::chunk_for(
         rt,
         opts,
-        &place.cpus,
-        super::thread_count(opts, place.cpus.len(), usize::MAX),
+        cpus,
+        super::thread_count(opts, cpus.len(), usize::MAX),
     );
     let slot = super::slot_bytes(sources, chunk);
-    report.chunk_bytes = chunk;
     let reqs: Vec<Req> = spans
         .iter()
         .map(|&(source, offset, len)| Req {
@@ -339,56 +416,32 @@ unsafe fn read_with<E: From<StorageError>>(
         })
         .collect();
     let plan = plan::pieces(&reqs, |s| sources[s].alignment(), slot, super::MAX_GAP);
-    let threads = super::thread_count(opts, place.cpus.len(), plan.pieces.len());
+    let threads = super::thread_count(opts, cpus.len(), plan.pieces.len());
     let per_thread = opts
         .slots_per_thread
         .min(plan.pieces.len().div_ceil(threads))
         .max(1);
-    // One staging buffer, in a region of its own size when one is made:
-    // the slots pin no more than they hold. No waiting over budget: the
-    // caller gets the budget error at once.
-    let mut staging = rt
-        .alloc_with(
-            Target::HostNode(place.node),
-            threads * per_thread * slot,
-            &AllocOptions::default()
-                .with_staging(true)
-                .with_wait(Some(std::time::Duration::ZERO)),
-        )
-        .map_err(StorageError::from)?;
-    let registered = staging.is_registered();
-    let mut chunks = staging.chunks_mut(slot);
-    let groups: Vec<Vec<&mut [u8]>> = (0..threads)
-        .map(|_| chunks.by_ref().take(per_thread).collect())
-        .collect();
-    if !registered {
-        report.warnings.push(format!(
-            "the slots on node {} are not registered with CUDA, so every copy waits for its DMA (check RuntimeConfig::register)",
-            place.node
-        ));
-    }
-    let after = match after {
-        // SAFETY: per this function's contract.
-        Some(s) => Some(unsafe { event_on(gpu, s) }?),
-        None => None,
-    };
-    report.staging_bytes = (threads * per_thread * slot) as u64;
-    report.threads = threads;
-    let job = Job {
-        sources,
+    Layout {
         plan,
-        gpu,
-        io: opts.io,
-        next: AtomicUsize::new(0),
-        failed: AtomicBool::new(false),
-        dests,
-        after,
-        slots: Mutex::new(groups),
-    };
-    let (counts, fed) = super::run_threads_beside(
+        chunk,
+        slot,
+        threads,
+        per_thread,
+    }
+}
+
+/// Runs `job`'s `threads` workers on `cpus` and `feed` on the calling
+/// thread meanwhile; an error (or a panic) of either stops the other side.
+fn run_job<E>(
+    job: &Job<'_>,
+    threads: usize,
+    cpus: &CpuList,
+    feed: impl FnOnce(Option<&Job<'_>>) -> std::result::Result<(), E>,
+) -> (Result<Vec<io::Counts>>, std::result::Result<(), E>) {
+    super::run_threads_beside(
         "read",
         threads,
-        &place.cpus,
+        cpus,
         |_| {
             let slots = job
                 .slots
@@ -396,24 +449,34 @@ unsafe fn read_with<E: From<StorageError>>(
                 .unwrap_or_else(|p| p.into_inner())
                 .pop()
                 .unwrap_or_default();
-            let r = worker(&job, slots);
+            let r = worker(job, slots);
             if r.is_err() {
                 job.stop();
             }
             r
         },
         || {
-            let r = feed(Some(&job));
+            // A panic in `feed` must not leave workers waiting for
+            // destinations while the scope waits for them.
+            let _stop = StopOnUnwind(job);
+            let r = feed(Some(job));
             if r.is_err() {
                 job.stop();
             }
             r
         },
-    );
-    fed?;
-    counts?.into_iter().for_each(|c| report.add(c));
-    report.seconds = started.elapsed().as_secs_f64();
-    Ok(report)
+    )
+}
+
+/// Stops its job when dropped by a panic.
+struct StopOnUnwind<'a, 'b>(&'a Job<'b>);
+
+impl Drop for StopOnUnwind<'_, '_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.stop();
+        }
+    }
 }
 
 /// One worker: takes the next read, waits for the slot's last DMA, reads

@@ -369,7 +369,7 @@ class _DeviceTensors:
 
     def __init__(self, torch: Any, infos: list[Any], sel: list[int], dev: Any, path: Any) -> None:
         self._torch, self._infos, self._sel, self._dev, self._path = torch, infos, sel, dev, path
-        self._made: list[Any] = []
+        self._made: dict[int, Any] = {}
         self._need = sum(infos[i][3] for i in sel)
 
     def __enter__(self) -> _DeviceTensors:
@@ -383,11 +383,13 @@ class _DeviceTensors:
     def make(self, k: int) -> int:
         _name, dtype, shape, _, _ = self._infos[self._sel[k]]
         t = self._torch.empty(shape, dtype=getattr(self._torch, dtype), device=self._dev)
-        self._made.append(t)
+        self._made[k] = t
         return int(t.data_ptr())
 
     def tensors(self) -> list[Any]:
-        return self._made
+        """The tensors in the order of ``sel`` (the reader asks for them
+        a turn of files at a time, so not always in that order)."""
+        return [self._made[k] for k in range(len(self._sel))]
 
     def __exit__(self, kind: Any, exc: Any, tb: Any) -> None:
         if kind is None:
