@@ -828,3 +828,43 @@ mod gpu_as_made_failures {
         drop(d);
     }
 }
+
+/// Without the GPU named: the read is refused before any destination is
+/// asked for.
+#[test]
+fn a_read_to_an_unknown_gpu_asks_for_no_destination() {
+    use numapin::storage::SourceRange;
+    use numapin::topology::CudaMode;
+
+    let t = Topology::probe(&ProbeOptions::from_process().with_cuda(CudaMode::Off)).unwrap();
+    let rt = Runtime::new(t, RuntimeConfig::default().with_region_bytes(2 << 20)).unwrap();
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("data.bin");
+    std::fs::write(&p, pattern(1 << 16, 3)).unwrap();
+    let src = Source::open(&p).unwrap();
+    let rs = [SourceRange {
+        source: 0,
+        offset: 0,
+        len: 1 << 16,
+    }];
+    let mut asked = 0;
+    // SAFETY: the legacy default stream; nothing is read.
+    let r = unsafe {
+        storage::read_ranges_to_device_as_made(
+            &rt,
+            std::slice::from_ref(&src),
+            &rs,
+            numapin::CudaOrdinal(7),
+            std::ptr::null_mut(),
+            &ReadOptions::default(),
+            |_| -> Result<u64, StorageError> {
+                asked += 1;
+                Ok(0)
+            },
+        )
+    };
+    let e = r.unwrap_err();
+    assert_eq!(asked, 0, "{e}");
+    assert!(e.to_string().contains("GPU 7"), "{e}");
+    assert_no_leak(&rt);
+}

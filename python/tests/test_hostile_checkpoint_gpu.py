@@ -124,3 +124,43 @@ def test_gpu_a_sparse_file_claiming_a_terabyte_is_refused_before_torch_allocates
     assert not isinstance(e.value, RuntimeError)
     assert "GPU" in str(e.value) and "tb.safetensors" in str(e.value) and e.value.fix
     assert torch.cuda.memory_allocated() == before
+
+
+def test_gpu_a_bad_make_stops_the_read_with_its_error(tmp_path, no_leak):
+    # The compiled load_to_device asks make(k) for each tensor while it reads:
+    # an exception, a non-address or an address that is no device memory of
+    # the GPU ends the read with a clear error, the copies done, and no
+    # tensor is asked for after it (20 files: two turns of files).
+    from numapin import _numapin
+
+    idx = _index(tmp_path, 20)
+    ck = _numapin.open_safetensors(str(idx))
+    sel = ck.select(None, None, None)
+    infos = ck.tensors()
+    host = torch.empty(4096, dtype=torch.uint8)
+    stream = int(torch.cuda.current_stream().cuda_stream)
+    dev = torch.cuda.current_device()
+    cases = {
+        "raises": (lambda k: (_ for _ in ()).throw(ValueError("no room here")), ValueError, "no room here"),
+        "not a number": (lambda k: "0x1000", TypeError, ""),
+        "host memory": (lambda k: host.data_ptr(), numapin.InputError, "not device memory"),
+    }
+    for what, (bad, kind, words) in cases.items():
+        made: list = []
+        asked: list[int] = []
+
+        def make(k: int) -> int:
+            asked.append(k)
+            if k == 3:
+                return bad(k)
+            t = torch.empty(infos[sel[k]][3], dtype=torch.uint8, device="cuda")
+            made.append(t)
+            return t.data_ptr()
+
+        with pytest.raises(kind) as e:
+            ck.load_to_device(sel, make, dev, stream)
+        assert words in str(e.value), (what, e.value)
+        assert asked == [0, 1, 2, 3], (what, asked)
+        del made
+    del host
+    gc.collect()
