@@ -35,9 +35,11 @@ def test_gpu_load_equals_safetensors_load_file(tmp_path, no_leak):
     gc.collect()
 
 
-def test_gpu_chunk_shrinks_with_the_ranks_reading_at_once(tmp_path, no_leak):
+def test_gpu_chunk_shrinks_with_the_ranks_reading_at_once(tmp_path, no_leak, monkeypatch):
     # numapin's pick keeps every rank's slots in half the node's L3: 1 to
-    # 4 MiB, never larger for four ranks than for one; a given chunk wins.
+    # 4 MiB, never larger for four ranks than for one; a launcher's
+    # LOCAL_WORLD_SIZE caps the ranks counted (the others are on other
+    # machines); a given chunk wins.
     ts = _checkpoint()
     idx = _sharded(tmp_path, ts, 4)
     picked = {}
@@ -48,6 +50,12 @@ def test_gpu_chunk_shrinks_with_the_ranks_reading_at_once(tmp_path, no_leak):
         del got
     assert all(c in (1 << 20, 2 << 20, 4 << 20) for c in picked.values()), picked
     assert picked[4] <= picked[1], picked
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    stats = {}
+    got = numapin.load_safetensors(idx, device="cuda:0", shard=(0, 4), stats=stats)
+    assert stats["chunk_bytes"] == picked[1], (stats["chunk_bytes"], picked)
+    del got
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
     stats = {}
     got = numapin.load_safetensors(idx, device="cuda:0", chunk_bytes=3 << 20, stats=stats)
     assert stats["chunk_bytes"] == 3 << 20, stats
