@@ -11,8 +11,19 @@ use super::plan::Segment;
 #[derive(Debug)]
 pub(super) struct Dests {
     base: Vec<AtomicU64>,
-    ready: Mutex<usize>,
+    state: Mutex<State>,
     more: Condvar,
+    /// Wake-ups sent, for the tests.
+    #[cfg(test)]
+    wakes: std::sync::atomic::AtomicUsize,
+}
+
+/// How many destinations are known, and the least range a waiting worker
+/// needs (`usize::MAX`: none waits).
+#[derive(Debug)]
+struct State {
+    ready: usize,
+    want: usize,
 }
 
 impl Dests {
@@ -20,29 +31,53 @@ impl Dests {
     pub(super) fn all(ptrs: impl IntoIterator<Item = u64>) -> Dests {
         let base: Vec<AtomicU64> = ptrs.into_iter().map(AtomicU64::new).collect();
         let n = base.len();
+        Dests::with(base, n)
+    }
+
+    fn with(base: Vec<AtomicU64>, ready: usize) -> Dests {
         Dests {
             base,
-            ready: Mutex::new(n),
+            state: Mutex::new(State {
+                ready,
+                want: usize::MAX,
+            }),
             more: Condvar::new(),
+            #[cfg(test)]
+            wakes: std::sync::atomic::AtomicUsize::new(0),
         }
     }
 
     /// `n` destinations to come, in order, through [`Dests::set`].
     pub(super) fn pending(n: usize) -> Dests {
-        Dests {
-            base: (0..n).map(|_| AtomicU64::new(0)).collect(),
-            ready: Mutex::new(0),
-            more: Condvar::new(),
+        Dests::with((0..n).map(|_| AtomicU64::new(0)).collect(), 0)
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Range `i`'s destination, which must be the next one to come. The
+    /// waiting workers are woken only when one of them needs it (each
+    /// then looks again, and those still short say what they need anew):
+    /// many small ranges need not wake every worker each.
+    pub(super) fn set(&self, i: usize, ptr: u64) {
+        let mut st = self.state();
+        debug_assert_eq!(st.ready, i, "destinations come in order");
+        self.base[i].store(ptr, Ordering::Relaxed);
+        st.ready = i + 1;
+        let wake = st.want <= i;
+        if wake {
+            st.want = usize::MAX;
+        }
+        drop(st);
+        if wake {
+            self.woke();
         }
     }
 
-    /// Range `i`'s destination, which must be the next one to come.
-    pub(super) fn set(&self, i: usize, ptr: u64) {
-        let mut ready = self.ready.lock().unwrap_or_else(|p| p.into_inner());
-        debug_assert_eq!(*ready, i, "destinations come in order");
-        self.base[i].store(ptr, Ordering::Relaxed);
-        *ready = i + 1;
-        drop(ready);
+    fn woke(&self) {
+        #[cfg(test)]
+        self.wakes.fetch_add(1, Ordering::Relaxed);
         self.more.notify_all();
     }
 
@@ -50,21 +85,22 @@ impl Dests {
     /// then, or `None` once `stop` is set (whoever sets it then calls
     /// [`Dests::wake`]).
     pub(super) fn wait_for(&self, i: usize, stop: &AtomicBool) -> Option<usize> {
-        let mut ready = self.ready.lock().unwrap_or_else(|p| p.into_inner());
+        let mut st = self.state();
         loop {
             if stop.load(Ordering::SeqCst) {
                 return None;
             }
-            if *ready > i {
-                return Some(*ready);
+            if st.ready > i {
+                return Some(st.ready);
             }
-            ready = self.more.wait(ready).unwrap_or_else(|p| p.into_inner());
+            st.want = st.want.min(i);
+            st = self.more.wait(st).unwrap_or_else(|p| p.into_inner());
         }
     }
 
     /// The destinations known now, with their ranges' indexes.
     pub(super) fn known(&self) -> Vec<(usize, u64)> {
-        let n = *self.ready.lock().unwrap_or_else(|p| p.into_inner());
+        let n = self.state().ready;
         (0..n)
             .map(|i| (i, self.base[i].load(Ordering::Relaxed)))
             .collect()
@@ -73,8 +109,8 @@ impl Dests {
     /// Wakes every waiting worker, to see `stop`.
     pub(super) fn wake(&self) {
         // Taking the lock orders this after a waiter's look at `stop`.
-        drop(self.ready.lock().unwrap_or_else(|p| p.into_inner()));
-        self.more.notify_all();
+        drop(self.state());
+        self.woke();
     }
 
     /// Where `seg`'s bytes go (its range's destination known: after
@@ -87,6 +123,7 @@ impl Dests {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::AtomicUsize;
     use std::time::Duration;
 
     fn seg(req: usize, dst: u64) -> Segment {
@@ -120,6 +157,43 @@ mod tests {
             assert!(!w.is_finished(), "range 1 is not known yet");
             d.set(1, 2000);
             assert_eq!(w.join().unwrap(), (Some(2), 2007));
+        });
+    }
+
+    #[test]
+    fn destinations_no_worker_waits_for_wake_none() {
+        let d = Dests::pending(300);
+        let stop = AtomicBool::new(false);
+        let ready = AtomicUsize::new(0);
+        std::thread::scope(|s| {
+            let waiters: Vec<_> = (0..4)
+                .map(|k| {
+                    let (d, stop) = (&d, &stop);
+                    let ready = &ready;
+                    s.spawn(move || {
+                        ready.fetch_add(1, Ordering::SeqCst);
+                        d.wait_for(100 + 50 * k, stop)
+                    })
+                })
+                .collect();
+            while ready.load(Ordering::SeqCst) < 4 || d.state().want == usize::MAX {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            // Every waiter has said what it needs: wait until the four have.
+            std::thread::sleep(Duration::from_millis(20));
+            for i in 0..100 {
+                d.set(i, i as u64);
+            }
+            assert_eq!(d.wakes.load(Ordering::Relaxed), 0, "no waiter needs 0-99");
+            for i in 100..300 {
+                d.set(i, i as u64);
+            }
+            let got: Vec<_> = waiters.into_iter().map(|w| w.join().unwrap()).collect();
+            assert!(got.iter().all(Option::is_some), "{got:?}");
+            // One wake-up each time the least need was met (at 100, 150,
+            // 200, 250), not one a destination.
+            let wakes = d.wakes.load(Ordering::Relaxed);
+            assert!((1..=4).contains(&wakes), "{wakes} wake-ups");
         });
     }
 
