@@ -293,14 +293,19 @@ def _page_cache_once(shares: list[list[tuple[str, int, int]]], threads: int, chu
 
 # ---------------------------------------------------------------- the ranks
 
+def free_port() -> int:
+    """A TCP port free on this machine now, for a process group's store."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 class Ranks:
     """N child processes of this script (`--child`), each one rank of a
     torch.distributed group, steered over their stdin and stdout."""
 
     def __init__(self, n: int, index: str, cpu: bool, libs: str | None = None) -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = free_port()
         self.procs = []
         for r in range(n):
             env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(n), LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(n),

@@ -113,15 +113,10 @@ def main() -> int:
     if not modes or not set(modes) <= {"made", "first"}:
         ap.error(f"--modes {a.modes!r}: a list of made, first")
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from checkpoint_ranks import free_port
     from ranks_sweep import collect, start_ranks
 
-    port = 0
-    if a.nccl:
-        import socket
-
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
+    port = free_port() if a.nccl else 0
     procs, q, _barrier = start_ranks(a.dir, a.gib, a.ranks, rank, (a.reps, a.keep_cache, modes, port))
     got = collect(procs, q, a.reps * a.ranks * len(modes))
     if got is None:
