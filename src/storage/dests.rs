@@ -198,6 +198,49 @@ mod tests {
         });
     }
 
+    /// A profile, not a goal: the cost of a destination with 16 workers
+    /// waiting, each for the next unmet one (`step` 1) or every
+    /// thousandth (`step` 1000), printed; it asserts only the wake-ups
+    /// (`cargo test --release --lib dests_profile -- --ignored --nocapture`).
+    #[test]
+    #[ignore = "a profile: run it by name"]
+    fn dests_profile_wakes_with_16_waiting() {
+        for step in [1usize, 1000] {
+            let n = 20_000;
+            let d = Dests::pending(n);
+            let stop = AtomicBool::new(false);
+            let next = AtomicUsize::new(0);
+            let mut t = std::time::Instant::now();
+            std::thread::scope(|s| {
+                for _ in 0..16 {
+                    s.spawn(|| loop {
+                        let k = next.fetch_add(step, Ordering::Relaxed) + step - 1;
+                        if k >= n {
+                            break;
+                        }
+                        d.wait_for(k, &stop);
+                    });
+                }
+                // The workers waiting before the first destination comes.
+                while d.state().want == usize::MAX {
+                    std::thread::yield_now();
+                }
+                std::thread::sleep(Duration::from_millis(20));
+                t = std::time::Instant::now();
+                for i in 0..n {
+                    d.set(i, i as u64);
+                }
+            });
+            let wakes = d.wakes.load(Ordering::Relaxed);
+            eprintln!(
+                "16 waiting, a need every {step}: {:.2} us a destination, {wakes} wake-ups",
+                t.elapsed().as_secs_f64() * 1e6 / 20_000.0
+            );
+            // At most one wake-up a need met.
+            assert!(wakes <= n / step, "{wakes} wake-ups for {} needs", n / step);
+        }
+    }
+
     #[test]
     fn a_stop_wakes_the_waiting_workers() {
         let d = Dests::pending(2);
