@@ -3,11 +3,12 @@ the reader reads (as ``load_safetensors`` makes them) against all made
 first, alternating in one process, hot.
 
     python3 python/bench/many_tensors.py [--tensors 20000] [--bytes 4096]
-        [--reps 5] [--modes made,first] [--dir /tmp/numapin-many]
+        [--reps 5] [--modes made,first,safetensors] [--dir /tmp/numapin-many]
 
 Prints, per repetition and mode, the load's milliseconds and its
 microseconds per tensor (``made``: ``load_safetensors``; ``first``: every
-tensor made by the same code before the read, then read). Torch's cache is
+tensor made by the same code before the read, then read; ``safetensors``:
+``safetensors.torch.load_file`` to the same GPU, the baseline). Torch's cache is
 emptied before each load. A profile of the package's private steps
 (``numapin._storage``), not an example.
 """
@@ -51,12 +52,20 @@ def first(path: str, dev: Any) -> dict[str, Any]:
     return {infos[i][0]: t for i, t in zip(sel, made.tensors())}
 
 
+def safetensors_load(path: str, dev: Any) -> dict[str, Any]:
+    """The baseline: safetensors' own loader to the same GPU."""
+    from safetensors.torch import load_file
+
+    return load_file(path, device=str(dev))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tensors", type=int, default=20000)
     ap.add_argument("--bytes", type=int, default=4096)
     ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--modes", default="made,first", help="made (load_safetensors), first (tensors made before)")
+    ap.add_argument("--modes", default="made,first",
+                    help="made (load_safetensors), first (tensors made before), safetensors (load_file)")
     ap.add_argument("--dir", default="/tmp/numapin-many")
     a = ap.parse_args()
     import torch
@@ -65,7 +74,8 @@ def main() -> int:
 
     dev = torch.device("cuda", torch.cuda.current_device())
     path = make(a.dir, a.tensors, a.bytes)
-    every = {"made": lambda: numapin.load_safetensors(path, device=dev), "first": lambda: first(path, dev)}
+    every = {"made": lambda: numapin.load_safetensors(path, device=dev), "first": lambda: first(path, dev),
+             "safetensors": lambda: safetensors_load(path, dev)}
     loads = {m: every[m] for m in a.modes.split(",")}
     every["made"]()  # numapin's runtime and staging made untimed
     print(f"{a.tensors} tensors of {a.bytes} bytes; rep mode ms us/tensor")
@@ -79,7 +89,7 @@ def main() -> int:
             dt = time.perf_counter() - t
             assert len(out) == a.tensors and bool((out["t000007"] == 7).all())
             del out
-            print(f"{rep} {mode:<5} {dt * 1e3:8.1f} {dt * 1e6 / a.tensors:6.1f}")
+            print(f"{rep} {mode:<11} {dt * 1e3:8.1f} {dt * 1e6 / a.tensors:6.1f}")
     return 0
 
 

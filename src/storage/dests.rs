@@ -2,7 +2,7 @@
 //! the caller one by one while the workers read, a worker waiting for
 //! those its next read needs.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex};
 
 use super::plan::Segment;
@@ -13,6 +13,8 @@ pub(super) struct Dests {
     base: Vec<AtomicU64>,
     state: Mutex<State>,
     more: Condvar,
+    /// `State::want`, readable without the lock (a hint for the maker).
+    want: AtomicUsize,
     /// Wake-ups sent, for the tests.
     #[cfg(test)]
     wakes: std::sync::atomic::AtomicUsize,
@@ -42,6 +44,7 @@ impl Dests {
                 want: usize::MAX,
             }),
             more: Condvar::new(),
+            want: AtomicUsize::new(usize::MAX),
             #[cfg(test)]
             wakes: std::sync::atomic::AtomicUsize::new(0),
         }
@@ -56,23 +59,40 @@ impl Dests {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Range `i`'s destination, which must be the next one to come. The
-    /// waiting workers are woken only when one of them needs it (each
-    /// then looks again, and those still short say what they need anew):
-    /// many small ranges need not wake every worker each.
-    pub(super) fn set(&self, i: usize, ptr: u64) {
-        let mut st = self.state();
-        debug_assert_eq!(st.ready, i, "destinations come in order");
+    /// Range `i`'s destination, which must be the next one to come: the
+    /// workers see it once [`Dests::publish`] covers it.
+    pub(super) fn put(&self, i: usize, ptr: u64) {
+        debug_assert!(i < self.base.len());
         self.base[i].store(ptr, Ordering::Relaxed);
-        st.ready = i + 1;
-        let wake = st.want <= i;
+    }
+
+    /// The first `n` destinations (each [`Dests::put`]) known to the
+    /// workers. The waiting workers are woken only when one of them needs
+    /// one of these (each then looks again, and those still short say what
+    /// they need anew): many small ranges need not wake every worker each.
+    pub(super) fn publish(&self, n: usize) {
+        let mut st = self.state();
+        debug_assert!(
+            st.ready <= n && n <= self.base.len(),
+            "destinations come in order"
+        );
+        st.ready = n;
+        let wake = st.want < n;
         if wake {
             st.want = usize::MAX;
+            self.want.store(usize::MAX, Ordering::Relaxed);
         }
         drop(st);
         if wake {
             self.woke();
         }
+    }
+
+    /// The least range a waiting worker needs (`usize::MAX`: none waits,
+    /// as far as this lock-free look can tell): the maker publishes at once
+    /// a destination some worker waits for.
+    pub(super) fn wanted(&self) -> usize {
+        self.want.load(Ordering::Relaxed)
     }
 
     fn woke(&self) {
@@ -94,6 +114,7 @@ impl Dests {
                 return Some(st.ready);
             }
             st.want = st.want.min(i);
+            self.want.store(st.want, Ordering::Relaxed);
             st = self.more.wait(st).unwrap_or_else(|p| p.into_inner());
         }
     }
@@ -125,6 +146,14 @@ mod tests {
     use super::*;
     use std::sync::atomic::AtomicUsize;
     use std::time::Duration;
+
+    impl Dests {
+        /// Range `i`'s destination, published at once.
+        fn set(&self, i: usize, ptr: u64) {
+            self.put(i, ptr);
+            self.publish(i + 1);
+        }
+    }
 
     fn seg(req: usize, dst: u64) -> Segment {
         Segment {
@@ -158,6 +187,30 @@ mod tests {
             d.set(1, 2000);
             assert_eq!(w.join().unwrap(), (Some(2), 2007));
         });
+    }
+
+    #[test]
+    fn a_destination_put_waits_for_its_publish_and_the_wait_is_seen() {
+        let d = Dests::pending(4);
+        let stop = AtomicBool::new(false);
+        assert_eq!(d.wanted(), usize::MAX, "no one waits yet");
+        std::thread::scope(|s| {
+            let w = s.spawn(|| d.wait_for(2, &stop));
+            while d.wanted() == usize::MAX {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            assert_eq!(d.wanted(), 2, "the maker sees what the worker needs");
+            for i in 0..3 {
+                d.put(i, 10 * i as u64);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+            assert!(!w.is_finished(), "put alone does not release the worker");
+            d.publish(3);
+            assert_eq!(w.join().unwrap(), Some(3));
+        });
+        assert_eq!(d.wanted(), usize::MAX, "the need was met");
+        assert_eq!(d.of(&seg(2, 1)), 21);
+        assert_eq!(d.known(), vec![(0, 0), (1, 10), (2, 20)]);
     }
 
     #[test]

@@ -192,6 +192,15 @@ pub(crate) unsafe fn event_on(gpu: CudaOrdinal, stream: CUstream) -> Result<Even
     Ok(e)
 }
 
+/// Destinations made during a read reach the workers in batches of at most
+/// this many (or [`PUBLISH_BYTES`] of their ranges), or at once when a
+/// worker waits for one: one event record on the caller's stream a batch,
+/// not one a tensor, for checkpoints of many small tensors.
+const PUBLISH_EVERY: usize = 64;
+
+/// See [`PUBLISH_EVERY`].
+const PUBLISH_BYTES: usize = 4 << 20;
+
 /// Everything a worker needs.
 struct Job<'a> {
     sources: &'a [Source],
@@ -201,8 +210,9 @@ struct Job<'a> {
     next: AtomicUsize,
     failed: AtomicBool,
     dests: &'a Dests,
-    /// Recorded on the caller's stream (again after each destination that
-    /// comes during the read): a worker's copies wait for it.
+    /// Recorded on the caller's stream (again after each batch of
+    /// destinations that come during the read): a worker's copies wait for
+    /// it.
     after: Option<Event>,
     /// Each worker's slots: parts of one staging buffer.
     slots: Mutex<Vec<Vec<&'a mut [u8]>>>,
@@ -275,26 +285,40 @@ pub unsafe fn read_ranges_to_device_as_made<E: From<StorageError>>(
     let spans: Vec<(usize, u64, usize)> =
         ranges.iter().map(|r| (r.source, r.offset, r.len)).collect();
     let dests = Dests::pending(ranges.len());
+    // Made destinations go to the workers in batches, each after one event
+    // record on the caller's stream (recorded after all of them were made).
+    let publish = |job: Option<&Job<'_>>, n: usize| -> Result<()> {
+        if let Some(e) = job.and_then(|j| j.after.as_ref()) {
+            // SAFETY: the caller's stream (per this function's contract)
+            // and our event, of the context current here (pushed by
+            // read_with; `dest` leaves it so, per the contract).
+            unsafe { e.record(stream) }
+                .map_err(cuda_error(gpu, "recording an event on the caller's stream"))?;
+        }
+        dests.publish(n);
+        Ok(())
+    };
     let feed = |job: Option<&Job<'_>>| -> std::result::Result<(), E> {
+        let (mut published, mut bytes) = (0, 0);
         for (i, r) in ranges.iter().enumerate() {
             if job.is_some_and(|j| j.failed.load(Ordering::SeqCst)) {
                 break;
             }
             let ptr = dest(i)?;
-            if let Some(job) = job {
-                if r.len > 0 {
-                    check_device_range(gpu, ptr, r.len, "destination")?;
-                }
-                if let Some(e) = &job.after {
-                    // SAFETY: the caller's stream (per this function's
-                    // contract) and our event, of the context current here
-                    // (pushed by read_with; `dest` leaves it so, per the
-                    // contract).
-                    unsafe { e.record(stream) }
-                        .map_err(cuda_error(gpu, "recording an event on the caller's stream"))?;
-                }
+            if job.is_some() && r.len > 0 {
+                check_device_range(gpu, ptr, r.len, "destination")?;
             }
-            dests.set(i, ptr);
+            dests.put(i, ptr);
+            bytes += r.len;
+            let n = i + 1;
+            if n == ranges.len()
+                || n - published >= PUBLISH_EVERY
+                || bytes >= PUBLISH_BYTES
+                || dests.wanted() < n
+            {
+                publish(job, n)?;
+                (published, bytes) = (n, 0);
+            }
         }
         Ok(())
     };
