@@ -1,6 +1,6 @@
 """On a CUDA GPU: checkpoints loaded to device equal safetensors'
-load_file(device="cuda"), and file ranges reach CUDA tensors in the order
-of torch's stream. Skipped without one."""
+load_file(device="cuda"), and file ranges and tensors made during the read
+reach CUDA tensors in the order of torch's stream. Skipped without one."""
 
 from __future__ import annotations
 
@@ -94,6 +94,40 @@ def test_gpu_read_to_device_follows_the_stream(tmp_path):
     assert torch.equal(out2[3:3 + (3 << 20)].cpu(), torch.frombuffer(bytearray(data[4097:4097 + (3 << 20)]), dtype=torch.uint8))
     with pytest.raises(numapin.InputError):
         numapin.read_to_device(p, 0, len(data) + 1, torch.empty(len(data) + 1, dtype=torch.uint8, device="cuda"))
+
+
+def test_gpu_work_queued_while_the_tensors_are_made_lands_before_the_read(tmp_path, no_leak):
+    # Many small tensors made during the read reach the workers in batches,
+    # each after one event record on the caller's stream. Work queued on
+    # that stream while a tensor is made (a fill, held back behind a spin)
+    # must land before the tensor's bytes, as torch's stream order says.
+    from numapin import _numapin
+
+    n = 600
+    p = tmp_path / "many.safetensors"
+    st.save_file({f"t{k:04d}": torch.full((1000 + k,), k % 251, dtype=torch.uint8) for k in range(n)}, str(p))
+    ck = _numapin.open_safetensors(str(p))
+    sel = ck.select(None, None, None)
+    infos = ck.tensors()
+    stream = torch.cuda.current_stream()
+    made: dict[int, object] = {}
+
+    def make(k: int) -> int:
+        t = torch.empty(infos[sel[k]][3], dtype=torch.uint8, device="cuda")
+        if k % 100 == 0:
+            torch.cuda._sleep(20_000_000)  # some milliseconds of the GPU's time
+        t.fill_(0xEE)
+        made[k] = t
+        return t.data_ptr()
+
+    ck.load_to_device(sel, make, torch.cuda.current_device(), int(stream.cuda_stream), chunk_bytes=64 << 10)
+    torch.cuda.synchronize()
+    assert len(made) == n
+    for k, i in enumerate(sel):
+        want = int(infos[i][0][1:]) % 251
+        assert bool((made[k] == want).all()), (infos[i][0], made[k][:8].tolist())
+    del made
+    gc.collect()
 
 
 def test_gpu_pinned_cpu_load_is_pinned_on_the_gpus_node(tmp_path, no_leak):
