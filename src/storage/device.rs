@@ -252,9 +252,11 @@ unsafe fn read(
 /// range `i` of `ranges` in turn (also when there is nothing to read, but
 /// not after the read has failed), and each range's copies wait for its
 /// destination and, as for [`read_ranges_to_device_on`], for the work
-/// queued on `stream` until it was made. For a caller whose destinations
-/// take time to make, such as a framework allocating tensors one by one:
-/// that time overlaps the reads. Returns when the bytes are on the device.
+/// queued on `stream` until it was made (the destinations reach the
+/// workers in small batches, each after the work queued until its last was
+/// made). For a caller whose destinations take time to make, such as a
+/// framework allocating tensors one by one: that time overlaps the reads.
+/// Returns when the bytes are on the device.
 ///
 /// # Errors
 /// As [`read_ranges_to_device_on`] (a destination that is not `len` bytes
