@@ -50,7 +50,7 @@ impl Dests {
         }
     }
 
-    /// `n` destinations to come, in order, through [`Dests::set`].
+    /// `n` destinations to come, in order, through [`Dests::publish`].
     pub(super) fn pending(n: usize) -> Dests {
         Dests::with((0..n).map(|_| AtomicU64::new(0)).collect(), 0)
     }
@@ -59,23 +59,18 @@ impl Dests {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Range `i`'s destination, which must be the next one to come: the
-    /// workers see it once [`Dests::publish`] covers it.
-    pub(super) fn put(&self, i: usize, ptr: u64) {
-        debug_assert!(i < self.base.len());
-        self.base[i].store(ptr, Ordering::Relaxed);
-    }
-
-    /// The first `n` destinations (each [`Dests::put`]) known to the
-    /// workers. The waiting workers are woken only when one of them needs
-    /// one of these (each then looks again, and those still short say what
-    /// they need anew): many small ranges need not wake every worker each.
-    pub(super) fn publish(&self, n: usize) {
+    /// The destinations of ranges `start..start + ptrs.len()`, known to
+    /// the workers from now on; `start` must be the number known so far.
+    /// The waiting workers are woken only when one of them needs one of
+    /// these (each then looks again, and those still short say what they
+    /// need anew): many small ranges need not wake every worker each.
+    pub(super) fn publish(&self, start: usize, ptrs: &[u64]) {
         let mut st = self.state();
-        debug_assert!(
-            st.ready <= n && n <= self.base.len(),
-            "destinations come in order"
-        );
+        assert_eq!(st.ready, start, "destinations come in order");
+        let n = start + ptrs.len();
+        for (slot, &p) in self.base[start..n].iter().zip(ptrs) {
+            slot.store(p, Ordering::Relaxed);
+        }
         st.ready = n;
         let wake = st.want < n;
         if wake {
@@ -89,8 +84,7 @@ impl Dests {
     }
 
     /// The least range a waiting worker needs (`usize::MAX`: none waits,
-    /// as far as this lock-free look can tell): the maker publishes at once
-    /// a destination some worker waits for.
+    /// as far as this lock-free look can tell), for [`Batch::add`].
     pub(super) fn wanted(&self) -> usize {
         self.want.load(Ordering::Relaxed)
     }
@@ -141,6 +135,46 @@ impl Dests {
     }
 }
 
+/// A batch of destinations holds at most this many ranges (or
+/// [`PUBLISH_BYTES`] of them) before it goes to the workers.
+pub(super) const PUBLISH_EVERY: usize = 64;
+
+/// See [`PUBLISH_EVERY`].
+pub(super) const PUBLISH_BYTES: usize = 4 << 20;
+
+/// Destinations made but not yet published: the maker publishes them
+/// together (after one event record on the caller's stream for all of
+/// them, not one a tensor, for checkpoints of many small tensors).
+#[derive(Debug, Default)]
+pub(super) struct Batch {
+    start: usize,
+    ptrs: Vec<u64>,
+    bytes: usize,
+}
+
+impl Batch {
+    /// Adds the next range's destination (`len` bytes); whether the batch
+    /// is due: [`PUBLISH_EVERY`] ranges or [`PUBLISH_BYTES`] in it, a
+    /// worker waiting for one of them (`wanted`: [`Dests::wanted`], looked
+    /// at after making this one; a worker that starts waiting later is
+    /// served at the next destination made), or `last`.
+    pub(super) fn add(&mut self, ptr: u64, len: usize, wanted: usize, last: bool) -> bool {
+        self.ptrs.push(ptr);
+        self.bytes = self.bytes.saturating_add(len);
+        last || self.ptrs.len() >= PUBLISH_EVERY
+            || self.bytes >= PUBLISH_BYTES
+            || wanted < self.start + self.ptrs.len()
+    }
+
+    /// Publishes the batch to `dests` and starts the next one.
+    pub(super) fn publish(&mut self, dests: &Dests) {
+        dests.publish(self.start, &self.ptrs);
+        self.start += self.ptrs.len();
+        self.ptrs.clear();
+        self.bytes = 0;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -150,8 +184,19 @@ mod tests {
     impl Dests {
         /// Range `i`'s destination, published at once.
         fn set(&self, i: usize, ptr: u64) {
-            self.put(i, ptr);
-            self.publish(i + 1);
+            self.publish(i, &[ptr]);
+        }
+    }
+
+    /// Waits (at most 10 s, then fails) until `ok`.
+    fn until(what: &str, ok: impl Fn() -> bool) {
+        let t = std::time::Instant::now();
+        while !ok() {
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "timed out waiting: {what}"
+            );
+            std::thread::sleep(Duration::from_millis(1));
         }
     }
 
@@ -190,27 +235,68 @@ mod tests {
     }
 
     #[test]
-    fn a_destination_put_waits_for_its_publish_and_the_wait_is_seen() {
+    fn a_waiting_workers_need_is_seen_and_met_by_a_batch() {
         let d = Dests::pending(4);
         let stop = AtomicBool::new(false);
         assert_eq!(d.wanted(), usize::MAX, "no one waits yet");
         std::thread::scope(|s| {
             let w = s.spawn(|| d.wait_for(2, &stop));
-            while d.wanted() == usize::MAX {
-                std::thread::sleep(Duration::from_millis(1));
-            }
+            until("the worker's need", || d.wanted() != usize::MAX);
             assert_eq!(d.wanted(), 2, "the maker sees what the worker needs");
-            for i in 0..3 {
-                d.put(i, 10 * i as u64);
-            }
+            d.publish(0, &[0, 10]);
             std::thread::sleep(Duration::from_millis(20));
-            assert!(!w.is_finished(), "put alone does not release the worker");
-            d.publish(3);
+            assert!(!w.is_finished(), "ranges 0-1 do not meet a need of 2");
+            d.publish(2, &[20]);
             assert_eq!(w.join().unwrap(), Some(3));
         });
         assert_eq!(d.wanted(), usize::MAX, "the need was met");
         assert_eq!(d.of(&seg(2, 1)), 21);
         assert_eq!(d.known(), vec![(0, 0), (1, 10), (2, 20)]);
+    }
+
+    #[test]
+    #[should_panic(expected = "destinations come in order")]
+    fn a_batch_out_of_order_is_refused() {
+        let d = Dests::pending(4);
+        d.publish(1, &[5]);
+    }
+
+    #[test]
+    fn a_batch_is_due_at_its_count_its_bytes_a_need_or_the_end() {
+        let idle = usize::MAX;
+        let mut b = Batch::default();
+        let due: Vec<bool> = (0..PUBLISH_EVERY)
+            .map(|_| b.add(1, 10, idle, false))
+            .collect();
+        assert!(
+            due[..PUBLISH_EVERY - 1].iter().all(|d| !d),
+            "small ranges wait for company"
+        );
+        assert!(due[PUBLISH_EVERY - 1], "due at {PUBLISH_EVERY} ranges");
+        let d = Dests::pending(PUBLISH_EVERY + 8);
+        b.publish(&d);
+        assert_eq!(d.known().len(), PUBLISH_EVERY);
+        // The next batch counts from where the last ended.
+        assert!(!b.add(7, PUBLISH_BYTES - 1, idle, false));
+        assert!(b.add(8, 1, idle, false), "due at {PUBLISH_BYTES} bytes");
+        b.publish(&d);
+        assert_eq!(d.known()[PUBLISH_EVERY + 1], (PUBLISH_EVERY + 1, 8));
+        // A worker waiting for a range in the batch, or one before it.
+        let n = PUBLISH_EVERY + 2;
+        assert!(
+            !b.add(9, 1, n + 1, false),
+            "the worker needs a range not made yet"
+        );
+        assert!(
+            b.add(9, 1, n + 1, false),
+            "the worker needs the range just made"
+        );
+        b.publish(&d);
+        assert!(
+            b.add(9, 1, 0, false),
+            "a need already met is no reason to wait"
+        );
+        assert!(b.add(9, 1, idle, true), "the last range");
     }
 
     #[test]
@@ -229,9 +315,9 @@ mod tests {
                     })
                 })
                 .collect();
-            while ready.load(Ordering::SeqCst) < 4 || d.state().want == usize::MAX {
-                std::thread::sleep(Duration::from_millis(1));
-            }
+            until("a waiter's need", || {
+                ready.load(Ordering::SeqCst) == 4 && d.state().want != usize::MAX
+            });
             // At least one waiter has said what it needs; the pause makes it
             // likely that all four have (the test holds either way).
             std::thread::sleep(Duration::from_millis(20));

@@ -10,7 +10,7 @@ use crate::gpu::{CUdeviceptr, CUstream, CudaError, CudaOrdinal};
 use crate::platform::cuda::{self, DeviceBuffer, Event, Stream};
 use crate::runtime::{AllocOptions, Runtime, Target};
 
-use super::dests::Dests;
+use super::dests::{Batch, Dests};
 use super::plan::{self, Plan, Req};
 use super::{io, DeviceRange, ReadOptions, ReadReport, Result, Source, SourceRange, StorageError};
 
@@ -192,15 +192,6 @@ pub(crate) unsafe fn event_on(gpu: CudaOrdinal, stream: CUstream) -> Result<Even
     Ok(e)
 }
 
-/// Destinations made during a read reach the workers in batches of at most
-/// this many (or [`PUBLISH_BYTES`] of their ranges), or at once when a
-/// worker waits for one: one event record on the caller's stream a batch,
-/// not one a tensor, for checkpoints of many small tensors.
-const PUBLISH_EVERY: usize = 64;
-
-/// See [`PUBLISH_EVERY`].
-const PUBLISH_BYTES: usize = 4 << 20;
-
 /// Everything a worker needs.
 struct Job<'a> {
     sources: &'a [Source],
@@ -289,7 +280,7 @@ pub unsafe fn read_ranges_to_device_as_made<E: From<StorageError>>(
     let dests = Dests::pending(ranges.len());
     // Made destinations go to the workers in batches, each after one event
     // record on the caller's stream (recorded after all of them were made).
-    let publish = |job: Option<&Job<'_>>, n: usize| -> Result<()> {
+    let publish = |job: Option<&Job<'_>>, batch: &mut Batch| -> Result<()> {
         if let Some(e) = job.and_then(|j| j.after.as_ref()) {
             // SAFETY: the caller's stream (per this function's contract)
             // and our event, of the context current here (pushed by
@@ -297,11 +288,11 @@ pub unsafe fn read_ranges_to_device_as_made<E: From<StorageError>>(
             unsafe { e.record(stream) }
                 .map_err(cuda_error(gpu, "recording an event on the caller's stream"))?;
         }
-        dests.publish(n);
+        batch.publish(&dests);
         Ok(())
     };
     let feed = |job: Option<&Job<'_>>| -> std::result::Result<(), E> {
-        let (mut published, mut bytes) = (0, 0);
+        let mut batch = Batch::default();
         for (i, r) in ranges.iter().enumerate() {
             if job.is_some_and(|j| j.failed.load(Ordering::SeqCst)) {
                 break;
@@ -310,16 +301,8 @@ pub unsafe fn read_ranges_to_device_as_made<E: From<StorageError>>(
             if job.is_some() && r.len > 0 {
                 check_device_range(gpu, ptr, r.len, "destination")?;
             }
-            dests.put(i, ptr);
-            bytes += r.len;
-            let n = i + 1;
-            if n == ranges.len()
-                || n - published >= PUBLISH_EVERY
-                || bytes >= PUBLISH_BYTES
-                || dests.wanted() < n
-            {
-                publish(job, n)?;
-                (published, bytes) = (n, 0);
+            if batch.add(ptr, r.len, dests.wanted(), i + 1 == ranges.len()) {
+                publish(job, &mut batch)?;
             }
         }
         Ok(())
