@@ -105,10 +105,9 @@ class Cuda:
 
 def zero_copy(ordinal: int, ranges: list[tuple[str, int, int]], dst: int, part: int, out: dict[str, float]) -> None:
     """Each range to ``dst`` onwards by DMA from the page cache."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mmap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
-    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    from zerocopy_probe import libc as typed_libc
+
+    libc = typed_libc()
     t0 = time.perf_counter()
     cu = Cuda(ordinal)
     reg = unreg = 0.0

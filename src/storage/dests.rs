@@ -131,7 +131,7 @@ impl Dests {
     /// Where `seg`'s bytes go (its range's destination known: after
     /// [`Dests::wait_for`] its range).
     pub(super) fn of(&self, seg: &Segment) -> u64 {
-        self.base[seg.req].load(Ordering::Relaxed) + seg.dst
+        self.base[seg.req].load(Ordering::Relaxed) + seg.at as u64
     }
 }
 
@@ -200,11 +200,11 @@ mod tests {
         }
     }
 
-    fn seg(req: usize, dst: u64) -> Segment {
+    fn seg(req: usize, at: usize) -> Segment {
         Segment {
             slot_off: 0,
             len: 1,
-            dst,
+            at,
             req,
         }
     }

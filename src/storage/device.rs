@@ -421,7 +421,6 @@ fn layout(
             source,
             offset,
             len,
-            dst: 0,
         })
         .collect();
     let plan = plan::pieces(&reqs, |s| sources[s].alignment(), slot, super::MAX_GAP);
@@ -519,15 +518,10 @@ fn await_destinations(
     known: &mut usize,
     stream: &Stream,
 ) -> Result<bool> {
-    let need = job.plan.segments[p.segs.clone()]
-        .iter()
-        .map(|s| s.req)
-        .max()
-        .unwrap_or(0);
-    if need < *known {
+    if p.last_req < *known {
         return Ok(true);
     }
-    let Some(now) = job.dests.wait_for(need, &job.failed) else {
+    let Some(now) = job.dests.wait_for(p.last_req, &job.failed) else {
         return Ok(false);
     };
     *known = now;

@@ -5,14 +5,13 @@
 
 use crate::num::usize_from;
 
-/// A range to read: `len` bytes of source `source` at `offset`, to `dst`
-/// (a device address, or an index the caller maps).
+/// A range to read: `len` bytes of source `source` at `offset`; its
+/// copies name it by its index in the request list.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Req {
     pub source: usize,
     pub offset: u64,
     pub len: usize,
-    pub dst: u64,
 }
 
 /// One read into a slot: `need` bytes of `source` from `start` (aligned
@@ -24,15 +23,18 @@ pub(crate) struct Piece {
     pub start: u64,
     pub need: usize,
     pub segs: std::ops::Range<usize>,
+    /// The highest request its copies serve: the destinations a worker
+    /// needs known before them.
+    pub last_req: usize,
 }
 
-/// A copy out of a slot: `len` bytes at `slot_off` to `dst`, part of
+/// A copy out of a slot: `len` bytes at `slot_off` to byte `at` of
 /// request `req` (its index in the request list).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Segment {
     pub slot_off: usize,
     pub len: usize,
-    pub dst: u64,
+    pub at: usize,
     pub req: usize,
 }
 
@@ -58,7 +60,7 @@ pub(crate) fn pieces(
     let mut plan = Plan::default();
     let slot64 = slot as u64;
     for (req, r) in order {
-        let (mut off, mut left, mut dst) = (r.offset, r.len as u64, r.dst);
+        let (mut off, mut left, mut at) = (r.offset, r.len as u64, 0);
         while left > 0 {
             let joins = plan.pieces.last().is_some_and(|p| {
                 p.source == r.source
@@ -75,6 +77,7 @@ pub(crate) fn pieces(
                     start,
                     need: 0,
                     segs: n..n,
+                    last_req: req,
                 });
             }
             let p = plan.pieces.last_mut().expect("a piece was just ensured");
@@ -83,13 +86,14 @@ pub(crate) fn pieces(
             plan.segments.push(Segment {
                 slot_off,
                 len: usize_from(take),
-                dst,
+                at,
                 req,
             });
             p.segs.end = plan.segments.len();
+            p.last_req = p.last_req.max(req);
             p.need = p.need.max(slot_off + usize_from(take));
             off += take;
-            dst += take;
+            at += usize_from(take);
             left -= take;
         }
     }
@@ -129,11 +133,11 @@ mod tests {
     fn check(reqs: &[Req], slot: usize, align: u64) {
         let plan = pieces(reqs, |_| align, slot, 64 << 10);
         // Every byte of every request arrives once, from the right place.
-        // (source, file off, dst, request)
-        let mut want: Vec<(usize, u64, u64, usize)> = Vec::new();
+        // (source, file off, request, offset in it)
+        let mut want: Vec<(usize, u64, usize, usize)> = Vec::new();
         for (k, r) in reqs.iter().enumerate() {
-            for i in 0..r.len as u64 {
-                want.push((r.source, r.offset + i, r.dst + i, k));
+            for i in 0..r.len {
+                want.push((r.source, r.offset + i as u64, k, i));
             }
         }
         let mut got = Vec::new();
@@ -141,10 +145,12 @@ mod tests {
             assert_eq!(p.start % align, 0, "aligned start");
             assert!(p.need <= slot && (p.need as u64).div_ceil(align) * align <= slot as u64);
             assert!(p.need > 0);
-            for s in &plan.segments[p.segs.clone()] {
+            let segs = &plan.segments[p.segs.clone()];
+            assert_eq!(Some(p.last_req), segs.iter().map(|s| s.req).max());
+            for s in segs {
                 assert!(s.slot_off + s.len <= p.need);
-                for i in 0..s.len as u64 {
-                    got.push((p.source, p.start + s.slot_off as u64 + i, s.dst + i, s.req));
+                for i in 0..s.len {
+                    got.push((p.source, p.start + (s.slot_off + i) as u64, s.req, s.at + i));
                 }
             }
         }
@@ -155,19 +161,13 @@ mod tests {
 
     #[test]
     fn neighbours_share_a_read_and_large_ranges_split() {
-        let r = |source, offset, len, dst| Req {
+        let r = |source, offset, len| Req {
             source,
             offset,
             len,
-            dst,
         };
         let plan = pieces(
-            &[
-                r(0, 100, 10, 0),
-                r(0, 110, 5, 1000),
-                r(0, 5000, 20_000, 2000),
-                r(1, 0, 0, 9),
-            ],
+            &[r(0, 100, 10), r(0, 110, 5), r(0, 5000, 20_000), r(1, 0, 0)],
             |_| 4096,
             16384,
             64 << 10,
@@ -181,11 +181,7 @@ mod tests {
             (16384, 5000 + 20_000 - 16384)
         );
         check(
-            &[
-                r(0, 100, 10, 0),
-                r(0, 110, 5, 1000),
-                r(0, 5000, 20_000, 2000),
-            ],
+            &[r(0, 100, 10), r(0, 110, 5), r(0, 5000, 20_000)],
             16384,
             4096,
         );
@@ -208,10 +204,10 @@ mod tests {
     proptest! {
         #[test]
         fn every_requested_byte_is_read_once_into_place(
-            reqs in proptest::collection::vec((0usize..3, 0u64..40_000, 0usize..20_000, 0u64..1_000_000), 0..12),
+            reqs in proptest::collection::vec((0usize..3, 0u64..40_000, 0usize..20_000), 0..12),
             slot_blocks in 1usize..5,
         ) {
-            let reqs: Vec<Req> = reqs.into_iter().map(|(source, offset, len, dst)| Req { source, offset, len, dst }).collect();
+            let reqs: Vec<Req> = reqs.into_iter().map(|(source, offset, len)| Req { source, offset, len }).collect();
             check(&reqs, slot_blocks * 4096, 4096);
         }
 
